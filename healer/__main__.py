@@ -1,0 +1,3 @@
+from healer.cli import main
+
+raise SystemExit(main())

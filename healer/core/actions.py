@@ -1,0 +1,231 @@
+"""Actions: what the state machine asks the executor to do, as data.
+
+Every action names its incident and its ledger step; ``key`` (incident id + step) is the
+idempotency key: running an action twice with the same key has the effect of running it once.
+The executor reports the outcome of a ledgered action back as a ``STEP`` trigger carrying a
+:class:`StepStatus`. Waiting actions (a checkpoint ack, a drain, a replacement becoming ready) are
+polled: the machine re-issues the same action with the same key until it reports ``DONE``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+class StepStatus(enum.Enum):
+    DONE = "done"  # finished successfully
+    PENDING = "pending"  # started, not finished yet: poll again later
+    RETRY = "retry"  # a transient failure: try again (counts against the attempt budget)
+    FAILED = "failed"  # a permanent failure
+    UNAVAILABLE = "unavailable"  # nothing to act with (no spare that fits)
+
+
+class Impact(enum.Enum):
+    """What an action does to capacity. Guardrails gate only ``DISRUPTIVE`` actions."""
+
+    NONE = "none"  # observation, events, labels on nodes out of service
+    DISRUPTIVE = "disruptive"  # takes capacity out or touches running work
+    RECOVERY = "recovery"  # gives capacity back: never blocked by the breaker
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    incident: str
+    node: str
+
+    step: ClassVar[str] = ""
+    impact: ClassVar[Impact] = Impact.NONE
+    ledgered: ClassVar[bool] = True  # recorded in the ledger, reported back as a STEP trigger
+
+    @property
+    def ledger_name(self) -> str:
+        """The ledger step this action belongs to (usually ``step``)."""
+        return self.step
+
+    @property
+    def key(self) -> str:
+        return f"{self.incident}/{self.ledger_name}"
+
+    def describe(self) -> str:
+        return f"{self.step} {self.node}"
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint(Action):
+    """Ask the jobs on the node to checkpoint; DONE once they acknowledged or ended."""
+
+    hook: str = "slurm-signal"
+    signal: str = "USR1"
+    slurm_node: str = ""
+    step: ClassVar[str] = "checkpoint"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSlurm(Action):
+    """Drain the Slurm node (reason prefixed ``healer: ``); DONE once the request is accepted."""
+
+    slurm_node: str = ""
+    reason: str = ""
+    step: ClassVar[str] = "drain"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class ObserveSlurm(Action):
+    """Read the Slurm node's state; answered by a ``SLURM`` trigger, not a ledger step."""
+
+    slurm_node: str = ""
+    step: ClassVar[str] = "observe-slurm"
+    ledgered: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueJobs(Action):
+    """Requeue every job on the Slurm node (the drain deadline passed and the policy says so)."""
+
+    slurm_node: str = ""
+    step: ClassVar[str] = "requeue"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Cordon(Action):
+    """Cordon and taint the Kubernetes node, with healer's provenance annotations."""
+
+    reason: str = ""
+    step: ClassVar[str] = "cordon"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimSpare(Action):
+    """Choose (topology-aware) and atomically claim a warm spare; DONE with ``spare`` in data."""
+
+    step: ClassVar[str] = "claim-spare"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class MoveWorkload(Action):
+    """Move the Slurm node's slurmd to the spare (never while Slurm reports it busy)."""
+
+    spare: str = ""
+    slurm_node: str = ""
+    step: ClassVar[str] = "move-workload"
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class AwaitReplacement(Action):
+    """DONE once the replacement slurmd is Ready and its Slurm node registered."""
+
+    spare: str = ""
+    slurm_node: str = ""
+    step: ClassVar[str] = "await-replacement"
+
+
+@dataclass(frozen=True, slots=True)
+class AnnotateTopology(Action):
+    """Write the replacement's topology annotation and verify Slurm sees it."""
+
+    target: str = ""
+    slurm_node: str = ""
+    step: ClassVar[str] = "annotate-topology"
+
+
+@dataclass(frozen=True, slots=True)
+class Validate(Action):
+    """Run the validation gate (a Job) on ``target``; DONE on success, FAILED on failure."""
+
+    target: str = ""
+    image: str = ""
+    command: tuple[str, ...] = ()
+    purpose: str = "replacement"  # replacement | repaired
+    step: ClassVar[str] = "validate"
+
+    @property
+    def ledger_name(self) -> str:
+        return f"validate-{self.purpose}"
+
+
+@dataclass(frozen=True, slots=True)
+class UndrainSlurm(Action):
+    """Undrain the Slurm node, only if its drain reason is healer's own."""
+
+    target: str = ""
+    slurm_node: str = ""
+    purpose: str = "serve"  # serve: return the (replacement) node to Slurm | undo: give back
+    step: ClassVar[str] = "undrain"
+    impact: ClassVar[Impact] = Impact.RECOVERY
+
+    @property
+    def ledger_name(self) -> str:
+        return "undrain" if self.purpose == "serve" else "undo-drain"
+
+
+@dataclass(frozen=True, slots=True)
+class Uncordon(Action):
+    """Uncordon and remove healer's taint and provenance, only where healer put them."""
+
+    step: ClassVar[str] = "uncordon"
+    impact: ClassVar[Impact] = Impact.RECOVERY
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseSpare(Action):
+    """Give back a claimed spare that never took over (cancel before the move)."""
+
+    spare: str = ""
+    step: ClassVar[str] = "release-spare"
+    impact: ClassVar[Impact] = Impact.RECOVERY
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRepair(Action):
+    """Label the node for repair and call the repair hook, if any."""
+
+    hook: str = "none"
+    step: ClassVar[str] = "mark-repair"
+
+
+@dataclass(frozen=True, slots=True)
+class ReturnToPool(Action):
+    """A repaired, validated node joins the warm-spare pool."""
+
+    step: ClassVar[str] = "return-to-pool"
+    impact: ClassVar[Impact] = Impact.RECOVERY
+
+
+@dataclass(frozen=True, slots=True)
+class Escalate(Action):
+    """A human is needed: mark the node and raise a Warning Event; the node stays as it is."""
+
+    reason: str = ""
+    step: ClassVar[str] = "escalate"
+
+
+@dataclass(frozen=True, slots=True)
+class EmitEvent(Action):
+    """A Kubernetes Event on the node and the NodeRemediation (idempotent by ``name``)."""
+
+    reason: str = ""
+    note: str = ""
+    type: str = "Normal"
+    name: str = ""  # distinguishes events of one incident; part of the idempotency key
+    step: ClassVar[str] = "event"
+    ledgered: ClassVar[bool] = False
+
+    @property
+    def ledger_name(self) -> str:
+        return f"event-{self.name or self.reason}"
+
+
+#: Every concrete action type, for documentation and exhaustive tests.
+ALL_ACTIONS: tuple[type[Action], ...] = (
+    Checkpoint, DrainSlurm, ObserveSlurm, RequeueJobs, Cordon, ClaimSpare, MoveWorkload,
+    AwaitReplacement, AnnotateTopology, Validate, UndrainSlurm, Uncordon, ReleaseSpare,
+    MarkRepair, ReturnToPool, Escalate, EmitEvent,
+)

@@ -1,0 +1,324 @@
+"""Health evaluation: a node's recent signals + its policy + ``now`` → a :class:`Verdict`.
+
+Pure and deterministic. Semantics, rule by rule:
+
+* **XID** rules count occurrences of the rule's codes within ``within`` seconds; ``count`` or more
+  confirm the rule, fewer make the node *suspect* until the oldest one leaves the window.
+* **Metric** rules test the latest sample of each GPU (or of the node) against the threshold and
+  confirm once the test has held continuously for ``for`` seconds, like a Prometheus ``for:``.
+  Samples older than the staleness limit are not trusted: the rule is *unknown* for that GPU.
+* **Condition** rules test the latest observation of a node condition (``value`` = the
+  condition's last-transition time); with ``count``/``within`` they count distinct transitions
+  into the bad status within the window.
+* **Staleness** rules: a source whose newest fresh data is older than ``after`` (or that sent an
+  explicit *stale* marker since, or never sent anything) makes the verdict ``STALE`` unless a
+  confirmed rule decides otherwise. ``STALE`` is *unknown*: never healthy, never failed, and the
+  state machine never takes a disruptive step on it.
+
+The verdict state is the worst of: failed > degrading > stale > suspect > healthy.
+``recheck_after`` is the soonest time the verdict could change without new signals.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
+from healer.core.policy import (
+    ConditionRule,
+    MetricRule,
+    Op,
+    Policy,
+    Rule,
+    StalenessRule,
+    XidRule,
+)
+
+#: Samples older than this are not trusted when a policy has no staleness rule.
+DEFAULT_SAMPLE_MAX_AGE = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RuleMatch:
+    """One rule that matches (or half-matches) now."""
+
+    rule: str
+    state: HealthState  # SUSPECT, DEGRADING, FAILED or STALE
+    severity: Severity | None
+    since: float
+    gpus: tuple[GpuRef, ...] = ()
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    node: str
+    state: HealthState
+    at: float
+    severity: Severity | None = None
+    matches: tuple[RuleMatch, ...] = ()
+    recheck_after: float | None = None  # seconds from ``at``
+    policy: str = ""  # the policy whose rules produced this verdict
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        return tuple(m.rule for m in self.matches if m.state.is_confirmed)
+
+    @property
+    def gpus(self) -> tuple[GpuRef, ...]:
+        seen: dict[GpuRef, None] = {}
+        for m in self.matches:
+            if m.state.is_confirmed:
+                for g in m.gpus:
+                    seen.setdefault(g, None)
+        return tuple(sorted(seen))
+
+    def summary(self) -> str:
+        parts = [m.detail or m.rule for m in self.matches if m.state is self.state]
+        return "; ".join(parts) if parts else self.state.value
+
+
+def evaluate(node: str, signals: Sequence[Signal], policy: Policy, now: float) -> Verdict:
+    """Evaluate ``policy`` on ``node``'s recent ``signals`` at time ``now``."""
+    by_kind: dict[SignalKind, list[Signal]] = defaultdict(list)
+    for s in signals:
+        if s.node == node and s.observed_at <= now:
+            by_kind[s.kind].append(s)
+    for lst in by_kind.values():
+        lst.sort(key=lambda s: s.observed_at)
+
+    staleness = [r for r in policy.rules if isinstance(r, StalenessRule)]
+    max_age = min((r.after for r in staleness), default=DEFAULT_SAMPLE_MAX_AGE)
+
+    matches: list[RuleMatch] = []
+    rechecks: list[float] = []
+    for rule in policy.rules:
+        m, recheck = _evaluate_rule(rule, by_kind, now, max_age)
+        if m is not None:
+            matches.append(m)
+        if recheck is not None and recheck > 0:
+            rechecks.append(recheck)
+
+    confirmed = [m for m in matches if m.state.is_confirmed]
+    if confirmed:
+        severity = max(m.severity for m in confirmed if m.severity is not None)
+        state = HealthState.FAILED if severity is Severity.FAILED else HealthState.DEGRADING
+    elif any(m.state is HealthState.STALE for m in matches):
+        state, severity = HealthState.STALE, None
+    elif any(m.state is HealthState.SUSPECT for m in matches):
+        state, severity = HealthState.SUSPECT, None
+    else:
+        state, severity = HealthState.HEALTHY, None
+    return Verdict(
+        node=node,
+        state=state,
+        at=now,
+        severity=severity,
+        matches=tuple(matches),
+        recheck_after=min(rechecks) if rechecks else None,
+        policy=policy.name,
+    )
+
+
+_RANK = {HealthState.HEALTHY: 0, HealthState.SUSPECT: 1, HealthState.STALE: 2,
+         HealthState.DEGRADING: 3, HealthState.FAILED: 4}
+
+
+def evaluate_node(node: str, signals: Sequence[Signal], policies: Sequence[Policy],
+                  now: float) -> Verdict:
+    """Evaluate every policy that selects the node; the worst verdict wins.
+
+    ``policies`` must be ordered by precedence (:meth:`PolicySet.policies_for`): among equally
+    bad verdicts the earlier policy wins. ``recheck_after`` is the soonest of all of them.
+    """
+    if not policies:
+        return Verdict(node=node, state=HealthState.HEALTHY, at=now)
+    verdicts = [evaluate(node, signals, p, now) for p in policies]
+    best = verdicts[0]
+    for v in verdicts[1:]:
+        if _RANK[v.state] > _RANK[best.state]:
+            best = v
+    rechecks = [v.recheck_after for v in verdicts if v.recheck_after is not None]
+    return replace(best, recheck_after=min(rechecks) if rechecks else None)
+
+
+def _evaluate_rule(
+    rule: Rule, by_kind: dict[SignalKind, list[Signal]], now: float, max_age: float
+) -> tuple[RuleMatch | None, float | None]:
+    match rule:
+        case XidRule():
+            return _xid(rule, by_kind.get(SignalKind.XID, []), now)
+        case MetricRule():
+            return _metric(rule, by_kind.get(SignalKind.METRIC, []), now, max_age)
+        case ConditionRule():
+            return _condition(rule, by_kind.get(SignalKind.CONDITION, []), now)
+        case StalenessRule():
+            return _staleness(rule, by_kind, now)
+    raise AssertionError(rule)  # pragma: no cover
+
+
+def _xid(
+    rule: XidRule, events: Iterable[Signal], now: float
+) -> tuple[RuleMatch | None, float | None]:
+    hits = [e for e in events if int(e.value) in rule.codes and now - e.observed_at < rule.within]
+    if not hits:
+        return None, None
+    codes = sorted({int(e.value) for e in hits})
+    gpus = tuple(sorted({e.gpu for e in hits if e.gpu is not None}))
+    expires = hits[0].observed_at + rule.within - now  # when the oldest counted event ages out
+    detail = (f"XID {','.join(map(str, codes))} x{len(hits)} within "
+              f"{_fmt_duration(rule.within)}")
+    on = ", ".join(g.describe() for g in gpus)
+    if on:
+        detail += f" on {on}"
+    first = hits[0].observed_at
+    if len(hits) >= rule.count:
+        return RuleMatch(rule.name, _state_of(rule.severity), rule.severity, first, gpus,
+                         detail), expires
+    return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, first, gpus,
+                      f"{detail} (needs {rule.count})"), expires)
+
+
+def _metric(
+    rule: MetricRule, samples: Iterable[Signal], now: float, max_age: float
+) -> tuple[RuleMatch | None, float | None]:
+    per_entity: dict[GpuRef | None, list[Signal]] = defaultdict(list)
+    for s in samples:
+        if s.key == rule.key:
+            per_entity[s.gpu].append(s)
+    confirmed: list[tuple[GpuRef | None, float, float]] = []
+    pending: list[tuple[GpuRef | None, float, float]] = []
+    rechecks: list[float] = []
+    for entity, series in per_entity.items():
+        latest = series[-1]
+        age = now - latest.observed_at
+        if age > max_age:
+            continue  # untrusted: the staleness rule reports it
+        rechecks.append(max_age - age)
+        if not rule.op.test(latest.value, rule.threshold):
+            continue
+        since = latest.observed_at
+        for s in reversed(series):
+            if not rule.op.test(s.value, rule.threshold):
+                break
+            since = s.observed_at
+        held = now - since
+        if held >= rule.hold_for:
+            confirmed.append((entity, since, latest.value))
+        else:
+            pending.append((entity, since, latest.value))
+            rechecks.append(rule.hold_for - held)
+    recheck = min(rechecks) if rechecks else None
+    chosen = confirmed or pending
+    if not chosen:
+        return None, recheck
+    gpus = tuple(sorted(e for e, _, _ in chosen if e is not None))
+    since = min(t for _, t, _ in chosen)
+    values = [v for _, _, v in chosen]
+    worst = min(values) if rule.op in (Op.LT, Op.LE) else max(values)
+    what = rule.field if not rule.promql else rule.name
+    agg = "" if rule.aggregation.value == "value" else f"{rule.aggregation.value} "
+    detail = f"{agg}{what} {rule.op.value} {rule.threshold:g} (value {worst:g})"
+    if rule.hold_for:
+        detail += f" for {_fmt_duration(rule.hold_for)}"
+    if gpus:
+        detail += " on " + ", ".join(g.describe() for g in gpus)
+    if confirmed:
+        state = _state_of(rule.severity)
+        return RuleMatch(rule.name, state, rule.severity, since, gpus, detail), recheck
+    return RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, gpus, detail), recheck
+
+
+def _condition(
+    rule: ConditionRule, observations: Iterable[Signal], now: float
+) -> tuple[RuleMatch | None, float | None]:
+    obs = [o for o in observations if o.key == rule.type]
+    if not obs:
+        return None, None
+
+    def bad(o: Signal) -> bool:
+        if o.get("status") not in rule.statuses:
+            return False
+        return rule.reason is None or rule.reason.search(o.get("reason")) is not None
+
+    latest = obs[-1]
+    if rule.count > 0:
+        transitions = sorted({o.value for o in obs if bad(o) and now - o.value < rule.within})
+        if not transitions:
+            return None, None
+        expires = transitions[0] + rule.within - now
+        detail = (f"condition {rule.type} went {'/'.join(sorted(rule.statuses))} "
+                  f"x{len(transitions)} within {_fmt_duration(rule.within)}")
+        if len(transitions) >= rule.count:
+            state = _state_of(rule.severity)
+            return RuleMatch(rule.name, state, rule.severity, transitions[0], (), detail), expires
+        return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, transitions[0], (),
+                          f"{detail} (needs {rule.count})"), expires)
+    if not bad(latest):
+        return None, None
+    since = latest.value
+    held = now - since
+    reason = latest.get("reason")
+    detail = f"condition {rule.type}={latest.get('status')}"
+    if reason:
+        detail += f" ({reason})"
+    message = latest.get("message")
+    if message:
+        detail += f": {message}"
+    if held >= rule.hold_for:
+        state = _state_of(rule.severity)
+        return RuleMatch(rule.name, state, rule.severity, since, (), detail), None
+    return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, (), detail),
+            rule.hold_for - held)
+
+
+def _staleness(
+    rule: StalenessRule, by_kind: dict[SignalKind, list[Signal]], now: float
+) -> tuple[RuleMatch | None, float | None]:
+    fresh: dict[str, float] = {}
+    stale_marks: dict[str, float] = {}
+    for kind in (SignalKind.METRIC, SignalKind.XID, SignalKind.FRESH):
+        for s in by_kind.get(kind, []):
+            fresh[s.source] = max(fresh.get(s.source, 0.0), s.observed_at)
+    for s in by_kind.get(SignalKind.STALE, []):
+        stale_marks[s.source] = max(stale_marks.get(s.source, 0.0), s.observed_at)
+    sources = set(rule.sources) if rule.sources else set(fresh) | set(stale_marks)
+    if not sources:
+        return (RuleMatch(rule.name, HealthState.STALE, None, now, (),
+                          "no telemetry received for this node"), None)
+    stale: list[str] = []
+    rechecks: list[float] = []
+    for src in sorted(sources):
+        last = fresh.get(src)
+        if last is None:
+            stale.append(f"{src}: no data")
+        elif stale_marks.get(src, -1.0) >= last:
+            stale.append(f"{src}: reported stale")
+        elif now - last >= rule.after:
+            stale.append(f"{src}: last sample {_fmt_duration(now - last)} ago")
+        else:
+            rechecks.append(last + rule.after - now)
+    recheck = min(rechecks) if rechecks else None
+    if not stale:
+        return None, recheck
+    since = min((fresh.get(s, now) for s in sources), default=now)
+    return (RuleMatch(rule.name, HealthState.STALE, None, since, (),
+                      "telemetry stale (" + "; ".join(stale) + ")"), recheck)
+
+
+
+def _state_of(severity: Severity) -> HealthState:
+    return HealthState.FAILED if severity is Severity.FAILED else HealthState.DEGRADING
+
+
+def _fmt_duration(seconds: float) -> str:
+    s = round(seconds)
+    if s % 86400 == 0 and s >= 86400:
+        return f"{s // 86400}d"
+    if s % 3600 == 0 and s >= 3600:
+        return f"{s // 3600}h"
+    if s % 60 == 0 and s >= 60:
+        return f"{s // 60}m"
+    return f"{s}s"

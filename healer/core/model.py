@@ -1,0 +1,394 @@
+"""The domain model: GPUs, nodes, signals, verdicts, incidents and the persisted per-node record.
+
+Everything here is a frozen, slotted dataclass. Times are plain ``float`` seconds since the
+epoch, passed in by the caller (the core never reads a clock). The per-node record round-trips
+exactly through :meth:`NodeRecord.to_dict` / :meth:`NodeRecord.from_dict`, whose output is the
+``status`` of a ``NodeRemediation`` custom resource; the format carries a version.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: Version of the serialised record format (``status.formatVersion``).
+RECORD_FORMAT_VERSION = 1
+
+
+class Severity(enum.IntEnum):
+    """How bad a confirmed finding is. Ordered: a higher value is worse."""
+
+    DEGRADING = 1
+    FAILED = 2
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r} (expected degrading or failed)") from None
+
+
+class HealthState(enum.Enum):
+    """The health verdict of one node at one instant."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"  # a rule matches but its for:/count has not been met yet
+    STALE = "stale"  # telemetry missing or old: unknown, never healthy, never failed
+    DEGRADING = "degrading"
+    FAILED = "failed"
+
+    @property
+    def is_confirmed(self) -> bool:
+        return self in (HealthState.DEGRADING, HealthState.FAILED)
+
+
+class SignalKind(enum.Enum):
+    """What a signal measures."""
+
+    XID = "xid"  # value = XID code; one signal per occurrence
+    METRIC = "metric"  # value = a telemetry sample; key = field name
+    CONDITION = "condition"  # key = condition type; status/reason in ``detail``
+    STALE = "stale"  # the source has no fresh data for this node (key = source)
+    FRESH = "fresh"  # heartbeat: the source has fresh data for this node
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GpuRef:
+    """One GPU on a node. Any of the identifiers may be unknown (empty)."""
+
+    index: int = -1
+    uuid: str = ""
+    serial: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "serial": self.serial}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuRef:
+        return cls(index=int(d.get("index", -1)), uuid=str(d.get("uuid", "")),
+                   serial=str(d.get("serial", "")))
+
+    def describe(self) -> str:
+        parts = [f"GPU {self.index}" if self.index >= 0 else "GPU ?"]
+        if self.uuid:
+            parts.append(self.uuid)
+        if self.serial:
+            parts.append(f"serial {self.serial}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    """One observation about a node from one source.
+
+    ``key`` names what was observed: the telemetry field for metrics, the condition type for
+    conditions, the source for staleness. ``detail`` carries extra labels (condition status and
+    reason, PromQL labels) as a sorted tuple of pairs so that the signal stays hashable.
+    """
+
+    node: str
+    source: str
+    kind: SignalKind
+    key: str
+    value: float
+    observed_at: float
+    gpu: GpuRef | None = None
+    detail: tuple[tuple[str, str], ...] = ()
+
+    def get(self, name: str, default: str = "") -> str:
+        for k, v in self.detail:
+            if k == name:
+                return v
+        return default
+
+    @staticmethod
+    def details(**kw: str) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted(kw.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCondition:
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    last_transition: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What the core knows about one Kubernetes node."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    unschedulable: bool = False
+    taints: tuple[Taint, ...] = ()
+    conditions: tuple[NodeCondition, ...] = ()
+
+    def label(self, key: str) -> str | None:
+        return self.labels.get(key)
+
+    @property
+    def ready(self) -> bool:
+        for c in self.conditions:
+            if c.type == "Ready":
+                return c.status == "True"
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """Why a remediation exists: what was seen, how bad, on which GPUs."""
+
+    id: str
+    node: str
+    opened_at: float
+    severity: Severity
+    rules: tuple[str, ...]
+    gpus: tuple[GpuRef, ...] = ()
+    summary: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "node": self.node,
+            "openedAt": self.opened_at,
+            "severity": self.severity.label,
+            "rules": list(self.rules),
+            "gpus": [g.to_dict() for g in self.gpus],
+            "summary": self.summary,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Incident:
+        return cls(
+            id=str(d["id"]),
+            node=str(d["node"]),
+            opened_at=float(d["openedAt"]),
+            severity=Severity.parse(str(d["severity"])),
+            rules=tuple(str(r) for r in d.get("rules", ())),
+            gpus=tuple(GpuRef.from_dict(g) for g in d.get("gpus", ())),
+            summary=str(d.get("summary", "")),
+        )
+
+
+class Outcome(enum.Enum):
+    """How a ledger step ended."""
+
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of the ledger: when it started and finished, how often it was tried."""
+
+    step: str
+    started_at: float
+    attempts: int = 1
+    finished_at: float | None = None
+    outcome: Outcome | None = None
+    error: str = ""
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.finished_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step": self.step, "startedAt": self.started_at,
+                             "attempts": self.attempts}
+        if self.finished_at is not None:
+            d["finishedAt"] = self.finished_at
+        if self.outcome is not None:
+            d["outcome"] = self.outcome.value
+        if self.error:
+            d["error"] = self.error
+        if self.detail:
+            d["detail"] = self.detail
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> StepRecord:
+        fin = d.get("finishedAt")
+        out = d.get("outcome")
+        return cls(
+            step=str(d["step"]),
+            started_at=float(d["startedAt"]),
+            attempts=int(d.get("attempts", 1)),
+            finished_at=None if fin is None else float(fin),
+            outcome=None if out is None else Outcome(out),
+            error=str(d.get("error", "")),
+            detail=str(d.get("detail", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GuardrailBlock:
+    """Which guardrail stopped a disruptive step, with the numbers that made it say no."""
+
+    guardrail: str
+    message: str
+    current: float = 0
+    limit: float = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"guardrail": self.guardrail, "message": self.message,
+                "current": self.current, "limit": self.limit}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GuardrailBlock:
+        return cls(guardrail=str(d["guardrail"]), message=str(d["message"]),
+                   current=float(d.get("current", 0)), limit=float(d.get("limit", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    """One entry of the record's (bounded) phase history."""
+
+    at: float
+    source: str
+    target: str
+    trigger: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "from": self.source, "to": self.target, "trigger": self.trigger}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TransitionRecord:
+        return cls(at=float(d["at"]), source=str(d["from"]), target=str(d["to"]),
+                   trigger=str(d["trigger"]))
+
+
+#: How many phase changes a record keeps (older ones are dropped; the ledger keeps every step).
+HISTORY_LIMIT = 50
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """The persisted state of one remediation of one node (one incident).
+
+    ``phase`` is a :class:`healer.core.machine.Phase` value stored as its string, so that this
+    module does not depend on the machine. ``ledger`` lists every step ever started, in order;
+    a step that is retried keeps one entry whose ``attempts`` grows.
+    """
+
+    node: str
+    incident: Incident
+    policy: str
+    phase: str
+    phase_since: float
+    mode: str = "act"  # observe | dryRun | act
+    ledger: tuple[StepRecord, ...] = ()
+    spare: str = ""
+    slurm_node: str = ""
+    verdict: str = HealthState.HEALTHY.value
+    verdict_at: float = 0.0
+    blocked: GuardrailBlock | None = None
+    paused: bool = False
+    repaired: bool = False
+    outcome: str = ""  # set when the record reaches a terminal phase: done|recovered|...
+    history: tuple[TransitionRecord, ...] = ()
+
+    @property
+    def last_transition(self) -> float:
+        return self.history[-1].at if self.history else self.phase_since
+
+    def step(self, name: str) -> StepRecord | None:
+        """The latest ledger entry for ``name``."""
+        for s in reversed(self.ledger):
+            if s.step == name:
+                return s
+        return None
+
+    def step_ok(self, name: str) -> bool:
+        s = self.step(name)
+        return s is not None and s.outcome is Outcome.OK
+
+    def with_step(self, entry: StepRecord) -> NodeRecord:
+        """Replace the latest entry of the same step if it is still open, else append."""
+        ledger = list(self.ledger)
+        for i in range(len(ledger) - 1, -1, -1):
+            if ledger[i].step == entry.step:
+                if not ledger[i].done:
+                    ledger[i] = entry
+                    return replace(self, ledger=tuple(ledger))
+                break
+        return replace(self, ledger=(*self.ledger, entry))
+
+    def replace_latest(self, entry: StepRecord) -> NodeRecord:
+        """Replace the latest entry of ``entry.step`` (open or not); append if there is none."""
+        ledger = list(self.ledger)
+        for i in range(len(ledger) - 1, -1, -1):
+            if ledger[i].step == entry.step:
+                ledger[i] = entry
+                return replace(self, ledger=tuple(ledger))
+        return replace(self, ledger=(*self.ledger, entry))
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "formatVersion": RECORD_FORMAT_VERSION,
+            "node": self.node,
+            "incident": self.incident.to_dict(),
+            "policy": self.policy,
+            "phase": self.phase,
+            "phaseSince": self.phase_since,
+            "mode": self.mode,
+            "ledger": [s.to_dict() for s in self.ledger],
+            "spare": self.spare,
+            "slurmNode": self.slurm_node,
+            "verdict": self.verdict,
+            "verdictAt": self.verdict_at,
+            "paused": self.paused,
+            "repaired": self.repaired,
+            "outcome": self.outcome,
+            "history": [h.to_dict() for h in self.history],
+        }
+        if self.blocked is not None:
+            d["blocked"] = self.blocked.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> NodeRecord:
+        version = d.get("formatVersion")
+        if version != RECORD_FORMAT_VERSION:
+            raise ValueError(
+                f"NodeRecord formatVersion {version!r} is not supported "
+                f"(this healer reads version {RECORD_FORMAT_VERSION})"
+            )
+        blocked = d.get("blocked")
+        return cls(
+            node=str(d["node"]),
+            incident=Incident.from_dict(d["incident"]),
+            policy=str(d["policy"]),
+            phase=str(d["phase"]),
+            phase_since=float(d["phaseSince"]),
+            mode=str(d.get("mode", "act")),
+            ledger=tuple(StepRecord.from_dict(s) for s in d.get("ledger", ())),
+            spare=str(d.get("spare", "")),
+            slurm_node=str(d.get("slurmNode", "")),
+            verdict=str(d.get("verdict", HealthState.HEALTHY.value)),
+            verdict_at=float(d.get("verdictAt", 0.0)),
+            blocked=None if blocked is None else GuardrailBlock.from_dict(blocked),
+            paused=bool(d.get("paused", False)),
+            repaired=bool(d.get("repaired", False)),
+            outcome=str(d.get("outcome", "")),
+            history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
+        )

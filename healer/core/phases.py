@@ -1,0 +1,53 @@
+"""The phases of a remediation and the groups of phases the guardrails reason about."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Phase(enum.Enum):
+    HEALTHY = "Healthy"
+    SUSPECT = "Suspect"
+    DEGRADING = "Degrading"
+    FAILED = "Failed"
+    CHECKPOINTING = "Checkpointing"
+    DRAINING = "Draining"
+    CORDONED = "Cordoned"
+    SWAPPING = "Swapping"
+    ANNOTATING = "Annotating"
+    VALIDATING = "Validating"
+    UNDRAINING = "Undraining"
+    REPAIR = "Repair"
+    RECOVERED = "Recovered"
+    HELD_FOR_CAPACITY = "HeldForCapacity"
+    DONE = "Done"
+    ESCALATED = "Escalated"
+    CANCELLED = "Cancelled"
+
+    @classmethod
+    def parse(cls, text: str) -> Phase:
+        return cls(text)
+
+
+#: Confirmed but not yet admitted: waiting for the guardrails (or observe-only).
+PENDING_ADMISSION = frozenset({Phase.DEGRADING, Phase.FAILED})
+
+#: Admitted remediations in flight: these count against ``maxConcurrent``.
+ACTIVE = frozenset({
+    Phase.CHECKPOINTING, Phase.DRAINING, Phase.CORDONED, Phase.SWAPPING, Phase.ANNOTATING,
+    Phase.VALIDATING, Phase.UNDRAINING, Phase.HELD_FOR_CAPACITY,
+})
+
+#: No further transitions (the record is closed; open ledger steps may still be re-issued).
+TERMINAL = frozenset({Phase.DONE, Phase.ESCALATED, Phase.CANCELLED})
+
+#: Phases where a cleared signal still means "recovered": the node has not been taken out yet.
+RECOVERABLE = frozenset({
+    Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED, Phase.CHECKPOINTING, Phase.DRAINING,
+})
+
+#: Phases in which healer may have cordoned the node (an admin uncordon then cancels).
+MAY_BE_CORDONED = frozenset({
+    Phase.DRAINING, Phase.CORDONED, Phase.HELD_FOR_CAPACITY, Phase.SWAPPING, Phase.ANNOTATING,
+    Phase.VALIDATING, Phase.UNDRAINING, Phase.REPAIR,
+})

@@ -1,0 +1,344 @@
+"""Compiled policies: the frozen, validated form the engine runs on.
+
+:mod:`healer.policy` parses YAML, validates it in two layers and compiles it into these types once,
+at load time. Durations are seconds; regular expressions are compiled; XID groups are resolved to
+sets of codes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from healer.core.model import NodeView, Severity
+
+
+class Mode(enum.Enum):
+    """How far a policy may go. The safety ladder is observe → dryRun → act."""
+
+    OBSERVE = "observe"  # detect and report incidents; never plan or take a step
+    DRY_RUN = "dryRun"  # run the whole flow, record every step as intent, change nothing
+    ACT = "act"  # remediate
+
+    @property
+    def rank(self) -> int:
+        return {"observe": 0, "dryRun": 1, "act": 2}[self.value]
+
+
+class Op(enum.Enum):
+    GT = ">"
+    GE = ">="
+    LT = "<"
+    LE = "<="
+    EQ = "=="
+    NE = "!="
+
+    def test(self, value: float, threshold: float) -> bool:
+        match self:
+            case Op.GT:
+                return value > threshold
+            case Op.GE:
+                return value >= threshold
+            case Op.LT:
+                return value < threshold
+            case Op.LE:
+                return value <= threshold
+            case Op.EQ:
+                return value == threshold
+            case Op.NE:
+                return value != threshold
+        raise AssertionError(self)  # pragma: no cover
+
+
+class Aggregation(enum.Enum):
+    """How a telemetry source turns a field into the value a threshold is tested against."""
+
+    VALUE = "value"  # the gauge as scraped
+    INCREASE = "increase"  # counter increase over ``window``
+    RATE = "rate"  # per-second counter rate over ``window``
+    MAX_OVER_TIME = "max_over_time"
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    match_labels: Mapping[str, str] = field(default_factory=dict)
+    # (key, operator, values) with operator In | NotIn | Exists | DoesNotExist
+    match_expressions: tuple[tuple[str, str, frozenset[str]], ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for k, v in self.match_labels.items():
+            if labels.get(k) != v:
+                return False
+        for key, op, values in self.match_expressions:
+            present = key in labels
+            if op == "In" and (not present or labels[key] not in values):
+                return False
+            if op == "NotIn" and present and labels[key] in values:
+                return False
+            if op == "Exists" and not present:
+                return False
+            if op == "DoesNotExist" and present:
+                return False
+        return True
+
+    def to_query(self) -> str:
+        """The selector as a Kubernetes ``labelSelector`` query string."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for key, op, values in self.match_expressions:
+            vs = ",".join(sorted(values))
+            parts.append({"In": f"{key} in ({vs})", "NotIn": f"{key} notin ({vs})",
+                          "Exists": key, "DoesNotExist": f"!{key}"}[op])
+        return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules
+
+
+@dataclass(frozen=True, slots=True)
+class XidRule:
+    name: str
+    severity: Severity
+    codes: frozenset[int]
+    count: int = 1  # N occurrences ...
+    within: float = 3600.0  # ... within this many seconds
+
+
+@dataclass(frozen=True, slots=True)
+class MetricRule:
+    """A threshold on a telemetry field (or a raw PromQL expression), per GPU, held ``for``."""
+
+    name: str
+    severity: Severity
+    field: str  # the DCGM field name, or the rule name when ``promql`` is set
+    op: Op
+    threshold: float
+    hold_for: float = 0.0
+    aggregation: Aggregation = Aggregation.VALUE
+    window: float = 300.0
+    promql: str = ""
+
+    @property
+    def key(self) -> str:
+        """The signal key a telemetry source uses for this rule's samples."""
+        return f"rule:{self.name}" if self.promql else self.field
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionRule:
+    """A node condition (from healer's agent, NPD, NVSentinel, ...) held for a duration.
+
+    ``count``/``within`` turn it into an N-in-window rule on transitions into the bad status.
+    """
+
+    name: str
+    severity: Severity
+    type: str
+    statuses: frozenset[str]
+    reason: re.Pattern[str] | None = None
+    hold_for: float = 0.0
+    count: int = 0
+    within: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class StalenessRule:
+    """Telemetry older than ``after`` makes the node's verdict *stale*: alert, never disrupt."""
+
+    name: str
+    after: float
+    sources: frozenset[str] = frozenset()  # empty: every source
+
+
+Rule = XidRule | MetricRule | ConditionRule | StalenessRule
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps
+
+
+class DrainTimeout(enum.Enum):
+    ESCALATE = "escalate"  # hand the node to a human; it stays drained
+    REQUEUE = "requeue"  # requeue the node's jobs through Slurm, then carry on
+
+
+class CheckpointTimeout(enum.Enum):
+    CONTINUE = "continue"
+    ESCALATE = "escalate"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointStep:
+    enabled: bool = False
+    hook: str = "slurm-signal"  # slurm-signal | webhook | job
+    signal: str = "USR1"
+    deadline: float = 600.0
+    on_timeout: CheckpointTimeout = CheckpointTimeout.CONTINUE
+    severities: frozenset[Severity] = frozenset({Severity.DEGRADING})
+    url: str = ""
+    secret_ref: str = ""
+    job_template: str = ""
+
+    def applies_to(self, severity: Severity) -> bool:
+        return self.enabled and severity in self.severities
+
+
+@dataclass(frozen=True, slots=True)
+class DrainStep:
+    deadline: float = 7200.0
+    on_timeout: DrainTimeout = DrainTimeout.ESCALATE
+    requeue_grace: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class SwapStep:
+    enabled: bool = True
+    deadline: float = 1800.0  # spare claimed → replacement registered and ready
+    hold_timeout: float = 0.0  # HeldForCapacity → Escalated after this long (0: hold forever)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationStep:
+    enabled: bool = False
+    image: str = ""
+    command: tuple[str, ...] = ()
+    deadline: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class RepairStep:
+    hook: str = "none"  # none | webhook | job
+    url: str = ""
+    job_template: str = ""
+    deadline: float = 0.0  # 0: wait for the repair result forever
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    checkpoint: CheckpointStep = CheckpointStep()
+    drain: DrainStep = DrainStep()
+    swap: SwapStep = SwapStep()
+    validation: ValidationStep = ValidationStep()
+    repair: RepairStep = RepairStep()
+    step_deadline: float = 900.0  # any single action that has not finished by then escalates
+    max_attempts: int = 5  # per step, transient failures included
+    poll_interval: float = 10.0  # how often a waiting step is polled
+
+
+# ---------------------------------------------------------------------------------------------
+# Guardrails
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A count or a percentage of a population."""
+
+    value: float
+    percent: bool = False
+
+    def of(self, population: int) -> int:
+        if not self.percent:
+            return int(self.value)
+        # a percentage rounds down but never below one node unless it is 0%
+        n = int(population * self.value / 100.0)
+        return max(n, 1) if self.value > 0 and population > 0 else n
+
+    def __str__(self) -> str:
+        return f"{self.value:g}%" if self.percent else f"{int(self.value)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    window: float = 600.0
+    threshold: Quantity = Quantity(5)
+    cooldown: float = 1800.0
+
+
+@dataclass(frozen=True, slots=True)
+class FailureDomain:
+    key: str
+    max_unavailable: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBudget:
+    per_node: int = 3
+    per_gpu_serial: int = 2
+    window: float = 7 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Guardrails:
+    max_concurrent: int | None = None
+    max_unavailable: Quantity | None = None
+    failure_domains: tuple[FailureDomain, ...] = ()
+    breaker: Breaker | None = None
+    retry_budget: RetryBudget | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    name: str
+    selector: LabelSelector
+    rules: tuple[Rule, ...]
+    steps: Steps = Steps()
+    guardrails: Guardrails = Guardrails()
+    mode: Mode = Mode.OBSERVE
+    priority: int = 0
+    source: str = ""  # "file:line" where it was defined
+
+    def applies_to(self, node: NodeView) -> bool:
+        return self.selector.matches(node.labels)
+
+    def rule(self, name: str) -> Rule | None:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetGuardrails:
+    """Guardrails over the whole fleet, across policies (``kind: FleetGuardrails``)."""
+
+    guardrails: Guardrails = Guardrails()
+    spare_selector: LabelSelector = LabelSelector({"healer.io/role": "spare"})
+    paused: bool = False
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """Every loaded policy plus the fleet guardrails, with a content hash for metrics.
+
+    Several policies may select one node (say, one for fatal XIDs and one for degrading
+    telemetry). Each is evaluated; the incident belongs to the policy whose verdict is worst
+    (ties: higher ``priority``, then name), and that policy's steps and guardrails apply.
+    """
+
+    policies: tuple[Policy, ...]
+    fleet: FleetGuardrails = FleetGuardrails()
+    digest: str = ""
+
+    def policies_for(self, node: NodeView) -> list[Policy]:
+        """Every policy that selects ``node``, highest priority first (then by name)."""
+        return sorted((p for p in self.policies if p.applies_to(node)),
+                      key=lambda p: (-p.priority, p.name))
+
+    def for_node(self, node: NodeView) -> Policy | None:
+        """The first of :meth:`policies_for`, or None if no policy selects the node."""
+        matching = self.policies_for(node)
+        return matching[0] if matching else None
+
+    def get(self, name: str) -> Policy | None:
+        for p in self.policies:
+            if p.name == name:
+                return p
+        return None
+

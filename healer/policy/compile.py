@@ -1,0 +1,237 @@
+"""The policy file format, layer two: cross-field rules, then compilation into core types.
+
+Layer one (:mod:`healer.policy.schema`) checked every field on its own. Here we check what
+relates fields (exactly one matcher per rule, a webhook hook needs a URL, XID groups exist in
+the catalog, names are unique, ...) and turn the validated model into the frozen types of
+:mod:`healer.core.policy`: durations in seconds, regular expressions compiled, XID groups
+resolved to codes. Every problem carries the path of the offending field so the loader can
+name its line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from healer.core import policy as core
+from healer.core.model import Severity
+from healer.core.xid import XidCatalog
+from healer.policy import schema as s
+
+Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Issue:
+    path: Path
+    message: str
+
+
+class CompileErrors(Exception):
+    def __init__(self, issues: list[Issue]) -> None:
+        super().__init__("; ".join(i.message for i in issues))
+        self.issues = issues
+
+
+def _quantity(text: str) -> core.Quantity:
+    if text.endswith("%"):
+        return core.Quantity(float(text[:-1]), percent=True)
+    return core.Quantity(float(text))
+
+
+def _selector(sel: s.Selector, path: Path, issues: list[Issue], *,
+              require: bool) -> core.LabelSelector:
+    if require and not sel.match_labels and not sel.match_expressions:
+        issues.append(Issue(path, "expected at least one matchLabels entry or matchExpression: "
+                                  "an empty selector would select every node, control plane "
+                                  "included"))
+    exprs: list[tuple[str, str, frozenset[str]]] = []
+    for i, e in enumerate(sel.match_expressions):
+        p = (*path, "matchExpressions", i, "values")
+        if e.operator in ("In", "NotIn") and not e.values:
+            issues.append(Issue(p, f"operator {e.operator} expects a non-empty values list"))
+        if e.operator in ("Exists", "DoesNotExist") and e.values:
+            issues.append(Issue(p, f"operator {e.operator} expects no values"))
+        exprs.append((e.key, e.operator, frozenset(e.values)))
+    return core.LabelSelector(dict(sel.match_labels), tuple(exprs))
+
+
+def _guardrails(g: s.GuardrailsSpec, path: Path, issues: list[Issue]) -> core.Guardrails:
+    keys = [fd.key for fd in g.failure_domains]
+    for i, k in enumerate(keys):
+        if k in keys[:i]:
+            issues.append(Issue((*path, "failureDomains", i, "key"),
+                                f"failure domain {k!r} is listed twice"))
+    breaker = None
+    if g.breaker is not None:
+        q = _quantity(g.breaker.threshold)
+        if q.value <= 0:
+            issues.append(Issue((*path, "breaker", "threshold"),
+                                "expected a threshold of at least 1 node (or a percentage > 0%)"))
+        breaker = core.Breaker(window=g.breaker.window, threshold=q, cooldown=g.breaker.cooldown)
+    budget = None
+    if g.retry_budget is not None:
+        rb = g.retry_budget
+        budget = core.RetryBudget(per_node=rb.per_node, per_gpu_serial=rb.per_gpu_serial,
+                                  window=rb.window)
+    return core.Guardrails(
+        max_concurrent=g.max_concurrent,
+        max_unavailable=_quantity(g.max_unavailable) if g.max_unavailable is not None else None,
+        failure_domains=tuple(core.FailureDomain(fd.key, fd.max_unavailable)
+                              for fd in g.failure_domains),
+        breaker=breaker,
+        retry_budget=budget,
+    )
+
+
+_MATCHERS = ("xid", "metric", "condition", "notReady", "staleness")
+
+
+def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -> core.Rule | None:
+    present = [m for m, v in zip(_MATCHERS, (r.xid, r.metric, r.condition, r.not_ready,
+                                             r.staleness), strict=True) if v is not None]
+    if len(present) != 1:
+        issues.append(Issue(path, "expected exactly one of xid, metric, condition, notReady, "
+                                  f"staleness; got {', '.join(present) or 'none'}"))
+        return None
+    kind = present[0]
+    if kind == "staleness":
+        if r.severity is not None:
+            issues.append(Issue((*path, "severity"), "a staleness rule takes no severity: stale "
+                                                     "telemetry can alert but never disrupts"))
+        assert r.staleness is not None
+        return core.StalenessRule(r.name, r.staleness.after, frozenset(r.staleness.sources))
+    if r.severity is None:
+        issues.append(Issue((*path, "severity"), "expected a severity: degrading or failed"))
+        return None
+    sev = Severity.parse(r.severity)
+    if r.xid is not None:
+        x, p = r.xid, (*path, "xid")
+        for i, g in enumerate(x.groups):
+            if g not in catalog.groups:
+                issues.append(Issue((*p, "groups", i), f"unknown XID group {g!r} (expected one of "
+                                                       f"{', '.join(sorted(catalog.groups))})"))
+        for i, c in enumerate(x.codes):
+            if catalog.get(c) is None:
+                issues.append(Issue((*p, "codes", i), f"XID {c} is not in the catalog (see "
+                                                      "`healer xid --list`)"))
+        known_groups = [g for g in x.groups if g in catalog.groups]
+        codes = catalog.resolve(known_groups, x.codes, x.exclude)
+        if not codes and not any(i.path[:len(p)] == p for i in issues):
+            issues.append(Issue(p, "the groups and codes select no XID at all"))
+        return core.XidRule(r.name, sev, codes, x.count, x.within)
+    if r.metric is not None:
+        m, p = r.metric, (*path, "metric")
+        if (m.field is None) == (m.promql is None):
+            issues.append(Issue(p, "expected exactly one of field or promql"))
+            return None
+        if m.promql is not None and m.aggregation != "value":
+            issues.append(Issue((*p, "aggregation"), "aggregation applies to field, not promql "
+                                                     "(write the function into the expression)"))
+        return core.MetricRule(r.name, sev, field=m.field or r.name, op=core.Op(m.op),
+                               threshold=m.threshold, hold_for=m.hold_for,
+                               aggregation=core.Aggregation(m.aggregation), window=m.window,
+                               promql=m.promql or "")
+    if r.condition is not None:
+        cond, cp = r.condition, (*path, "condition")
+        pattern = None
+        if cond.reason is not None:
+            try:
+                pattern = re.compile(cond.reason)
+            except re.error as e:
+                issues.append(Issue((*cp, "reason"), f"invalid regular expression: {e}"))
+        if (cond.count > 0) != (cond.within > 0):
+            issues.append(Issue(cp, "count and within go together (N transitions within a "
+                                    "window); set both or neither"))
+        return core.ConditionRule(r.name, sev, cond.type, frozenset(cond.status), pattern,
+                                  cond.hold_for, cond.count, cond.within)
+    assert r.not_ready is not None
+    return core.ConditionRule(r.name, sev, "Ready", frozenset({"False", "Unknown"}), None,
+                              r.not_ready.hold_for)
+
+
+def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> None:
+    if not url:
+        issues.append(Issue(path, f"{what} needs a url"))
+    elif not url.startswith(("https://", "http://")):
+        issues.append(Issue(path, f"expected an http(s) URL, got {url!r}"))
+
+
+def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
+    cp = st.checkpoint
+    if cp.enabled and cp.hook == "webhook":
+        _hook_url(cp.url, (*path, "checkpoint", "url"), "a webhook checkpoint hook", issues)
+    if cp.enabled and cp.hook == "job" and not cp.job_template:
+        issues.append(Issue((*path, "checkpoint", "jobTemplate"),
+                            "a job checkpoint hook needs a jobTemplate"))
+    if cp.enabled and cp.deadline >= st.drain.deadline:
+        issues.append(Issue((*path, "checkpoint", "deadline"),
+                            f"expected a checkpoint deadline shorter than the drain deadline "
+                            f"({cp.deadline:g}s ≥ {st.drain.deadline:g}s)"))
+    v = st.validation
+    if v.enabled and not v.image:
+        issues.append(Issue((*path, "validation", "image"), "validation needs an image"))
+    if v.enabled and not v.command:
+        issues.append(Issue((*path, "validation", "command"), "validation needs a command"))
+    rp = st.repair
+    if rp.hook == "webhook":
+        _hook_url(rp.url, (*path, "repair", "url"), "a webhook repair hook", issues)
+    if rp.hook == "job" and not rp.job_template:
+        issues.append(Issue((*path, "repair", "jobTemplate"),
+                            "a job repair hook needs a jobTemplate"))
+    return core.Steps(
+        checkpoint=core.CheckpointStep(
+            enabled=cp.enabled, hook=cp.hook, signal=cp.signal.removeprefix("SIG"),
+            deadline=cp.deadline, on_timeout=core.CheckpointTimeout(cp.on_timeout),
+            severities=frozenset(Severity.parse(x) for x in cp.severities),
+            url=cp.url or "", secret_ref=cp.secret_ref or "", job_template=cp.job_template or ""),
+        drain=core.DrainStep(deadline=st.drain.deadline,
+                             on_timeout=core.DrainTimeout(st.drain.on_timeout),
+                             requeue_grace=st.drain.requeue_grace),
+        swap=core.SwapStep(enabled=st.swap.enabled, deadline=st.swap.deadline,
+                           hold_timeout=st.swap.hold_timeout),
+        validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
+                                       command=tuple(v.command), deadline=v.deadline),
+        repair=core.RepairStep(hook=rp.hook, url=rp.url or "",
+                               job_template=rp.job_template or "", deadline=rp.deadline),
+        step_deadline=st.step_deadline, max_attempts=st.max_attempts,
+        poll_interval=st.poll_interval,
+    )
+
+
+def compile_policy(doc: s.RemediationPolicy, catalog: XidCatalog,
+                   source: str = "") -> core.Policy:
+    issues: list[Issue] = []
+    spec = doc.spec
+    sel = _selector(spec.node_selector, ("spec", "nodeSelector"), issues, require=True)
+    rules: list[core.Rule] = []
+    names: dict[str, int] = {}
+    for i, r in enumerate(spec.rules):
+        path: Path = ("spec", "rules", i)
+        if r.name in names:
+            issues.append(Issue((*path, "name"), f"rule name {r.name!r} is already used by "
+                                                 f"rules[{names[r.name]}]"))
+        names.setdefault(r.name, i)
+        rule = _rule(r, path, catalog, issues)
+        if rule is not None:
+            rules.append(rule)
+    if rules and all(isinstance(r, core.StalenessRule) for r in rules):
+        issues.append(Issue(("spec", "rules"), "expected at least one rule that can find a "
+                                               "fault (staleness rules only alert)"))
+    steps = _steps(spec.steps, ("spec", "steps"), issues)
+    guardrails = _guardrails(spec.guardrails, ("spec", "guardrails"), issues)
+    if issues:
+        raise CompileErrors(issues)
+    return core.Policy(name=doc.metadata.name, selector=sel, rules=tuple(rules), steps=steps,
+                       guardrails=guardrails, mode=core.Mode(spec.mode), priority=spec.priority,
+                       source=source)
+
+
+def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetGuardrails:
+    issues: list[Issue] = []
+    sel = _selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
+    g = _guardrails(doc.spec.guardrails, ("spec", "guardrails"), issues)
+    if issues:
+        raise CompileErrors(issues)
+    return core.FleetGuardrails(guardrails=g, spare_selector=sel, paused=doc.spec.paused,
+                                source=source)

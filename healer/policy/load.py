@@ -1,0 +1,252 @@
+"""Load policy files: YAML → field schema → cross-field rules → one frozen :class:`PolicySet`.
+
+Every problem in every file is collected and reported together (file, line, field, what was
+expected); if there is any, :class:`~healer.errors.PolicyError` is raised and nothing from any
+file is used, so a reload with a broken file keeps the previous policies in force.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import yaml
+
+from healer.core import policy as core
+from healer.core.xid import XidCatalog
+from healer.errors import PolicyError, Problem
+from healer.policy import schema as s
+from healer.policy.catalog import default_catalog
+from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
+from healer.policy.yamlsrc import SourceDoc, load_documents
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def policy_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The YAML files named by ``paths`` (directories are searched recursively, sorted)."""
+    out: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                if any(part.startswith("..") for part in f.relative_to(p).parts):
+                    continue  # ConfigMap mounts keep old versions under ..data/ ..timestamp/
+                if f.is_file() and f.suffix in YAML_SUFFIXES:
+                    out.append(f)
+        else:
+            out.append(p)
+    return out
+
+
+def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
+                    catalog: XidCatalog | None = None,
+                    max_mode: core.Mode | None = None) -> core.PolicySet:
+    """Load and compile every policy under ``paths``.
+
+    ``max_mode`` caps every policy's mode (``healer run --dry-run`` passes ``Mode.DRY_RUN``).
+    """
+    catalog = catalog or default_catalog()
+    files = policy_files(paths)
+    problems: list[Problem] = []
+    if not files:
+        problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
+                                "no policy files (*.yaml) found"))
+    policies: list[tuple[core.Policy, SourceDoc]] = []
+    fleets: list[tuple[core.FleetGuardrails, SourceDoc]] = []
+    digest = hashlib.sha256()
+    for f in files:
+        try:
+            text = f.read_text("utf-8")
+        except OSError as e:
+            problems.append(Problem(str(f), 0, "", f"cannot read: {e.strerror or e}"))
+            continue
+        digest.update(str(f.name).encode() + b"\0" + text.encode() + b"\0")
+        try:
+            docs = list(load_documents(text, str(f)))
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else 0
+            problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
+            continue
+        if not docs:
+            problems.append(Problem(str(f), 0, "", "the file holds no YAML document"))
+        for doc in docs:
+            compiled = _load_doc(doc, catalog, problems)
+            if isinstance(compiled, core.Policy):
+                policies.append((compiled, doc))
+            elif isinstance(compiled, core.FleetGuardrails):
+                fleets.append((compiled, doc))
+    _cross_file_checks(policies, fleets, problems)
+    if problems:
+        raise PolicyError(problems)
+    plist = [p for p, _ in policies]
+    if max_mode is not None:
+        plist = [replace(p, mode=max_mode) if p.mode.rank > max_mode.rank else p for p in plist]
+    fleet = fleets[0][0] if fleets else core.FleetGuardrails()
+    return core.PolicySet(policies=tuple(sorted(plist, key=lambda p: p.name)), fleet=fleet,
+                          digest=digest.hexdigest()[:16])
+
+
+def _yaml_reason(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None)
+    context = getattr(e, "context", None)
+    parts = [str(x) for x in (context, problem) if x]
+    return "; ".join(parts) if parts else str(e).splitlines()[0]
+
+
+def _where(doc: SourceDoc) -> str:
+    return f"{doc.file}:{doc.start_line}"
+
+
+def _load_doc(doc: SourceDoc, catalog: XidCatalog,
+              problems: list[Problem]) -> core.Policy | core.FleetGuardrails | None:
+    data = doc.data
+    if not isinstance(data, dict):
+        problems.append(Problem(doc.file, doc.start_line, "",
+                                f"expected a mapping (a policy document), got {_kind_of(data)}"))
+        return None
+    api = data.get("apiVersion")
+    if api != s.API_VERSION:
+        problems.append(Problem(doc.file, doc.line_of(("apiVersion",)), "apiVersion",
+                                f"expected {s.API_VERSION!r}, got {api!r}"))
+        return None
+    kind = data.get("kind")
+    if kind not in s.KINDS:
+        problems.append(Problem(doc.file, doc.line_of(("kind",)), "kind",
+                                f"expected one of {', '.join(s.KINDS)}, got {kind!r}"))
+        return None
+    try:
+        model = s.DOCUMENT.validate_python(data)
+    except pydantic.ValidationError as e:
+        for err in e.errors(include_url=False):
+            loc = tuple(err["loc"])
+            if loc and loc[0] in s.KINDS:
+                loc = loc[1:]
+            problems.append(Problem(doc.file, doc.line_of(loc), _dotted(loc),
+                                    _explain(err, loc, kind)))
+        return None
+    try:
+        if isinstance(model, s.RemediationPolicy):
+            return compile_policy(model, catalog, source=_where(doc))
+        return compile_fleet(model, source=_where(doc))
+    except CompileErrors as ce:
+        for issue in ce.issues:
+            problems.append(Problem(doc.file, doc.line_of(issue.path), _dotted(issue.path),
+                                    issue.message))
+        return None
+
+
+def _cross_file_checks(policies: Sequence[tuple[core.Policy, SourceDoc]],
+                       fleets: Sequence[tuple[core.FleetGuardrails, SourceDoc]],
+                       problems: list[Problem]) -> None:
+    seen: dict[str, SourceDoc] = {}
+    for p, doc in policies:
+        if p.name in seen:
+            problems.append(Problem(doc.file, doc.line_of(("metadata", "name")), "metadata.name",
+                                    f"policy {p.name!r} is already defined at "
+                                    f"{_where(seen[p.name])}"))
+        seen.setdefault(p.name, doc)
+    for _, doc in fleets[1:]:
+        problems.append(Problem(doc.file, doc.start_line, "kind",
+                                f"only one FleetGuardrails document is allowed; the first is at "
+                                f"{_where(fleets[0][1])}"))
+
+
+def _dotted(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _kind_of(v: Any) -> str:
+    if isinstance(v, bool):
+        return f"a boolean ({v})"
+    if isinstance(v, (int, float)):
+        return f"a number ({v})"
+    if isinstance(v, str):
+        return f"a string ({v!r})"
+    if isinstance(v, list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a mapping"
+    return "nothing" if v is None else type(v).__name__
+
+
+def _explain(err: Any, loc: tuple[Any, ...], kind: str) -> str:
+    t = err["type"]
+    got = err.get("input")
+    ctx = err.get("ctx") or {}
+    match t:
+        case "missing":
+            return "required field is missing"
+        case "extra_forbidden":
+            allowed = _allowed_fields(kind, loc[:-1])
+            hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
+            return f"unknown field {loc[-1]!r}{hint}"
+        case "literal_error":
+            return f"expected one of {ctx.get('expected')}, got {got!r}"
+        case "float_parsing" | "float_type":
+            return f"expected a number, got {_kind_of(got)}"
+        case "int_parsing" | "int_type" | "int_from_float":
+            return f"expected an integer, got {_kind_of(got)}"
+        case "bool_parsing" | "bool_type":
+            return f"expected true or false, got {_kind_of(got)}"
+        case "string_type":
+            return f"expected a string, got {_kind_of(got)}"
+        case "dict_type" | "model_type" | "model_attributes_type":
+            return f"expected a mapping, got {_kind_of(got)}"
+        case "list_type":
+            return f"expected a list, got {_kind_of(got)}"
+        case "greater_than":
+            return f"expected a value > {ctx.get('gt')}, got {got!r}"
+        case "greater_than_equal":
+            return f"expected a value ≥ {ctx.get('ge')}, got {got!r}"
+        case "less_than_equal":
+            return f"expected a value ≤ {ctx.get('le')}, got {got!r}"
+        case "too_short":
+            return f"expected at least {ctx.get('min_length')} item(s)"
+        case "string_too_long":
+            return f"expected at most {ctx.get('max_length')} characters"
+        case "string_pattern_mismatch":
+            if loc and loc[-1] == "name":
+                return (f"expected a lowercase DNS-1123 name (a-z, 0-9, '-'), got {got!r}")
+            return f"expected a value matching {ctx.get('pattern')}, got {got!r}"
+        case "value_error":
+            return str(err["msg"]).removeprefix("Value error, ")
+    return str(err["msg"])
+
+
+def _allowed_fields(kind: str, loc: tuple[Any, ...]) -> list[str]:
+    """The field names (as written in YAML) of the model at ``loc`` inside a ``kind`` document."""
+    model: Any = s.RemediationPolicy if kind == "RemediationPolicy" else s.FleetGuardrails
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = next((f for name, f in model.model_fields.items()
+                      if (f.alias or name) == part), None)
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+        if model is None:
+            return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        m = _model_in(arg)
+        if m is not None:
+            return m
+    return None
