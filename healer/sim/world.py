@@ -1,0 +1,319 @@
+"""A simulated GPU fleet: Kubernetes nodes, Slurm nodes and jobs, warm spares. In memory.
+
+The simulator answers the state machine's actions the way the real adapters would (a drain is
+accepted at once and completes when the node's jobs end; a busy slurmd is never moved; a spare
+is claimed topology-first), with configurable latencies, so ``healer simulate``, ``healer
+backtest`` and the property tests run the real engine against a believable world. It is not a
+test double of any adapter: it has no Kubernetes or Slurm API at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from healer.core import actions as a
+from healer.core.actions import StepStatus
+from healer.core.machine import REASON_PREFIX, SlurmObservation, StepResult, Trigger, TriggerKind
+from healer.core.model import NodeCondition, NodeView, Taint
+
+DOMAIN_LABEL = "accelerator.topograph.run/domain"
+TIER_LABEL = "fabric.topograph.run/tier-{}"
+SPARE_LABEL = "healer.io/role"
+SPARE_TAINT = "healer.io/spare"
+
+
+Result = tuple[StepStatus, str, dict[str, str]]
+
+
+@dataclass
+class SimJob:
+    id: int
+    node: str  # Slurm node name
+    ends_at: float
+    checkpointable: bool = True
+    checkpoint_time: float = 60.0  # a checkpointing job writes its state, then exits
+    acked_at: float | None = None
+
+
+@dataclass
+class SimNode:
+    name: str
+    labels: dict[str, str]
+    spare: bool = False
+    unschedulable: bool = False
+    ready: bool = True
+    annotations: dict[str, str] = field(default_factory=dict)
+    taints: list[Taint] = field(default_factory=list)
+    claimed_by: str = ""  # incident that claimed this spare
+
+    def view(self, now: float) -> NodeView:
+        conds = (NodeCondition("Ready", "True" if self.ready else "False", "", "", 0.0),)
+        return NodeView(self.name, dict(self.labels), dict(self.annotations),
+                        self.unschedulable, tuple(self.taints), conds)
+
+
+@dataclass
+class SimSlurmNode:
+    name: str
+    host: str  # the Kubernetes node its slurmd runs on
+    drain: bool = False
+    reason: str = ""
+    registered_at: float = 0.0
+
+
+@dataclass
+class Latencies:
+    api: float = 1.0  # a Kubernetes/Slurm call
+    pod_start: float = 45.0  # a slurmd pod scheduled on the spare until Ready and registered
+    validation: float = 120.0
+
+
+@dataclass
+class Effects:
+    """What the world actually did, for assertions (each counted once per real change)."""
+
+    swaps: dict[str, int] = field(default_factory=dict)  # incident -> slurmd moves
+    drains: list[tuple[float, str, str]] = field(default_factory=list)
+    undrains: list[tuple[float, str]] = field(default_factory=list)
+    cordons: list[tuple[float, str]] = field(default_factory=list)
+    uncordons: list[tuple[float, str]] = field(default_factory=list)
+    events: list[tuple[float, str, str, str]] = field(default_factory=list)  # t, node, reason, note
+    event_keys: set[str] = field(default_factory=set)
+    signals_sent: list[tuple[float, int, str]] = field(default_factory=list)
+    requeued: list[tuple[float, int]] = field(default_factory=list)
+    killed_busy: list[tuple[float, str]] = field(default_factory=list)  # must stay empty
+
+
+class SimWorld:
+    def __init__(self, nodes: list[SimNode], jobs: list[SimJob] | None = None,
+                 latencies: Latencies | None = None,
+                 repair_results: Mapping[str, tuple[float, bool]] | None = None,
+                 failing_validation: set[str] | None = None) -> None:
+        self.nodes = {n.name: n for n in nodes}
+        self.slurm = {n.name: SimSlurmNode(n.name, n.name) for n in nodes if not n.spare}
+        self.jobs: dict[int, SimJob] = {j.id: j for j in (jobs or [])}
+        self.lat = latencies or Latencies()
+        self.effects = Effects()
+        self.repair_results = dict(repair_results or {})  # node -> (delay, passed)
+        self.failing_validation = set(failing_validation or ())
+        self._moved_at: dict[str, float] = {}
+        self._validation_started: dict[str, float] = {}
+        self.pending_repairs: list[tuple[float, str, str, bool]] = []  # at, node, incident, ok
+        self.capacity_changed_at: list[float] = []
+
+    # -- views -------------------------------------------------------------------------------
+
+    def node_views(self, now: float) -> dict[str, NodeView]:
+        return {n: s.view(now) for n, s in self.nodes.items()}
+
+    def slurm_name(self, node: str) -> str:
+        for s in self.slurm.values():
+            if s.host == node:
+                return s.name
+        return node
+
+    def jobs_on(self, slurm_node: str, now: float) -> list[SimJob]:
+        return [j for j in self.jobs.values() if j.node == slurm_node and j.ends_at > now]
+
+    def busy(self, slurm_node: str, now: float) -> bool:
+        return bool(self.jobs_on(slurm_node, now))
+
+    def spare_depth(self) -> int:
+        return sum(1 for n in self.nodes.values() if n.spare and not n.claimed_by)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "spares_free": self.spare_depth(),
+            "cordoned": sorted(n for n, s in self.nodes.items() if s.unschedulable),
+            "drained": sorted(n for n, s in self.slurm.items() if s.drain),
+        }
+
+    # -- actions -----------------------------------------------------------------------------
+
+    def execute(self, action: a.Action, now: float) -> list[tuple[float, Trigger]]:
+        """Run ``action`` at ``now``; return the triggers it produces and when they arrive."""
+        t = now + self.lat.api
+        handler = getattr(self, f"_do_{type(action).__name__}")
+        out: list[tuple[float, Trigger]] = []
+        res = handler(action, now)
+        if res is None:
+            return out
+        if isinstance(res, SlurmObservation):
+            out.append((t, Trigger(TriggerKind.SLURM, action.node, t, incident=action.incident,
+                                   slurm=res)))
+        else:
+            status, error, data = res
+            out.append((t, Trigger(TriggerKind.STEP, action.node, t, incident=action.incident,
+                                   result=StepResult(action.ledger_name, status, error,
+                                                     tuple(sorted(data.items()))))))
+        return out
+
+    def _ok(self, **data: str) -> Result:
+        return StepStatus.DONE, "", dict(data)
+
+    def _do_Checkpoint(self, act: a.Checkpoint, now: float) -> Result:
+        sn = self.slurm_name(act.node)
+        jobs = self.jobs_on(sn, now)
+        for j in jobs:
+            if j.acked_at is None:
+                j.acked_at = now
+                self.effects.signals_sent.append((now, j.id, act.signal))
+                if j.checkpointable:
+                    j.ends_at = min(j.ends_at, now + j.checkpoint_time)
+        if not self.jobs_on(sn, now + self.lat.api):
+            return self._ok(slurmNode=sn, jobs=str(len(jobs)))
+        return StepStatus.PENDING, "", {"slurmNode": sn, "waiting": str(len(jobs))}
+
+    def _do_DrainSlurm(self, act: a.DrainSlurm, now: float) -> Result:
+        sn = self.slurm_name(act.node)
+        s = self.slurm[sn]
+        owner = "healer"
+        if s.drain and not s.reason.startswith(REASON_PREFIX):
+            owner = "other"  # someone else drained it first: keep their reason
+        elif not s.drain:
+            s.drain, s.reason = True, act.reason
+            self.effects.drains.append((now, sn, act.reason))
+        return self._ok(slurmNode=sn, owner=owner)
+
+    def _do_ObserveSlurm(self, act: a.ObserveSlurm, now: float) -> SlurmObservation:
+        sn = self.slurm_name(act.node)
+        s = self.slurm[sn]
+        return SlurmObservation(drain=s.drain, busy=self.busy(sn, now), reason=s.reason,
+                                ours=s.reason.startswith(REASON_PREFIX))
+
+    def _do_RequeueJobs(self, act: a.RequeueJobs, now: float) -> Result:
+        sn = self.slurm_name(act.node)
+        for j in self.jobs_on(sn, now):
+            j.ends_at = now
+            self.effects.requeued.append((now, j.id))
+        return self._ok()
+
+    def _do_Cordon(self, act: a.Cordon, now: float) -> Result:
+        n = self.nodes[act.node]
+        if not n.unschedulable:
+            n.unschedulable = True
+            n.annotations["healer.io/cordoned-by"] = act.incident
+            self.effects.cordons.append((now, act.node))
+        return self._ok()
+
+    def _do_ClaimSpare(self, act: a.ClaimSpare, now: float) -> Result:
+        for n in self.nodes.values():
+            if n.claimed_by == act.incident:
+                return self._ok(spare=n.name)  # idempotent: already claimed by this incident
+        bad = self.nodes[act.node]
+        free = [n for n in self.nodes.values() if n.spare and not n.claimed_by and n.ready]
+        if not free:
+            return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
+        domain = bad.labels.get(DOMAIN_LABEL)
+
+        def rank(n: SimNode) -> tuple[int, str]:
+            if domain and n.labels.get(DOMAIN_LABEL) == domain:
+                return (0, n.name)
+            for tier in range(4):
+                key = TIER_LABEL.format(tier)
+                if key in bad.labels and n.labels.get(key) == bad.labels[key]:
+                    return (1 + tier, n.name)
+            return (9, n.name)
+
+        best = min(free, key=rank)
+        best.claimed_by = act.incident
+        return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
+
+    def _do_MoveWorkload(self, act: a.MoveWorkload, now: float) -> Result:
+        sn = self.slurm_name(act.node)
+        if sn not in self.slurm:
+            sn = act.slurm_node
+        s = self.slurm[sn]
+        if s.host == act.spare:
+            return self._ok(slurmNode=sn)  # already moved: idempotent
+        if self.busy(sn, now):
+            return StepStatus.PENDING, "Slurm reports the node busy: not moving it", {}
+        spare = self.nodes[act.spare]
+        spare.spare = False
+        spare.labels.pop(SPARE_LABEL, None)
+        spare.taints = [t for t in spare.taints if t.key != SPARE_TAINT]
+        s.host = act.spare
+        s.registered_at = now + self.lat.pod_start
+        self._moved_at[act.incident] = now
+        self.effects.swaps[act.incident] = self.effects.swaps.get(act.incident, 0) + 1
+        return self._ok(slurmNode=sn)
+
+    def _do_AwaitReplacement(self, act: a.AwaitReplacement, now: float) -> Result:
+        s = self.slurm.get(act.slurm_node)
+        if s is None or s.host != act.spare:
+            return StepStatus.FAILED, "the Slurm node is not on the spare", {}
+        if now >= s.registered_at:
+            return self._ok()
+        return StepStatus.PENDING, "", {}
+
+    def _do_AnnotateTopology(self, act: a.AnnotateTopology, now: float) -> Result:
+        n = self.nodes[act.target]
+        spec = n.labels.get(DOMAIN_LABEL, "")
+        n.annotations["topology.slinky.slurm.net/spec"] = f"default:{spec}" if spec else "default"
+        return self._ok(topology=n.annotations["topology.slinky.slurm.net/spec"])
+
+    def _do_Validate(self, act: a.Validate, now: float) -> Result:
+        key = f"{act.incident}/{act.purpose}"
+        started = self._validation_started.setdefault(key, now)
+        if now - started < self.lat.validation:
+            return StepStatus.PENDING, "", {}
+        if act.target in self.failing_validation:
+            return StepStatus.FAILED, "dcgmi diag failed", {}
+        return self._ok()
+
+    def _do_UndrainSlurm(self, act: a.UndrainSlurm, now: float) -> Result:
+        sn = act.slurm_node or self.slurm_name(act.target)
+        s = self.slurm.get(sn)
+        if s is None:
+            return self._ok(note="no such Slurm node")
+        if s.drain and s.reason.startswith(REASON_PREFIX) and act.incident in s.reason:
+            s.drain, s.reason = False, ""
+            self.effects.undrains.append((now, sn))
+            return self._ok()
+        return self._ok(note="not drained by this incident: left alone")
+
+    def _do_Uncordon(self, act: a.Uncordon, now: float) -> Result:
+        n = self.nodes[act.node]
+        if n.annotations.get("healer.io/cordoned-by") == act.incident:
+            n.unschedulable = False
+            del n.annotations["healer.io/cordoned-by"]
+            self.effects.uncordons.append((now, act.node))
+        return self._ok()
+
+    def _do_ReleaseSpare(self, act: a.ReleaseSpare, now: float) -> Result:
+        n = self.nodes.get(act.spare)
+        if n is not None and n.claimed_by == act.incident and n.spare:
+            n.claimed_by = ""
+            self.capacity_changed_at.append(now)
+        return self._ok()
+
+    def _do_MarkRepair(self, act: a.MarkRepair, now: float) -> Result:
+        n = self.nodes[act.node]
+        if n.labels.get("healer.io/repair") != "pending":
+            n.labels["healer.io/repair"] = "pending"
+            if act.node in self.repair_results:
+                delay, ok = self.repair_results[act.node]
+                self.pending_repairs.append((now + delay, act.node, act.incident, ok))
+        return self._ok()
+
+    def _do_ReturnToPool(self, act: a.ReturnToPool, now: float) -> Result:
+        n = self.nodes[act.node]
+        n.labels.pop("healer.io/repair", None)
+        n.labels[SPARE_LABEL] = "spare"
+        n.spare, n.claimed_by, n.unschedulable = True, "", False
+        n.annotations.pop("healer.io/cordoned-by", None)
+        n.taints.append(Taint(SPARE_TAINT, "true", "NoSchedule"))
+        self.capacity_changed_at.append(now)
+        return self._ok()
+
+    def _do_Escalate(self, act: a.Escalate, now: float) -> Result:
+        self.nodes[act.node].labels["healer.io/escalated"] = "true"
+        return self._ok()
+
+    def _do_EmitEvent(self, act: a.EmitEvent, now: float) -> None:
+        if act.key not in self.effects.event_keys:
+            self.effects.event_keys.add(act.key)
+            self.effects.events.append((now, act.node, act.reason, act.note))
+        return None
