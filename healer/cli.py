@@ -17,8 +17,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         ps = load_policy_set(args.paths)
     except PolicyError as e:
-        for p in e.problems:
-            print(p, file=sys.stderr)
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
         print(f"{len(e.problems)} problem(s); nothing loaded", file=sys.stderr)
         return 1
     for p in ps.policies:

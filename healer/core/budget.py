@@ -11,6 +11,8 @@ Capacity accounting, for a *population* of nodes (a policy's nodes, or every gov
   has already replaced (their record is in Repair with a spare: they are out of the fleet);
 * a node is *unavailable* if anyone cordoned it, it is NotReady, or healer holds it out of
   service (an admitted remediation, an escalation that drained it, an in-place repair);
+* an admitted remediation holds a ``maxConcurrent`` slot from admission until its replacement
+  serves; a node coming back from an in-place repair is giving capacity back and holds none;
 * admitting node N is allowed only if ``len(unavailable | {N})`` stays within ``maxUnavailable``,
   and likewise within each failure domain (nodes sharing N's value of the domain label).
 
@@ -22,11 +24,13 @@ history alone, so a restarted or new leader computes the same state from the rec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from healer.core.model import GuardrailBlock, NodeView
-from healer.core.phases import ACTIVE, Phase
+from healer.core.phases import Phase
 from healer.core.policy import Breaker, Guardrails, Policy, PolicySet
 
 
@@ -40,6 +44,7 @@ class OpenRemediation:
     opened_at: float
     spare: str = ""
     out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
+    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +92,17 @@ class Admission:
 ALLOWED = Admission(True)
 
 
+def breaker_threshold(cfg: Breaker, population: int) -> int:
+    """The number of distinct nodes that trips the breaker: never below 2 (one bad node is
+    a failure, not a storm), a percentage rounds up."""
+    if cfg.threshold.percent:
+        return max(math.ceil(population * cfg.threshold.value / 100.0), 2)
+    return max(int(cfg.threshold.value), 2)
+
+
 def breaker_status(cfg: Breaker, incidents: Iterable[PastIncident], population: int,
                    now: float) -> BreakerStatus:
-    threshold = max(cfg.threshold.of(population), 1)
+    threshold = breaker_threshold(cfg, population)
     times = sorted((i.opened_at, i.node) for i in incidents if i.opened_at <= now)
 
     def distinct_in_window(end: float) -> int:
@@ -131,14 +144,22 @@ def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
     for n in nodes:
         rec = view.open.get(n.name)
         if n.unschedulable or not n.ready or (rec is not None and (
-                rec.phase in ACTIVE or rec.out_of_service)):
+                rec.active or rec.out_of_service)):
             out.add(n.name)
     return out
 
 
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,
-                    now: float, incident: str = "") -> Admission:
-    """May ``node`` (governed by ``policy``) be taken out of service now?"""
+                    now: float, incident: str = "", opened_at: float | None = None) -> Admission:
+    """May ``node`` (governed by ``policy``) be taken out of service now?
+
+    ``incident``/``opened_at`` identify the incident asking; it counts towards the breaker
+    (its node went bad too) but not against its own retry budget.
+    """
     if view.is_paused(node):
         return Admission(False, GuardrailBlock("pause", "remediation is paused"), False, 60.0)
 
@@ -172,17 +193,20 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
         members = population(view, pol)
         if g.breaker is not None:
             incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
+            if opened_at is not None and all(i.id != incident for i in incidents):
+                incidents.append(PastIncident(incident, node, opened_at, policy.name, serials))
             st = breaker_status(g.breaker, incidents, len(members), now)
             if st.tripped:
+                until = st.until if st.until is not None else now
                 return Admission(False, GuardrailBlock(
                     "breaker",
                     f"{scope} breaker tripped: {st.count} nodes went bad within "
-                    f"{g.breaker.window:g}s (threshold {st.threshold}); closes at "
-                    f"{st.until:.0f} unless more fail", st.count, st.threshold),
-                    recheck_after=max((st.until or now) - now, 1.0))
+                    f"{g.breaker.window:g}s (threshold {st.threshold}); it closes at "
+                    f"{_iso(until)} unless more fail", st.count, st.threshold),
+                    recheck_after=max(until - now, 1.0))
         if g.max_concurrent is not None:
             active = sum(1 for r in view.open.values()
-                         if r.node != node and r.phase in ACTIVE
+                         if r.node != node and r.active
                          and (pol is None or r.policy == pol.name))
             if active + 1 > g.max_concurrent:
                 return Admission(False, GuardrailBlock(
@@ -235,7 +259,7 @@ def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
     for scope, g, pol in scopes:
         members = population(view, pol)
         active = sum(1 for r in view.open.values()
-                     if r.phase in ACTIVE and (pol is None or r.policy == pol.name))
+                     if r.active and (pol is None or r.policy == pol.name))
         br = None
         if g.breaker is not None:
             incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]

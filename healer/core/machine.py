@@ -56,7 +56,7 @@ from healer.core.model import (
     StepRecord,
     TransitionRecord,
 )
-from healer.core.phases import TERMINAL, Phase
+from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.policy import (
     CheckpointTimeout,
     DrainTimeout,
@@ -179,7 +179,8 @@ class Ctx:
             assert self.policy is not None
             serials = tuple(g.serial for g in self.rec.incident.gpus if g.serial)
             self._admission = check_admission(self.rec.node, serials, self.policy, self.view,
-                                              self.now, self.rec.incident.id)
+                                              self.now, self.rec.incident.id,
+                                              self.rec.incident.opened_at)
         return self._admission
 
     # -- ledger helpers ----------------------------------------------------------------------
@@ -270,8 +271,14 @@ def _record_verdict(ctx: Ctx) -> HealthState:
 
 
 def _node_excluded(ctx: Ctx) -> bool:
+    """Opted out (``healer.io/exclude=true``), or a warm spare (not serving: not remediated)."""
     n = ctx.view.nodes.get(ctx.trigger.node)
-    return n is not None and n.labels.get(EXCLUDE_LABEL, "").lower() == "true"
+    if n is None:
+        return False
+    if n.labels.get(EXCLUDE_LABEL, "").lower() == "true":
+        return True
+    spares = ctx.view.policies.fleet.spare_selector
+    return bool(spares.match_labels or spares.match_expressions) and spares.matches(n.labels)
 
 
 def _deadline(ctx: Ctx) -> float | None:
@@ -321,7 +328,7 @@ VERDICT_CONFIRMED = Guard("verdict degrading|failed",
                           lambda ctx: (v := _verdict(ctx)) is not None and v.is_confirmed)
 VERDICT_FAILED = Guard("verdict failed", lambda ctx: _verdict(ctx) is HealthState.FAILED)
 GOVERNED = Guard("node governed", lambda ctx: ctx.policy is not None and not _node_excluded(ctx))
-UNGOVERNED = Guard("policy gone or node opted out",
+UNGOVERNED = Guard("policy gone, node opted out or a spare",
                    lambda ctx: ctx.policy is None or _node_excluded(ctx))
 PAUSED = Guard("paused", lambda ctx: ctx.view.is_paused(ctx.trigger.node))
 OBSERVE_ONLY = Guard("observe-only",
@@ -907,7 +914,7 @@ _WHY_IGNORED = {
     K.CAPACITY: "only a node held for capacity waits for spares",
     K.REPAIR: "only a node in repair waits for a repair result",
     K.AUTO: "the phase has no automatic continuation",
-    K.VERDICT: "the record is closed: new signals open a new incident",
+    K.VERDICT: "the record is closed; it only tracks the verdict (see releases())",
 }
 _WHY_IGNORED_SPECIFIC = {
     (P.SWAPPING, K.ADMIN_UNCORDON): "the workload is moving to the spare: the old node's "
@@ -956,7 +963,7 @@ def _new_record(node: str, policy: Policy, now: float, v: Verdict) -> NodeRecord
                    severity=v.severity or Severity.DEGRADING, rules=v.rules or tuple(
                        m.rule for m in v.matches), gpus=v.gpus, summary=v.summary())
     return NodeRecord(node=node, incident=inc, policy=policy.name, phase=Phase.SUSPECT.value,
-                      phase_since=now, mode=policy.mode.value, slurm_node=node,
+                      phase_since=now, mode=policy.mode.value,
                       verdict=v.state.value, verdict_at=v.at)
 
 
@@ -1096,6 +1103,24 @@ def _recheck(ctx: Ctx) -> float | None:
     if ctx.view.is_paused(rec.node):
         candidates.append(60.0)
     return min(candidates) if candidates else None
+
+
+def releases(record: NodeRecord) -> bool:
+    """May the runtime take ``record`` off its node, so a new incident can open there?
+
+    Done releases at once. Escalated and Cancelled hold the node until its verdict is healthy
+    again: a human is handling it, and healer must not reopen (and re-cordon) a node an admin
+    just took back. Open ledger steps (an undo in flight) always hold it.
+    """
+    phase = Phase(record.phase)
+    if phase not in TERMINAL or any(not s.done for s in record.ledger):
+        return False
+    return phase is Phase.DONE or record.verdict == HealthState.HEALTHY.value
+
+
+def counts_as_active(record: NodeRecord) -> bool:
+    """Does ``record`` hold a ``maxConcurrent`` slot? Admitted and not yet giving back."""
+    return Phase(record.phase) in ACTIVE and not record.repaired
 
 
 def record_out_of_service(record: NodeRecord) -> bool:

@@ -65,9 +65,10 @@ def _guardrails(g: s.GuardrailsSpec, path: Path, issues: list[Issue]) -> core.Gu
     breaker = None
     if g.breaker is not None:
         q = _quantity(g.breaker.threshold)
-        if q.value <= 0:
+        if (not q.percent and q.value < 2) or q.value <= 0:
             issues.append(Issue((*path, "breaker", "threshold"),
-                                "expected a threshold of at least 1 node (or a percentage > 0%)"))
+                                "expected a threshold of at least 2 nodes (or a percentage > 0%):"
+                                " one bad node is a failure, not a storm"))
         breaker = core.Breaker(window=g.breaker.window, threshold=q, cooldown=g.breaker.cooldown)
     budget = None
     if g.retry_budget is not None:

@@ -72,6 +72,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = mark.line + 1 if mark is not None else 0
+            line = min(line, max(text.count("\n"), 1))  # "<stream end>" is past the last line
             problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
             continue
         if not docs:

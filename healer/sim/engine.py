@@ -16,12 +16,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from healer.core.actions import Action
+from healer.core.actions import Action, EmitEvent
 from healer.core.budget import BudgetView, OpenRemediation, PastIncident
 from healer.core.health import Verdict, evaluate_node
-from healer.core.machine import Decision, Trigger, TriggerKind, record_out_of_service, step
+from healer.core.machine import (
+    Decision,
+    Trigger,
+    TriggerKind,
+    counts_as_active,
+    record_out_of_service,
+    releases,
+    step,
+)
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
-from healer.core.phases import TERMINAL, Phase
+from healer.core.phases import Phase
 from healer.core.policy import PolicySet
 
 #: Signals older than this are dropped from a node's history.
@@ -55,6 +63,8 @@ class Replay:
     decisions: list[tuple[float, NodeRecord | None, Trigger, Decision]] = field(
         default_factory=list)
     on_decision: Callable[[float, Trigger, Decision], None] | None = None
+    #: called with (now, view before the step, record before, trigger, decision)
+    on_step: Callable[[float, BudgetView, NodeRecord | None, Trigger, Decision], None] | None = None
     keep_decisions: bool = False
 
     def __post_init__(self) -> None:
@@ -156,13 +166,16 @@ class Replay:
                 continue
             open_[rec.node] = OpenRemediation(rec.node, rec.policy, phase,
                                               rec.incident.opened_at, rec.spare,
-                                              record_out_of_service(rec))
+                                              record_out_of_service(rec), counts_as_active(rec))
         return BudgetView(self.policies, nodes, open_, tuple(incidents))
 
     def process(self, trigger: Trigger) -> Decision:
         node = trigger.node
         record = self.records.get(node)
-        decision = step(record, trigger, self.now, self.view())
+        before = self.view()
+        decision = step(record, trigger, self.now, before)
+        if self.on_step is not None:
+            self.on_step(self.now, before, record, trigger, decision)
         if self.keep_decisions:
             self.decisions.append((self.now, record, trigger, decision))
         if self.on_decision is not None:
@@ -174,17 +187,17 @@ class Replay:
         new = decision.record
         if new is None:
             self.records.pop(node, None)
-        elif Phase(new.phase) in TERMINAL and not any(not s.done for s in new.ledger):
+        elif releases(new):
             self.records.pop(node, None)
             self.closed.append(new)
         else:
             self.records[node] = new
         for act in decision.actions:
-            if act.ledgered or type(act).__name__ != "EmitEvent":
-                self.timeline.append(TimelineEntry(self.now, node, "action", act.describe()))
-            else:
+            if isinstance(act, EmitEvent):
                 self.timeline.append(TimelineEntry(self.now, node, "event",
-                                                   f"{act.reason}: {getattr(act, 'note', '')}"))
+                                                   f"{act.reason}: {act.note}"))
+            else:
+                self.timeline.append(TimelineEntry(self.now, node, "action", act.describe()))
             for t, trig in self.world.execute(act, self.now):
                 self.at(t, "trigger", trig)
         if new is not None and decision.recheck_after is not None:

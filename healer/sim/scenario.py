@@ -267,7 +267,7 @@ def _schedule_repairs(replay: Replay, world: SimWorld) -> None:
 
 
 def _clock(t: float, start: float) -> str:
-    s = int(round(t - start))
+    s = round(t - start)
     return f"+{s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
@@ -297,7 +297,7 @@ def render_timeline(entries: list[TimelineEntry], start: float, *,
 
 
 def _human(seconds: float) -> str:
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 120:
         return f"{s}s"
     if s < 7200:

@@ -109,10 +109,11 @@ class SimWorld:
         return {n: s.view(now) for n, s in self.nodes.items()}
 
     def slurm_name(self, node: str) -> str:
+        """The Slurm node whose slurmd runs on Kubernetes node ``node`` ("" if none)."""
         for s in self.slurm.values():
             if s.host == node:
                 return s.name
-        return node
+        return ""
 
     def jobs_on(self, slurm_node: str, now: float) -> list[SimJob]:
         return [j for j in self.jobs.values() if j.node == slurm_node and j.ends_at > now]
@@ -154,7 +155,7 @@ class SimWorld:
         return StepStatus.DONE, "", dict(data)
 
     def _do_Checkpoint(self, act: a.Checkpoint, now: float) -> Result:
-        sn = self.slurm_name(act.node)
+        sn = act.slurm_node or self.slurm_name(act.node)
         jobs = self.jobs_on(sn, now)
         for j in jobs:
             if j.acked_at is None:
@@ -167,8 +168,10 @@ class SimWorld:
         return StepStatus.PENDING, "", {"slurmNode": sn, "waiting": str(len(jobs))}
 
     def _do_DrainSlurm(self, act: a.DrainSlurm, now: float) -> Result:
-        sn = self.slurm_name(act.node)
-        s = self.slurm[sn]
+        sn = self.slurm_name(act.node) or act.slurm_node
+        s = self.slurm.get(sn)
+        if s is None:
+            return StepStatus.FAILED, f"no Slurm node runs on {act.node}", {}
         owner = "healer"
         if s.drain and not s.reason.startswith(REASON_PREFIX):
             owner = "other"  # someone else drained it first: keep their reason
@@ -177,14 +180,16 @@ class SimWorld:
             self.effects.drains.append((now, sn, act.reason))
         return self._ok(slurmNode=sn, owner=owner)
 
-    def _do_ObserveSlurm(self, act: a.ObserveSlurm, now: float) -> SlurmObservation:
-        sn = self.slurm_name(act.node)
-        s = self.slurm[sn]
+    def _do_ObserveSlurm(self, act: a.ObserveSlurm, now: float) -> SlurmObservation | None:
+        sn = act.slurm_node or self.slurm_name(act.node)
+        s = self.slurm.get(sn)
+        if s is None:
+            return None  # nothing to observe; the next poll asks again
         return SlurmObservation(drain=s.drain, busy=self.busy(sn, now), reason=s.reason,
                                 ours=s.reason.startswith(REASON_PREFIX))
 
     def _do_RequeueJobs(self, act: a.RequeueJobs, now: float) -> Result:
-        sn = self.slurm_name(act.node)
+        sn = act.slurm_node or self.slurm_name(act.node)
         for j in self.jobs_on(sn, now):
             j.ends_at = now
             self.effects.requeued.append((now, j.id))
@@ -203,7 +208,8 @@ class SimWorld:
             if n.claimed_by == act.incident:
                 return self._ok(spare=n.name)  # idempotent: already claimed by this incident
         bad = self.nodes[act.node]
-        free = [n for n in self.nodes.values() if n.spare and not n.claimed_by and n.ready]
+        free = [n for n in self.nodes.values()
+                if n.spare and not n.claimed_by and n.ready and n.name != act.node]
         if not free:
             return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
         domain = bad.labels.get(DOMAIN_LABEL)
@@ -222,12 +228,12 @@ class SimWorld:
         return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
 
     def _do_MoveWorkload(self, act: a.MoveWorkload, now: float) -> Result:
-        sn = self.slurm_name(act.node)
-        if sn not in self.slurm:
-            sn = act.slurm_node
-        s = self.slurm[sn]
-        if s.host == act.spare:
-            return self._ok(slurmNode=sn)  # already moved: idempotent
+        if act.incident in self._moved_at:
+            return self._ok(slurmNode=act.slurm_node)  # already moved for this incident
+        sn = act.slurm_node or self.slurm_name(act.node)
+        s = self.slurm.get(sn)
+        if s is None or s.host != act.node:
+            return StepStatus.FAILED, f"Slurm node {sn!r} is not on {act.node}", {}
         if self.busy(sn, now):
             return StepStatus.PENDING, "Slurm reports the node busy: not moving it", {}
         spare = self.nodes[act.spare]

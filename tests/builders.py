@@ -1,0 +1,125 @@
+"""Small builders for tests: policies, records, views and triggers with sensible defaults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from healer.core import policy as cp
+from healer.core.actions import StepStatus
+from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.health import Verdict
+from healer.core.machine import (
+    SlurmObservation,
+    StepResult,
+    Trigger,
+    TriggerKind,
+    counts_as_active,
+    incident_id,
+    record_out_of_service,
+)
+from healer.core.model import (
+    GpuRef,
+    HealthState,
+    Incident,
+    NodeCondition,
+    NodeRecord,
+    NodeView,
+    Outcome,
+    Severity,
+    StepRecord,
+)
+from healer.core.phases import Phase
+
+T0 = 1_767_600_000.0  # 2026-01-05T08:00:00Z
+GPU_LABELS = {"nvidia.com/gpu.present": "true"}
+
+
+def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
+           rules: tuple[cp.Rule, ...] | None = None, steps: cp.Steps | None = None,
+           guardrails: cp.Guardrails | None = None,
+           priority: int = 0, labels: dict[str, str] | None = None) -> cp.Policy:
+    return cp.Policy(
+        name=name,
+        selector=cp.LabelSelector(dict(labels or GPU_LABELS)),
+        rules=rules if rules is not None else (
+            cp.XidRule("fatal", Severity.FAILED, frozenset({79, 48})),),
+        steps=steps or cp.Steps(),
+        guardrails=guardrails or cp.Guardrails(),
+        mode=mode,
+        priority=priority,
+    )
+
+
+def policies(*ps: cp.Policy, fleet: cp.FleetGuardrails | None = None) -> cp.PolicySet:
+    return cp.PolicySet(tuple(ps) or (policy(),), fleet or cp.FleetGuardrails())
+
+
+def node(name: str, *, labels: dict[str, str] | None = None, unschedulable: bool = False,
+         ready: bool = True, **extra: str) -> NodeView:
+    lab = dict(GPU_LABELS) | dict(labels or {}) | extra
+    conds = (NodeCondition("Ready", "True" if ready else "False"),)
+    return NodeView(name, lab, {}, unschedulable, (), conds)
+
+
+def incident(nodename: str = "n1", at: float = T0, severity: Severity = Severity.FAILED,
+             serials: tuple[str, ...] = ("S1",)) -> Incident:
+    gpus = tuple(GpuRef(i, f"GPU-{i}", s) for i, s in enumerate(serials))
+    return Incident(incident_id(nodename, at), nodename, at, severity, ("fatal",), gpus,
+                    "XID 79 x1")
+
+
+def record(phase: Phase, *, nodename: str = "n1", at: float = T0,
+           ledger: tuple[StepRecord, ...] = (), policy_name: str = "p",
+           severity: Severity = Severity.FAILED, **kw: Any) -> NodeRecord:
+    base = NodeRecord(node=nodename, incident=incident(nodename, at, severity), policy=policy_name,
+                      phase=phase.value, phase_since=at, mode="act", ledger=ledger,
+                      slurm_node=nodename, verdict=HealthState.FAILED.value, verdict_at=at)
+    return replace(base, **kw)
+
+
+def open_step(name: str, at: float = T0, attempts: int = 1) -> StepRecord:
+    return StepRecord(name, at, attempts)
+
+
+def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
+    return StepRecord(name, at, 1, at + 1, Outcome.OK, "", detail)
+
+
+def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,
+         records: list[NodeRecord] | None = None, incidents: list[PastIncident] | None = None,
+         paused: bool = False, paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
+    ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
+    open_ = {r.node: OpenRemediation(r.node, r.policy, Phase(r.phase), r.incident.opened_at,
+                                     r.spare, record_out_of_service(r), counts_as_active(r))
+             for r in (records or [])}
+    return BudgetView(ps or policies(), {n.name: n for n in ns}, open_, tuple(incidents or ()),
+                      paused, paused_nodes)
+
+
+def verdict(state: HealthState, nodename: str = "n1", at: float = T0, policy_name: str = "p",
+            severity: Severity | None = None) -> Verdict:
+    sev = severity
+    if sev is None and state is HealthState.FAILED:
+        sev = Severity.FAILED
+    if sev is None and state is HealthState.DEGRADING:
+        sev = Severity.DEGRADING
+    return Verdict(nodename, state, at, sev, (), None, policy_name)
+
+
+def v_trigger(state: HealthState, nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:
+    return Trigger(TriggerKind.VERDICT, nodename, at, verdict=verdict(state, nodename, at, **kw))
+
+
+def s_trigger(step: str, status: StepStatus, nodename: str = "n1", at: float = T0,
+              error: str = "", **data: str) -> Trigger:
+    return Trigger(TriggerKind.STEP, nodename, at,
+                   result=StepResult(step, status, error, tuple(sorted(data.items()))))
+
+
+def slurm_trigger(drain: bool, busy: bool, nodename: str = "n1", at: float = T0) -> Trigger:
+    return Trigger(TriggerKind.SLURM, nodename, at, slurm=SlurmObservation(drain, busy))
+
+
+def trigger(kind: TriggerKind, nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:
+    return Trigger(kind, nodename, at, **kw)

@@ -1,0 +1,19 @@
+"""Generated files (workflow, XID catalog, policy reference, schema.json) are current."""
+
+from __future__ import annotations
+
+from healer.docs import generated_files, write_generated
+
+
+def test_generated_files_are_current() -> None:
+    stale = write_generated(check=True)
+    assert not stale, f"run `make docs` (healer docs --write): stale {stale}"
+
+
+def test_workflow_doc_names_every_phase() -> None:
+    from healer.core.phases import Phase
+
+    text = next(t for p, t in generated_files().items() if p.name == "workflow.md")
+    for phase in Phase:
+        assert phase.value in text
+    assert "stateDiagram-v2" in text

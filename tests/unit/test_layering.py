@@ -1,0 +1,47 @@
+"""healer.core stays pure (import-linter enforces it too; this is the quick check)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[2] / "healer" / "core"
+FORBIDDEN = {"asyncio", "aiohttp", "kubernetes_asyncio", "prometheus_api_client", "pynvml",
+             "prometheus_client", "structlog", "pydantic", "yaml", "time", "socket",
+             "subprocess", "requests", "os", "threading"}
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            out |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            out.add(n.module.split(".")[0])
+    return out
+
+
+def test_core_imports_nothing_that_does_io() -> None:
+    for f in CORE.glob("*.py"):
+        bad = _imports(f) & FORBIDDEN
+        assert not bad, f"{f.name} imports {bad}"
+
+
+def test_core_never_reads_the_clock() -> None:
+    for f in CORE.glob("*.py"):
+        text = f.read_text()
+        for needle in ("datetime.now", ".utcnow(", "time.time(", "monotonic("):
+            assert needle not in text, f"{f.name} reads the clock ({needle})"
+
+
+def test_no_xid_list_is_hard_coded_in_python() -> None:
+    from healer.policy.catalog import default_catalog
+
+    codes = set(default_catalog().entries)
+    for f in (CORE.parent).rglob("*.py"):
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, (ast.List, ast.Set, ast.Tuple)):
+                ints = [e.value for e in n.elts if isinstance(e, ast.Constant)
+                        and isinstance(e.value, int) and not isinstance(e.value, bool)]
+                if len(ints) >= 3 and set(ints) <= codes and len(ints) == len(n.elts):
+                    raise AssertionError(f"{f}: line {n.lineno} looks like an XID list {ints}")

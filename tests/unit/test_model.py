@@ -1,0 +1,79 @@
+"""The persisted record: exact round-trip through plain dicts, versioned."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from healer.core.model import (
+    RECORD_FORMAT_VERSION,
+    GpuRef,
+    GuardrailBlock,
+    Incident,
+    NodeRecord,
+    Outcome,
+    Severity,
+    StepRecord,
+    TransitionRecord,
+)
+from healer.core.phases import Phase
+
+times = st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False)
+names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=20)
+text = st.text(max_size=40)
+
+gpus = st.builds(GpuRef, index=st.integers(-1, 15), uuid=text, serial=text)
+incidents = st.builds(Incident, id=names, node=names, opened_at=times,
+                      severity=st.sampled_from(Severity), rules=st.tuples(names, names),
+                      gpus=st.lists(gpus, max_size=3).map(tuple), summary=text)
+steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers(1, 9),
+                  finished_at=st.none() | times, outcome=st.none() | st.sampled_from(Outcome),
+                  error=text, detail=text)
+blocks = st.builds(GuardrailBlock, guardrail=names, message=text,
+                   current=st.integers(0, 100).map(float), limit=st.integers(0, 100).map(float))
+history = st.builds(TransitionRecord, at=times, source=st.sampled_from([p.value for p in Phase]),
+                    target=st.sampled_from([p.value for p in Phase]), trigger=text)
+records = st.builds(
+    NodeRecord, node=names, incident=incidents, policy=names,
+    phase=st.sampled_from([p.value for p in Phase]), phase_since=times,
+    mode=st.sampled_from(["observe", "dryRun", "act"]),
+    ledger=st.lists(steps, max_size=6).map(tuple),
+    spare=names | st.just(""), slurm_node=names, verdict=st.sampled_from(
+        ["healthy", "suspect", "stale", "degrading", "failed"]), verdict_at=times,
+    blocked=st.none() | blocks, paused=st.booleans(), repaired=st.booleans(), outcome=text,
+    history=st.lists(history, max_size=5).map(tuple))
+
+
+@given(records)
+def test_record_round_trips_exactly_through_json(rec: NodeRecord) -> None:
+    wire = json.loads(json.dumps(rec.to_dict()))
+    assert NodeRecord.from_dict(wire) == rec
+
+
+def test_format_version_is_written_and_checked() -> None:
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    d = rec.to_dict()
+    assert d["formatVersion"] == RECORD_FORMAT_VERSION
+    d["formatVersion"] = 99
+    with pytest.raises(ValueError, match="formatVersion 99"):
+        NodeRecord.from_dict(d)
+
+
+def test_with_step_replaces_open_entry_and_appends_after_finish() -> None:
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    rec = rec.with_step(StepRecord("drain", 1.0))
+    rec = rec.with_step(StepRecord("drain", 1.0, attempts=2))
+    assert len(rec.ledger) == 1
+    assert rec.ledger[0].attempts == 2
+    rec = rec.with_step(StepRecord("drain", 1.0, 2, 2.0, Outcome.OK))
+    rec = rec.with_step(StepRecord("drain", 3.0))
+    assert [s.done for s in rec.ledger] == [True, False]
+
+
+def test_severity_parse_rejects_unknown() -> None:
+    assert Severity.parse("Failed") is Severity.FAILED
+    with pytest.raises(ValueError, match="expected degrading or failed"):
+        Severity.parse("fatal")
