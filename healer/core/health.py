@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
+from healer.core.model import EVIDENCE_LIMIT, GpuRef, HealthState, Severity, Signal, SignalKind
 from healer.core.policy import (
     ConditionRule,
     MetricRule,
@@ -50,6 +50,7 @@ class RuleMatch:
     since: float
     gpus: tuple[GpuRef, ...] = ()
     detail: str = ""
+    evidence: tuple[Signal, ...] = ()  # the signals that make the rule match
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,14 @@ class Verdict:
     def summary(self) -> str:
         parts = [m.detail or m.rule for m in self.matches if m.state is self.state]
         return "; ".join(parts) if parts else self.state.value
+
+    @property
+    def evidence(self) -> tuple[Signal, ...]:
+        out: list[Signal] = []
+        for m in self.matches:
+            if m.state.is_confirmed:
+                out.extend(m.evidence)
+        return tuple(out[-EVIDENCE_LIMIT:])
 
 
 def evaluate(node: str, signals: Sequence[Signal], policy: Policy, now: float) -> Verdict:
@@ -176,7 +185,7 @@ def _xid(
     first = hits[0].observed_at
     if len(hits) >= rule.count:
         return RuleMatch(rule.name, _state_of(rule.severity), rule.severity, first, gpus,
-                         detail), expires
+                         detail, tuple(hits)), expires
     return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, first, gpus,
                       f"{detail} (needs {rule.count})"), expires)
 
@@ -190,6 +199,7 @@ def _metric(
             per_entity[s.gpu].append(s)
     confirmed: list[tuple[GpuRef | None, float, float]] = []
     pending: list[tuple[GpuRef | None, float, float]] = []
+    evidence: list[Signal] = []
     rechecks: list[float] = []
     for entity, series in per_entity.items():
         latest = series[-1]
@@ -207,6 +217,7 @@ def _metric(
         held = now - since
         if held >= rule.hold_for:
             confirmed.append((entity, since, latest.value))
+            evidence.append(latest)
         else:
             pending.append((entity, since, latest.value))
             rechecks.append(rule.hold_for - held)
@@ -227,7 +238,8 @@ def _metric(
         detail += " on " + ", ".join(g.describe() for g in gpus)
     if confirmed:
         state = _state_of(rule.severity)
-        return RuleMatch(rule.name, state, rule.severity, since, gpus, detail), recheck
+        return RuleMatch(rule.name, state, rule.severity, since, gpus, detail,
+                         tuple(evidence)), recheck
     return RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, gpus, detail), recheck
 
 
@@ -253,7 +265,8 @@ def _condition(
                   f"x{len(transitions)} within {_fmt_duration(rule.within)}")
         if len(transitions) >= rule.count:
             state = _state_of(rule.severity)
-            return RuleMatch(rule.name, state, rule.severity, transitions[0], (), detail), expires
+            return RuleMatch(rule.name, state, rule.severity, transitions[0], (), detail,
+                             (latest,)), expires
         return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, transitions[0], (),
                           f"{detail} (needs {rule.count})"), expires)
     if not bad(latest):
@@ -269,7 +282,7 @@ def _condition(
         detail += f": {message}"
     if held >= rule.hold_for:
         state = _state_of(rule.severity)
-        return RuleMatch(rule.name, state, rule.severity, since, (), detail), None
+        return RuleMatch(rule.name, state, rule.severity, since, (), detail, (latest,)), None
     return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, (), detail),
             rule.hold_for - held)
 

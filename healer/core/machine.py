@@ -46,6 +46,7 @@ from healer.core.actions import (
 from healer.core.budget import Admission, BudgetView, check_admission
 from healer.core.health import Verdict
 from healer.core.model import (
+    EVIDENCE_LIMIT,
     HISTORY_LIMIT,
     GuardrailBlock,
     HealthState,
@@ -162,6 +163,7 @@ class Ctx:
         self.view = view
         self.policy = policy
         self.actions: list[Action] = []
+        self.backoff: float | None = None  # set when a step failed transiently
         self._admission: Admission | None = None
 
     @property
@@ -258,7 +260,7 @@ def _attempts_left(ctx: Ctx) -> bool:
     if r is None:
         return False
     s = ctx.rec.step(r.step)
-    return s is not None and s.attempts < ctx.steps.max_attempts
+    return s is not None and not s.done and s.attempts < ctx.steps.max_attempts
 
 
 def _verdict(ctx: Ctx) -> HealthState | None:
@@ -444,13 +446,22 @@ def _poll(ctx: Ctx) -> None:
 POLL = Effect("poll open steps", _poll)
 
 
+#: Longest wait before a failed step is tried again.
+MAX_BACKOFF = 300.0
+
+
 def _retry(ctx: Ctx) -> None:
+    """Count the failed attempt; the step stays open and is re-issued by the TICK that the
+    backoff schedules (poll interval doubling per attempt, capped)."""
     r = _result(ctx)
     assert r is not None
-    ctx.issue(build_action(ctx, r.step), retry=True)
+    s = ctx.rec.step(r.step)
+    assert s is not None
+    ctx.record = ctx.rec.with_step(replace(s, attempts=s.attempts + 1))
+    ctx.backoff = min(ctx.steps.poll_interval * 2 ** (s.attempts - 1), MAX_BACKOFF)
 
 
-RETRY = Effect("retry step", _retry)
+RETRY = Effect("count attempt, retry after backoff", _retry)
 
 
 def _open_incident(ctx: Ctx) -> None:
@@ -463,7 +474,7 @@ def _open_incident(ctx: Ctx) -> None:
         ctx.record = _new_record(node, ctx.policy, ctx.now, v)
     rec = ctx.rec
     inc = replace(rec.incident, opened_at=ctx.now, severity=v.severity, rules=v.rules,
-                  gpus=v.gpus, summary=v.summary())
+                  gpus=v.gpus, summary=v.summary(), evidence=v.evidence)
     ctx.record = replace(rec, incident=inc, policy=ctx.policy.name, mode=ctx.policy.mode.value)
     ctx.event("opened", "IncidentOpened",
               f"{inc.severity.label}: {inc.summary} (policy {ctx.policy.name}, "
@@ -489,7 +500,8 @@ def _upgrade_severity(ctx: Ctx) -> None:
     inc = ctx.rec.incident
     ctx.record = replace(ctx.rec, incident=replace(
         inc, severity=Severity.FAILED, rules=tuple(dict.fromkeys(inc.rules + v.rules)),
-        gpus=tuple(sorted(set(inc.gpus) | set(v.gpus))), summary=v.summary()))
+        gpus=tuple(sorted(set(inc.gpus) | set(v.gpus))), summary=v.summary(),
+        evidence=(inc.evidence + v.evidence)[-EVIDENCE_LIMIT:]))
     ctx.event("upgraded", "SeverityRaised", f"now failed: {v.summary()}", warning=True)
 
 
@@ -1092,6 +1104,8 @@ def _recheck(ctx: Ctx) -> float | None:
     d = _deadline(ctx)
     if d is not None:
         candidates.append(max(d - ctx.now, 0.0))
+    if ctx.backoff is not None:
+        return min([ctx.backoff, *candidates])
     if phase in (Phase.DEGRADING, Phase.FAILED):
         adm = ctx._admission
         if adm is not None and adm.recheck_after is not None:

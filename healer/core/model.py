@@ -112,6 +112,23 @@ class Signal:
     def details(**kw: str) -> tuple[tuple[str, str], ...]:
         return tuple(sorted(kw.items()))
 
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"source": self.source, "kind": self.kind.value, "key": self.key,
+                             "value": self.value, "observedAt": self.observed_at}
+        if self.gpu is not None:
+            d["gpu"] = self.gpu.to_dict()
+        if self.detail:
+            d["detail"] = {k: v for k, v in self.detail}
+        return d
+
+    @classmethod
+    def from_dict(cls, node: str, d: Mapping[str, Any]) -> Signal:
+        gpu = d.get("gpu")
+        return cls(node, str(d["source"]), SignalKind(d["kind"]), str(d["key"]),
+                   float(d["value"]), float(d["observedAt"]),
+                   None if gpu is None else GpuRef.from_dict(gpu),
+                   tuple(sorted((str(k), str(v)) for k, v in (d.get("detail") or {}).items())))
+
 
 @dataclass(frozen=True, slots=True)
 class Taint:
@@ -151,9 +168,17 @@ class NodeView:
         return True
 
 
+#: At most this many signals are kept as an incident's evidence.
+EVIDENCE_LIMIT = 32
+
+
 @dataclass(frozen=True, slots=True)
 class Incident:
-    """Why a remediation exists: what was seen, how bad, on which GPUs."""
+    """Why a remediation exists: what was seen, how bad, on which GPUs.
+
+    ``evidence`` keeps the signals that confirmed it (bounded), so a restarted controller
+    can re-seed what it cannot observe again (an XID is an event, not a state).
+    """
 
     id: str
     node: str
@@ -162,6 +187,7 @@ class Incident:
     rules: tuple[str, ...]
     gpus: tuple[GpuRef, ...] = ()
     summary: str = ""
+    evidence: tuple[Signal, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -172,18 +198,21 @@ class Incident:
             "rules": list(self.rules),
             "gpus": [g.to_dict() for g in self.gpus],
             "summary": self.summary,
+            "evidence": [s.to_dict() for s in self.evidence],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Incident:
+        node = str(d["node"])
         return cls(
             id=str(d["id"]),
-            node=str(d["node"]),
+            node=node,
             opened_at=float(d["openedAt"]),
             severity=Severity.parse(str(d["severity"])),
             rules=tuple(str(r) for r in d.get("rules", ())),
             gpus=tuple(GpuRef.from_dict(g) for g in d.get("gpus", ())),
             summary=str(d.get("summary", "")),
+            evidence=tuple(Signal.from_dict(node, s) for s in d.get("evidence", ())),
         )
 
 

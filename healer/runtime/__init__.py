@@ -1,1 +1,1 @@
-"""healer.runtime."""
+"""The runtime: serial per-node workers, the executor, sources, leadership."""

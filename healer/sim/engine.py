@@ -17,17 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from healer.core.actions import Action, EmitEvent
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.budget import BudgetView
+from healer.core.fleet import budget_view, verdict_needs_step
 from healer.core.health import Verdict, evaluate_node
-from healer.core.machine import (
-    Decision,
-    Trigger,
-    TriggerKind,
-    counts_as_active,
-    record_out_of_service,
-    releases,
-    step,
-)
+from healer.core.machine import Decision, Trigger, TriggerKind, releases, step
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import Phase
 from healer.core.policy import PolicySet
@@ -139,8 +132,7 @@ class Replay:
         if v.recheck_after is not None:
             self._schedule(self._eval_due, "eval", node, self.now + max(v.recheck_after, 0.001))
         rec = self.records.get(node)
-        if prev == v.state and rec is None and v.state in (HealthState.HEALTHY,
-                                                           HealthState.STALE):
+        if prev == v.state and not verdict_needs_step(v, rec):
             return
         if prev != v.state and not (prev is None and v.state is HealthState.HEALTHY):
             self.timeline.append(TimelineEntry(self.now, node, "verdict",
@@ -150,24 +142,8 @@ class Replay:
     # -- steps --------------------------------------------------------------------------------
 
     def view(self) -> BudgetView:
-        nodes = self.world.node_views(self.now)
-        open_: dict[str, OpenRemediation] = {}
-        incidents: list[PastIncident] = []
-        for rec in itertools.chain(self.closed, self.records.values()):
-            phase = Phase(rec.phase)
-            if phase is Phase.SUSPECT:
-                continue
-            incidents.append(PastIncident(rec.incident.id, rec.node, rec.incident.opened_at,
-                                          rec.policy, tuple(g.serial for g in rec.incident.gpus
-                                                            if g.serial)))
-        for rec in self.records.values():
-            phase = Phase(rec.phase)
-            if phase is Phase.SUSPECT:
-                continue
-            open_[rec.node] = OpenRemediation(rec.node, rec.policy, phase,
-                                              rec.incident.opened_at, rec.spare,
-                                              record_out_of_service(rec), counts_as_active(rec))
-        return BudgetView(self.policies, nodes, open_, tuple(incidents))
+        return budget_view(self.policies, self.world.node_views(self.now),
+                           self.records.values(), self.all_records())
 
     def process(self, trigger: Trigger) -> Decision:
         node = trigger.node

@@ -17,9 +17,8 @@ from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import REASON_PREFIX, SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeCondition, NodeView, Taint
+from healer.core.topology import DOMAIN_LABEL, rank_spares, slinky_topology_spec
 
-DOMAIN_LABEL = "accelerator.topograph.run/domain"
-TIER_LABEL = "fabric.topograph.run/tier-{}"
 SPARE_LABEL = "healer.io/role"
 SPARE_TAINT = "healer.io/spare"
 
@@ -207,23 +206,12 @@ class SimWorld:
         for n in self.nodes.values():
             if n.claimed_by == act.incident:
                 return self._ok(spare=n.name)  # idempotent: already claimed by this incident
-        bad = self.nodes[act.node]
-        free = [n for n in self.nodes.values()
+        free = [n.view(now) for n in self.nodes.values()
                 if n.spare and not n.claimed_by and n.ready and n.name != act.node]
-        if not free:
+        ranked = rank_spares(self.nodes[act.node].view(now), free)
+        if not ranked:
             return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
-        domain = bad.labels.get(DOMAIN_LABEL)
-
-        def rank(n: SimNode) -> tuple[int, str]:
-            if domain and n.labels.get(DOMAIN_LABEL) == domain:
-                return (0, n.name)
-            for tier in range(4):
-                key = TIER_LABEL.format(tier)
-                if key in bad.labels and n.labels.get(key) == bad.labels[key]:
-                    return (1 + tier, n.name)
-            return (9, n.name)
-
-        best = min(free, key=rank)
+        best = self.nodes[ranked[0].name]
         best.claimed_by = act.incident
         return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
 
@@ -256,9 +244,9 @@ class SimWorld:
 
     def _do_AnnotateTopology(self, act: a.AnnotateTopology, now: float) -> Result:
         n = self.nodes[act.target]
-        spec = n.labels.get(DOMAIN_LABEL, "")
-        n.annotations["topology.slinky.slurm.net/spec"] = f"default:{spec}" if spec else "default"
-        return self._ok(topology=n.annotations["topology.slinky.slurm.net/spec"])
+        spec = slinky_topology_spec(n.view(now))
+        n.annotations["topology.slinky.slurm.net/spec"] = spec
+        return self._ok(topology=spec)
 
     def _do_Validate(self, act: a.Validate, now: float) -> Result:
         key = f"{act.incident}/{act.purpose}"

@@ -16,6 +16,8 @@ from healer.core.model import (
     NodeRecord,
     Outcome,
     Severity,
+    Signal,
+    SignalKind,
     StepRecord,
     TransitionRecord,
 )
@@ -26,9 +28,15 @@ names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, ma
 text = st.text(max_size=40)
 
 gpus = st.builds(GpuRef, index=st.integers(-1, 15), uuid=text, serial=text)
-incidents = st.builds(Incident, id=names, node=names, opened_at=times,
+signals = st.builds(Signal, node=st.just("n"), source=names, kind=st.sampled_from(SignalKind),
+                    key=names, value=st.floats(allow_nan=False, allow_infinity=False),
+                    observed_at=times, gpu=st.none() | gpus,
+                    detail=st.dictionaries(names, text, max_size=2).map(
+                        lambda d: tuple(sorted(d.items()))))
+incidents = st.builds(Incident, id=names, node=st.just("n"), opened_at=times,
                       severity=st.sampled_from(Severity), rules=st.tuples(names, names),
-                      gpus=st.lists(gpus, max_size=3).map(tuple), summary=text)
+                      gpus=st.lists(gpus, max_size=3).map(tuple), summary=text,
+                      evidence=st.lists(signals, max_size=3).map(tuple))
 steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers(1, 9),
                   finished_at=st.none() | times, outcome=st.none() | st.sampled_from(Outcome),
                   error=text, detail=text)

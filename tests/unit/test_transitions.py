@@ -306,9 +306,10 @@ def _generic(phase: Phase, st: str) -> list[Case]:
     out = [
         Case(f"{phase.value}/pending-waits", record(phase, spare=spare, ledger=ledger),
              s_trigger(st, S.PENDING), phase),
-        Case(f"{phase.value}/retry-retries", record(phase, spare=spare, ledger=ledger),
-             s_trigger(st, S.RETRY, error="timeout"), phase, (st,),
-             check=lambda d, st=st: d.record.step(st).attempts == 2),
+        Case(f"{phase.value}/retry-backs-off", record(phase, spare=spare, ledger=ledger),
+             s_trigger(st, S.RETRY, error="timeout"), phase, (),
+             check=lambda d, st=st: d.record.step(st).attempts == 2
+             and d.record.step(st).error == "timeout" and d.recheck_after == 10.0),
         Case(f"{phase.value}/retries-exhausted", record(phase, spare=spare, ledger=(
             open_step(st, attempts=5),)), s_trigger(st, S.RETRY), P.ESCALATED, ("escalate",)),
         Case(f"{phase.value}/other-step-stays", record(phase, spare=spare, ledger=ledger),

@@ -1,0 +1,65 @@
+"""Events (``events.k8s.io/v1``) on Nodes and NodeRemediations, idempotent by key."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.client import CONTROLLER, call
+from healer.adapters.kube.crd import GROUP, KIND, VERSION
+from healer.errors import ConflictError
+
+NOTE_LIMIT = 1000
+
+
+def event_name(key: str) -> str:
+    """A deterministic, DNS-safe name: the same key is the same Event (emitted once)."""
+    return "healer." + hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _micro(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeEvents:
+    """The EventRecorder port. Events about cluster-scoped objects live in ``namespace``."""
+
+    def __init__(self, api: client.ApiClient, *, namespace: str = "default",
+                 instance: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.events = client.EventsV1Api(api)
+        self.namespace = namespace
+        self.instance = (instance or socket.gethostname())[:128]
+        self._clock = clock
+
+    async def emit(self, *, key: str, node: str, reason: str, note: str, type: str = "Normal",
+                   action: str = "", remediation: str = "") -> None:
+        body: dict[str, Any] = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": event_name(key), "namespace": self.namespace,
+                         "labels": {"healer.io/node": node[:63]},
+                         "annotations": {"healer.io/key": key}},
+            "eventTime": _micro(self._clock()),
+            "reportingController": CONTROLLER,
+            "reportingInstance": self.instance,
+            "action": (action or reason)[:128],
+            "reason": reason[:128],
+            "note": note[:NOTE_LIMIT],
+            "type": type,
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        if remediation:
+            body["related"] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                               "name": remediation}
+        try:
+            await call(f"create event {reason} for {node}",
+                       lambda: self.events.create_namespaced_event(
+                           self.namespace, body))  # type: ignore[arg-type]
+        except ConflictError:
+            return  # already emitted: idempotent

@@ -1,0 +1,236 @@
+"""Nodes: read, watch (re-list on 410, bookmarks), cordon/uncordon with provenance, labels.
+
+Every write is a JSON merge patch carrying the ``resourceVersion`` it was computed from, so a
+concurrent writer makes it fail with 409 and it is recomputed from a fresh read: healer never
+overwrites a field it did not mean to change and never uncordons a node someone else cordoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from healer.adapters.kube.client import call, to_dict, translate
+from healer.core.model import NodeCondition, NodeView, Taint
+from healer.errors import HealerError, TransientError
+from healer.ports import NodeEvent
+
+# provenance keys on Nodes (healer only undoes what carries its own incident id)
+CORDONED_BY = "healer.io/cordoned-by"
+INCIDENT = "healer.io/incident"
+REASON = "healer.io/reason"
+CORDONED_AT = "healer.io/cordoned-at"
+TAINT_KEY = "healer.io/remediation"
+HEALER = "healer"
+
+
+def _ts(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def node_view(obj: Mapping[str, Any]) -> NodeView:
+    """A plain Node dict (as the API serves it) → the core's NodeView."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    taints = tuple(Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+                   for t in spec.get("taints") or [])
+    conds = tuple(NodeCondition(str(c.get("type", "")), str(c.get("status", "")),
+                                str(c.get("reason") or ""), str(c.get("message") or ""),
+                                _ts(c.get("lastTransitionTime")))
+                  for c in status.get("conditions") or [])
+    return NodeView(str(meta.get("name", "")), dict(meta.get("labels") or {}),
+                    dict(meta.get("annotations") or {}), bool(spec.get("unschedulable")),
+                    taints, conds)
+
+
+def _raw(obj: Any, api: client.ApiClient) -> dict[str, Any]:
+    return to_dict(api, obj)
+
+
+class KubeNodes:
+    """The NodeAPI port on a real API server."""
+
+    def __init__(self, api: client.ApiClient, *, watch_timeout: int = 300,
+                 clock: Any = time.time) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.watch_timeout = watch_timeout
+        self._clock = clock
+        #: resourceVersion of every node last seen (for optimistic concurrency)
+        self.versions: dict[str, str] = {}
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get_raw(self, name: str) -> dict[str, Any]:
+        obj = await call(f"get node {name}", lambda: self.core.read_node(name))
+        raw = _raw(obj, self.api)
+        self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
+        return raw
+
+    async def get(self, name: str) -> NodeView:
+        return node_view(await self.get_raw(name))
+
+    async def list_raw(self, selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        obj = await call("list nodes", lambda: self.core.list_node(label_selector=selector))
+        raw = _raw(obj, self.api)
+        return list(raw.get("items") or []), str((raw.get("metadata") or {}).get(
+            "resourceVersion", ""))
+
+    async def list(self, selector: str = "") -> list[NodeView]:
+        items, _ = await self.list_raw(selector)
+        return [node_view(i) for i in items]
+
+    async def watch(self) -> AsyncIterator[NodeEvent]:
+        """List, then watch from the list's resourceVersion; forever.
+
+        A ``SYNCED`` event carrying no node follows every (re-)list: the consumer reconciles
+        its cache against the list that precedes it. 410 Gone (the resourceVersion was
+        compacted away) means re-list; connection loss means watch again from the last
+        resourceVersion seen (bookmarks keep it fresh).
+        """
+        rv = ""
+        backoff = 0.2
+        while True:
+            if not rv:
+                try:
+                    items, rv = await self.list_raw()
+                except HealerError:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                for item in items:
+                    yield NodeEvent("ADDED", node_view(item), str(
+                        item["metadata"].get("resourceVersion", "")))
+                yield NodeEvent("SYNCED", None, rv)
+            try:
+                async with watch.Watch() as w:
+                    stream = w.stream(self.core.list_node, resource_version=rv,
+                                      allow_watch_bookmarks=True,
+                                      timeout_seconds=self.watch_timeout)
+                    async for ev in stream:
+                        etype = ev.get("type")
+                        raw = ev.get("raw_object") or {}
+                        new_rv = str((raw.get("metadata") or {}).get("resourceVersion", ""))
+                        if etype == "BOOKMARK":
+                            rv = new_rv or rv
+                            continue
+                        if etype == "ERROR":
+                            if raw.get("code") == 410:
+                                rv = ""
+                                break
+                            raise TransientError(f"node watch error: {raw.get('message')}")
+                        rv = new_rv or rv
+                        view = node_view(raw)
+                        self.versions[view.name] = new_rv
+                        yield NodeEvent(str(etype), view, new_rv)
+                backoff = 0.2
+            except ApiException as e:
+                if e.status == 410:
+                    rv = ""  # compacted: re-list
+                    continue
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except (TimeoutError, TransientError, OSError):
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as e:  # aiohttp errors and the like: translate, back off, resume
+                err = translate(e, "node watch")
+                if not isinstance(err, TransientError):
+                    raise err from e
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    async def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        obj = await call(f"patch node {name}", lambda: self.core.patch_node(
+            name, body, _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+            field_manager="healer"))
+        raw = _raw(obj, self.api)
+        self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
+        return raw
+
+    async def _read_modify_write(self, name: str, mutate: Any, what: str) -> Any:
+        """Read the node, compute a patch from it, apply it guarded by its resourceVersion;
+        on 409 start again from a fresh read (a bounded number of times)."""
+        async def once() -> Any:
+            raw = await self.get_raw(name)
+            body, result = mutate(raw)
+            if body is None:
+                return result
+            body.setdefault("metadata", {})["resourceVersion"] = raw["metadata"][
+                "resourceVersion"]
+            await self._patch(name, body)
+            return result
+        return await call(what, once, attempts=6, retry_conflicts=True)
+
+    async def cordon(self, name: str, incident: str, reason: str) -> bool:
+        def mutate(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            meta, spec = raw["metadata"], raw.get("spec") or {}
+            ann = meta.get("annotations") or {}
+            taints = list(spec.get("taints") or [])
+            if spec.get("unschedulable") and ann.get(CORDONED_BY) != HEALER:
+                # someone else cordoned it: never take their cordon over (so healer will never
+                # uncordon it); only record which incident is looking at the node
+                if ann.get(INCIDENT) == incident:
+                    return None, False
+                return {"metadata": {"annotations": {INCIDENT: incident, REASON: reason[:250]}}
+                        }, False
+            has_taint = any(t.get("key") == TAINT_KEY for t in taints)
+            if ann.get(INCIDENT) == incident and spec.get("unschedulable") and has_taint:
+                return None, True  # already done: idempotent
+            if not has_taint:
+                taints.append({"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+            return {"spec": {"unschedulable": True, "taints": taints},
+                    "metadata": {"annotations": {
+                        CORDONED_BY: HEALER, INCIDENT: incident, REASON: reason[:250],
+                        CORDONED_AT: _iso(self._clock())}}}, True
+        return bool(await self._read_modify_write(name, mutate, f"cordon {name}"))
+
+    async def uncordon(self, name: str, incident: str) -> bool:
+        def mutate(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            meta, spec = raw["metadata"], raw.get("spec") or {}
+            ann = meta.get("annotations") or {}
+            if ann.get(INCIDENT) != incident:
+                return None, False  # not ours (or already undone)
+            ours = ann.get(CORDONED_BY) == HEALER
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
+            body: dict[str, Any] = {"metadata": {"annotations": {
+                CORDONED_BY: None, INCIDENT: None, REASON: None, CORDONED_AT: None}}}
+            if ours:
+                body["spec"] = {"unschedulable": None, "taints": taints or None}
+            return body, ours
+        return bool(await self._read_modify_write(name, mutate, f"uncordon {name}"))
+
+    async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                             annotations: Mapping[str, str | None] | None = None,
+                             resource_version: str | None = None) -> NodeView:
+        meta: dict[str, Any] = {}
+        if labels:
+            meta["labels"] = dict(labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return node_view(await self._patch(name, {"metadata": meta}))
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,235 @@
+"""The ports: what the runtime needs from the outside world, as ``typing.Protocol``s.
+
+Adapters implement them against real systems (``healer/adapters``); ``healer/testing.py`` has
+in-memory fakes. Every method raises only healer's own errors (:mod:`healer.errors`):
+``TransientError`` when a retry may help, ``PermanentError`` when it cannot.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from healer.core.model import NodeRecord, NodeView, Signal
+
+# ---------------------------------------------------------------------------------------------
+# Slurm
+
+
+#: Prefix of every drain reason healer sets (same as healer.core.machine.REASON_PREFIX).
+SLURM_REASON_PREFIX = "healer: "
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmNodeState:
+    """A Slurm node as healer needs to see it.
+
+    ``base`` is Slurm's base state (IDLE, ALLOCATED, MIXED, DOWN, ...), ``flags`` the state
+    flags (DRAIN, COMPLETING, NOT_RESPONDING, ...). ``drain`` = DRAIN flag set (and not UNDRAIN);
+    ``busy`` = ALLOCATED, MIXED or COMPLETING; ``drained`` = drain and not busy.
+    """
+
+    name: str
+    base: str
+    flags: frozenset[str] = frozenset()
+    reason: str = ""
+    reason_user: str = ""
+    registered: bool = True  # slurmd responding (not NOT_RESPONDING / not DOWN for that reason)
+
+    @property
+    def drain(self) -> bool:
+        return "DRAIN" in self.flags and "UNDRAIN" not in self.flags
+
+    @property
+    def busy(self) -> bool:
+        return self.base in ("ALLOCATED", "MIXED") or "COMPLETING" in self.flags
+
+    @property
+    def drained(self) -> bool:
+        return self.drain and not self.busy
+
+    @property
+    def down(self) -> bool:
+        return self.base == "DOWN"
+
+    @property
+    def reason_is_ours(self) -> bool:
+        return self.reason.startswith(SLURM_REASON_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmJob:
+    id: int
+    state: str  # RUNNING, PENDING, COMPLETING, ...
+    nodes: tuple[str, ...] = ()
+    name: str = ""
+    comment: str = ""
+    requeue: bool = False
+
+
+class SlurmDriver(Protocol):
+    """One contract, three drivers (slinky, scontrol, slurmrestd).
+
+    ``drain`` sets a reason that must start with ``healer: ``; if the node is already drained
+    with a reason healer did not set, the driver keeps that reason and returns False (healer
+    then does not own the drain and will never clear it). ``undrain`` clears only a reason that
+    starts with ``healer: `` *and* contains ``incident`` (when given); otherwise it does nothing
+    and returns False.
+    """
+
+    async def drain(self, node: str, reason: str) -> bool: ...
+
+    async def undrain(self, node: str, incident: str = "") -> bool: ...
+
+    async def state(self, node: str) -> SlurmNodeState: ...
+
+    async def jobs_on(self, node: str) -> list[SlurmJob]: ...
+
+    async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
+        """Send ``signal`` to every running job on ``node``; return the job ids signalled."""
+        ...
+
+    async def requeue_jobs(self, node: str) -> list[int]: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes nodes, events and the state store
+
+
+@dataclass(frozen=True, slots=True)
+class NodeEvent:
+    """A node watch event: ADDED, MODIFIED, DELETED, or SYNCED after a (re-)list."""
+
+    type: str
+    node: NodeView | None
+    resource_version: str = ""
+
+
+class NodeAPI(Protocol):
+    async def get(self, name: str) -> NodeView: ...
+
+    async def list(self, selector: str = "") -> list[NodeView]: ...
+
+    def watch(self) -> AsyncIterator[NodeEvent]: ...
+
+    async def cordon(self, name: str, incident: str, reason: str) -> bool:
+        """Cordon + taint + provenance annotations. False if someone else had cordoned it."""
+        ...
+
+    async def uncordon(self, name: str, incident: str) -> bool:
+        """Undo only what ``incident`` did: True if healer's cordon was removed."""
+        ...
+
+    async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                             annotations: Mapping[str, str | None] | None = None,
+                             resource_version: str | None = None) -> NodeView:
+        """Set (or, with None, remove) labels/annotations; with ``resource_version`` the
+        patch fails with ConflictError if the node changed since it was read."""
+        ...
+
+
+class EventRecorder(Protocol):
+    async def emit(self, *, key: str, node: str, reason: str, note: str, type: str = "Normal",
+                   action: str = "", remediation: str = "") -> None:
+        """Create an ``events.k8s.io/v1`` Event; the same ``key`` is emitted once."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    record: NodeRecord
+    name: str  # the NodeRemediation object name
+    resource_version: str = ""
+    created_at: float = 0.0
+
+
+class StateStore(Protocol):
+    """Where records live (``NodeRemediation`` custom resources in production)."""
+
+    async def list(self) -> list[StoredRecord]:
+        """Every record, read from the source of truth (not a cache)."""
+        ...
+
+    async def save(self, record: NodeRecord, previous: StoredRecord | None) -> StoredRecord:
+        """Create or update; ConflictError if ``previous`` is stale."""
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Spares, workload, topology, validation, hooks
+
+
+class SparePool(Protocol):
+    async def claim(self, node: str, incident: str) -> str | None:
+        """Choose (topology-aware) and atomically claim a spare for ``node``; idempotent per
+        incident (a second call returns the same spare). None if no spare fits."""
+        ...
+
+    async def release(self, spare: str, incident: str) -> None: ...
+
+    async def return_to_pool(self, node: str, incident: str) -> None: ...
+
+    async def depth(self) -> Mapping[str, int]:
+        """Free spares per pool/domain, for metrics."""
+        ...
+
+
+class StepOutcome(enum.Enum):
+    DONE = "done"
+    PENDING = "pending"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class HookResult:
+    outcome: StepOutcome
+    detail: str = ""
+    data: Mapping[str, str] = field(default_factory=dict)
+
+
+class Workload(Protocol):
+    """Moves a Slurm node's slurmd to a spare and reports when the replacement serves."""
+
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult: ...
+
+    async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult: ...
+
+
+class Topology(Protocol):
+    async def annotate(self, incident: str, node: str, slurm_node: str) -> HookResult: ...
+
+
+class Validator(Protocol):
+    async def validate(self, incident: str, target: str, image: str, command: Sequence[str],
+                       purpose: str) -> HookResult: ...
+
+
+class CheckpointHook(Protocol):
+    async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
+                         signal: str) -> HookResult: ...
+
+
+class RepairHook(Protocol):
+    async def hand_off(self, incident: str, node: str, hook: str) -> HookResult: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Telemetry and time
+
+SignalSink = Callable[[Sequence[Signal]], Awaitable[None]]
+
+
+class TelemetrySource(Protocol):
+    name: str
+
+    async def run(self, sink: SignalSink) -> None:
+        """Produce signals until cancelled (polling or watching)."""
+        ...
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...

@@ -1,0 +1,185 @@
+"""The executor: runs a Decision's actions through the ports and reports outcomes as triggers.
+
+Every action is idempotent by its key (incident id + step): the ports make a second run of the
+same key a no-op that reports the same result, so re-issuing an open step after a restart or a
+lost reply is always safe. In ``dryRun`` mode nothing that changes the world is called: each
+action becomes a "DryRun: would ..." Event and reports success (a drain "completes" at once,
+a spare is chosen but not claimed), so the whole flow can be watched without touching a node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from healer.core import actions as a
+from healer.core.actions import StepStatus
+from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
+from healer.core.model import NodeRecord
+from healer.errors import HealerError, PermanentError, TransientError
+from healer.ports import (
+    CheckpointHook,
+    EventRecorder,
+    HookResult,
+    NodeAPI,
+    RepairHook,
+    SlurmDriver,
+    SparePool,
+    StepOutcome,
+    Topology,
+    Validator,
+    Workload,
+)
+
+log = structlog.get_logger("healer.executor")
+
+SlurmNames = Callable[[str], Awaitable[str]]
+
+
+async def same_name(node: str) -> str:
+    """Bare Slurm: the Slurm node is named like the Kubernetes node."""
+    return node
+
+
+@dataclass
+class Ports:
+    nodes: NodeAPI
+    events: EventRecorder
+    slurm: SlurmDriver
+    spares: SparePool
+    workload: Workload
+    topology: Topology
+    validator: Validator
+    checkpoint: CheckpointHook
+    repair: RepairHook
+    slurm_names: SlurmNames = same_name
+
+
+ESCALATED_LABEL = "healer.io/escalated"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: StepStatus
+    error: str = ""
+    data: Mapping[str, str] | None = None
+
+
+def _hook(r: HookResult) -> Outcome:
+    status = {StepOutcome.DONE: StepStatus.DONE, StepOutcome.PENDING: StepStatus.PENDING,
+              StepOutcome.FAILED: StepStatus.FAILED}[r.outcome]
+    return Outcome(status, r.detail if status is not StepStatus.DONE else "", dict(r.data))
+
+
+class Executor:
+    def __init__(self, ports: Ports, clock: Callable[[], float] = time.time) -> None:
+        self.p = ports
+        self.clock = clock
+
+    async def run(self, action: a.Action, record: NodeRecord | None) -> list[Trigger]:
+        """Run one action; return the triggers that report its outcome (maybe none)."""
+        dry = record is not None and record.mode == "dryRun"
+        node = action.node
+        try:
+            if isinstance(action, a.EmitEvent):
+                await self.p.events.emit(key=action.key, node=node, reason=action.reason,
+                                         note=action.note, type=action.type,
+                                         action=action.reason, remediation=action.incident)
+                return []
+            if isinstance(action, a.ObserveSlurm):
+                return [await self._observe(action, dry)]
+            if dry:
+                out = await self._dry(action)
+            else:
+                out = await self._run(action, record)
+        except TransientError as e:
+            out = Outcome(StepStatus.RETRY, str(e))
+        except HealerError as e:
+            out = Outcome(StepStatus.FAILED, str(e))
+        except Exception as e:  # a bug in an adapter: fail the step, keep the daemon alive
+            log.exception("action crashed", action=action.key)
+            out = Outcome(StepStatus.FAILED, f"{type(e).__name__}: {e}")
+        now = self.clock()
+        data = tuple(sorted((out.data or {}).items()))
+        return [Trigger(TriggerKind.STEP, node, now, incident=action.incident,
+                        result=StepResult(action.ledger_name, out.status, out.error, data))]
+
+    async def _observe(self, act: a.ObserveSlurm, dry: bool) -> Trigger:
+        now = self.clock()
+        if dry:
+            obs = SlurmObservation(drain=True, busy=False, reason="(dry run)", ours=True)
+        else:
+            sn = act.slurm_node or await self.p.slurm_names(act.node)
+            st = await self.p.slurm.state(sn)
+            obs = SlurmObservation(drain=st.drain, busy=st.busy, down=st.down, reason=st.reason,
+                                   ours=st.reason_is_ours)
+        return Trigger(TriggerKind.SLURM, act.node, now, incident=act.incident, slurm=obs)
+
+    async def _dry(self, act: a.Action) -> Outcome:
+        data: dict[str, str] = {}
+        if isinstance(act, a.ClaimSpare):
+            data["spare"] = "(dry-run spare)"
+        await self.p.events.emit(key=f"{act.key}/dry-run", node=act.node, reason="DryRun",
+                                 note=f"would {act.describe()}", action=act.step,
+                                 remediation=act.incident)
+        return Outcome(StepStatus.DONE, "", data)
+
+    async def _run(self, act: a.Action, record: NodeRecord | None) -> Outcome:
+        p = self.p
+        match act:
+            case a.Checkpoint():
+                sn = act.slurm_node or await p.slurm_names(act.node)
+                return _hook(await p.checkpoint.checkpoint(act.incident, act.node, sn, act.hook,
+                                                           act.signal))
+            case a.DrainSlurm():
+                sn = act.slurm_node or await p.slurm_names(act.node)
+                owned = await p.slurm.drain(sn, act.reason)
+                return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
+                                                     "owner": "healer" if owned else "other"})
+            case a.RequeueJobs():
+                sn = act.slurm_node or await p.slurm_names(act.node)
+                ids = await p.slurm.requeue_jobs(sn)
+                return Outcome(StepStatus.DONE, "", {"jobs": ",".join(map(str, ids))})
+            case a.Cordon():
+                owned = await p.nodes.cordon(act.node, act.incident, act.reason)
+                return Outcome(StepStatus.DONE, "", {"owner": "healer" if owned else "other"})
+            case a.ClaimSpare():
+                spare = await p.spares.claim(act.node, act.incident)
+                if spare is None:
+                    return Outcome(StepStatus.UNAVAILABLE, "no warm spare fits this node")
+                return Outcome(StepStatus.DONE, "", {"spare": spare})
+            case a.MoveWorkload():
+                sn = act.slurm_node or await p.slurm_names(act.node)
+                return _hook(await p.workload.move(act.incident, sn, act.node, act.spare))
+            case a.AwaitReplacement():
+                return _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
+                                                                act.spare))
+            case a.AnnotateTopology():
+                return _hook(await p.topology.annotate(act.incident, act.target, act.slurm_node))
+            case a.Validate():
+                return _hook(await p.validator.validate(act.incident, act.target, act.image,
+                                                        act.command, act.purpose))
+            case a.UndrainSlurm():
+                sn = act.slurm_node or await p.slurm_names(act.target)
+                done = await p.slurm.undrain(sn, act.incident)
+                return Outcome(StepStatus.DONE, "", {"undrained": str(done).lower()})
+            case a.Uncordon():
+                done = await p.nodes.uncordon(act.node, act.incident)
+                return Outcome(StepStatus.DONE, "", {"uncordoned": str(done).lower()})
+            case a.ReleaseSpare():
+                if act.spare:
+                    await p.spares.release(act.spare, act.incident)
+                return Outcome(StepStatus.DONE)
+            case a.MarkRepair():
+                return _hook(await p.repair.hand_off(act.incident, act.node, act.hook))
+            case a.ReturnToPool():
+                await p.spares.return_to_pool(act.node, act.incident)
+                return Outcome(StepStatus.DONE)
+            case a.Escalate():
+                await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
+                                             annotations={"healer.io/escalation": act.reason})
+                return Outcome(StepStatus.DONE)
+        raise PermanentError(f"no executor for {type(act).__name__}")

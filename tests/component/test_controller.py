@@ -1,0 +1,283 @@
+"""The runtime on fakes with a manual clock: whole remediations in milliseconds, crashes at
+every step boundary, persistence failures, leadership loss."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from healer.core import policy as cp
+from healer.core.machine import Trigger, TriggerKind
+from healer.core.model import GpuRef, NodeView, Signal, SignalKind, Taint
+from healer.core.phases import Phase
+from healer.errors import ConflictError, TransientError
+from healer.runtime.controller import Controller
+from healer.runtime.executor import Executor, Ports
+from healer.testing import FakeStore, ManualClock, fake_ports, settle
+from tests.builders import GPU_LABELS, policies, policy
+
+DOMAIN = "accelerator.topograph.run/domain"
+
+
+def fleet() -> list[NodeView]:
+    nodes = [NodeView(f"gpu-{i}", GPU_LABELS | {DOMAIN: "a" if i < 2 else "b"}) for i in range(4)]
+    nodes += [NodeView("spare-a", GPU_LABELS | {DOMAIN: "a", "healer.io/role": "spare"}, {}, False,
+                       (Taint("healer.io/spare", "true", "NoSchedule"),)),
+              NodeView("spare-b", GPU_LABELS | {DOMAIN: "b", "healer.io/role": "spare"}, {}, False,
+                       (Taint("healer.io/spare", "true", "NoSchedule"),))]
+    return nodes
+
+
+@dataclass
+class Harness:
+    clock: ManualClock
+    store: FakeStore
+    fakes: dict[str, object]
+    ctl: Controller
+    pump: asyncio.Task[None]
+
+    async def xid(self, node: str, code: int = 79) -> None:
+        await self.ctl.on_signals([Signal(node, "dcgm", SignalKind.XID, "x", float(code),
+                                          self.clock.now(), GpuRef(3, "GPU-x", "SER-" + node))])
+
+    async def run(self, seconds: float, step: float = 5.0) -> None:
+        t = 0.0
+        while t < seconds:
+            await self.clock.advance(step)
+            t += step
+
+    def phase(self, node: str) -> Phase:
+        recs = [r for r, _ in self.store.objects.values() if r.node == node]
+        return Phase(recs[-1].phase) if recs else Phase.HEALTHY
+
+    async def close(self) -> None:
+        await self.ctl.stop_leading()
+        self.pump.cancel()
+        await asyncio.gather(self.pump, return_exceptions=True)
+
+
+async def make(ps: cp.PolicySet | None = None, store: FakeStore | None = None,
+               fakes: dict[str, object] | None = None,
+               clock: ManualClock | None = None) -> Harness:
+    clock = clock or ManualClock()
+    fakes = fakes or fake_ports(fleet())
+    store = store or FakeStore()
+    ports = Ports(**fakes)  # type: ignore[arg-type]
+    ctl = Controller(policies=ps or policies(policy(steps=cp.Steps(poll_interval=5))),
+                     executor=Executor(ports, clock.now), store=store, clock=clock)
+
+    async def pump() -> None:
+        async for ev in fakes["nodes"].watch():  # type: ignore[attr-defined]
+            await ctl.on_node_event(ev)
+
+    task = asyncio.create_task(pump())
+    await settle()
+    await ctl.start_leading()
+    await settle()
+    return Harness(clock, store, fakes, ctl, task)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    harness = await make()
+    yield harness
+    await harness.close()
+
+
+async def test_xid79_is_remediated_end_to_end(h: Harness) -> None:
+    await h.xid("gpu-1")
+    await h.run(60)
+    assert h.phase("gpu-1") is Phase.REPAIR
+    rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-1")
+    assert rec.spare == "spare-a"  # same NVLink domain
+    slurm = h.fakes["slurm"]
+    assert slurm.log[0][0] == "drain"  # type: ignore[attr-defined]
+    assert slurm.node_state("gpu-1")["host"] == "spare-a"  # type: ignore[attr-defined]
+    nodes = h.fakes["nodes"]
+    assert nodes.node("gpu-1").unschedulable  # type: ignore[attr-defined]
+    assert nodes.node("spare-a").annotations["topology.slinky.slurm.net/spec"] == "default:a"  # type: ignore[attr-defined]
+    # the repair comes back: the node rejoins the pool and the record is done
+    nodes.set("gpu-1", annotations={"healer.io/repair-result": "passed"})  # type: ignore[attr-defined]
+    await h.run(30)
+    assert h.phase("gpu-1") is Phase.DONE
+    assert nodes.node("gpu-1").labels["healer.io/role"] == "spare"  # type: ignore[attr-defined]
+
+
+async def test_intent_is_persisted_before_every_action() -> None:
+    h = await make()
+    order: list[str] = []
+    store_save = h.store.save
+    slurm = h.fakes["slurm"]
+    real_drain = slurm.drain  # type: ignore[attr-defined]
+
+    async def save(record, previous):  # type: ignore[no-untyped-def]
+        out = await store_save(record, previous)
+        open_ = [s.step for s in record.ledger if not s.done]
+        order.append(f"save:{','.join(open_)}")
+        return out
+
+    async def drain(node: str, reason: str) -> bool:
+        order.append("drain")
+        return bool(await real_drain(node, reason))
+
+    h.store.save = save  # type: ignore[method-assign]
+    slurm.drain = drain  # type: ignore[attr-defined]
+    await h.xid("gpu-0")
+    await h.run(10)
+    i = order.index("drain")
+    assert "drain" in order[i - 1].split(":")[1], order
+    await h.close()
+
+
+async def test_admin_uncordon_cancels_and_only_own_drain_is_undone(h: Harness) -> None:
+    h.fakes["spares"].inject_error("claim", TransientError("api down"), times=100)  # type: ignore[attr-defined]
+    await h.xid("gpu-2")
+    await h.run(20)
+    assert h.phase("gpu-2") is Phase.CORDONED
+    h.fakes["nodes"].set("gpu-2", unschedulable=False)  # type: ignore[attr-defined]
+    await h.run(10)
+    assert h.phase("gpu-2") is Phase.CANCELLED
+    assert h.fakes["slurm"].node_state("gpu-2")["flags"] == []  # type: ignore[attr-defined]
+
+
+async def test_admin_drain_is_never_undone(h: Harness) -> None:
+    h.fakes["slurm"].set_reason("gpu-3", "maint: replacing fan")  # type: ignore[attr-defined]
+    await h.xid("gpu-3")
+    await h.run(60)
+    st = h.fakes["slurm"].node_state("gpu-3")  # type: ignore[attr-defined]
+    assert st["reason"] == "maint: replacing fan"
+    rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-3")
+    drain = rec.step("drain")
+    assert drain is not None
+    assert "owner=other" in drain.detail
+
+
+async def test_transient_persist_failure_is_retried_without_acting() -> None:
+    h = await make()
+    h.store.inject_error("save", TransientError("etcd leader election"), times=1)
+    await h.xid("gpu-0")
+    await settle()
+    assert h.fakes["slurm"].count("drain") == 0  # type: ignore[attr-defined]
+    await h.run(30)
+    assert h.fakes["slurm"].count("drain") >= 1  # type: ignore[attr-defined]
+    assert h.phase("gpu-0") in (Phase.REPAIR, Phase.UNDRAINING, Phase.SWAPPING, Phase.ANNOTATING)
+    await h.close()
+
+
+async def test_conflicting_write_reloads_and_retries() -> None:
+    h = await make()
+    h.store.inject_error("save", ConflictError("changed"), times=1)
+    await h.xid("gpu-0")
+    await h.run(60)
+    assert h.phase("gpu-0") is Phase.REPAIR
+    assert h.ctl.stats.conflicts == 1
+    await h.close()
+
+
+async def test_losing_leadership_stops_at_once() -> None:
+    h = await make()
+    h.fakes["workload"].ready_after = 1000  # type: ignore[attr-defined]
+    await h.xid("gpu-0")
+    await h.run(20)
+    assert h.phase("gpu-0") is Phase.SWAPPING
+    calls = len(h.fakes["workload"].calls)  # type: ignore[attr-defined]
+    await h.ctl.stop_leading()
+    await h.run(120)
+    assert len(h.fakes["workload"].calls) == calls  # type: ignore[attr-defined]
+    h.pump.cancel()
+
+
+WRITES_IN_A_FULL_REMEDIATION = 12
+
+
+def _repair_when_asked(h: Harness) -> None:
+    """Play the repair team: report the node repaired once healer handed it over."""
+    nodes = h.fakes["nodes"]
+    n = nodes.node("gpu-1")  # type: ignore[attr-defined]
+    if n.labels.get("healer.io/repair") == "pending" and \
+            "healer.io/repair-result" not in n.annotations and h.phase("gpu-1") is Phase.REPAIR:
+        nodes.set("gpu-1", annotations={"healer.io/repair-result": "passed"})  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("crash_after_writes", range(1, WRITES_IN_A_FULL_REMEDIATION))
+async def test_crash_at_every_step_boundary_resumes_exactly_once(crash_after_writes: int) -> None:
+    """Kill the controller right after its Nth write (intent or outcome), start a new one on
+    the same store and world: it finishes, and every side effect happened exactly once."""
+    fakes = fake_ports(fleet())
+    store = FakeStore()
+    clock = ManualClock()
+    a = await make(fakes=fakes, store=store, clock=clock)
+    crashed = asyncio.Event()
+    real_save = store.save
+
+    async def save(record, previous):  # type: ignore[no-untyped-def]
+        if store.writes >= crash_after_writes:
+            crashed.set()
+            await asyncio.Event().wait()  # hang: the process is about to die
+        return await real_save(record, previous)
+
+    store.save = save  # type: ignore[method-assign]
+    await a.xid("gpu-1")
+    for _ in range(60):
+        if crashed.is_set():
+            break
+        await clock.advance(5)
+        _repair_when_asked(a)
+    assert crashed.is_set(), "the remediation finished before the crash point"
+    await a.close()  # the crash: every task of A is gone, nothing in memory survives
+    store.save = real_save  # type: ignore[method-assign]
+    b = await make(fakes=fakes, store=store, clock=clock)
+    for _ in range(60):
+        await clock.advance(5)
+        _repair_when_asked(b)
+    assert b.phase("gpu-1") is Phase.DONE, crash_after_writes
+    slurm = fakes["slurm"]
+    drains = [e for e in slurm.log if e[0] == "drain"]  # type: ignore[attr-defined]
+    undrains = [e for e in slurm.log if e[0] == "undrain"]  # type: ignore[attr-defined]
+    assert len(drains) == 1
+    assert len(undrains) == 1
+    assert sum(fakes["workload"].moves.values()) == 1  # type: ignore[attr-defined]
+    assert len(store.objects) == 1
+    await b.close()
+
+
+async def test_stale_trigger_is_dropped(h: Harness) -> None:
+    await h.xid("gpu-0")
+    await h.run(20)
+    old = Trigger(TriggerKind.SLURM, "gpu-0", h.clock.now() - 3600)
+    before = h.store.writes
+    h.ctl.inject(old)
+    await settle()
+    assert h.store.writes == before
+
+
+async def test_full_remediation_makes_the_expected_number_of_writes() -> None:
+    """Keeps the crash test above honest: it must crash at every write of a real flow."""
+    h = await make()
+    await h.xid("gpu-1")
+    for _ in range(40):
+        await h.clock.advance(5)
+        _repair_when_asked(h)
+    assert h.phase("gpu-1") is Phase.DONE
+    assert h.store.writes == WRITES_IN_A_FULL_REMEDIATION
+    await h.close()
+
+
+async def test_restart_does_not_recover_an_incident_whose_signals_are_gone() -> None:
+    """A new leader has no signal history: the XID that opened the incident is re-seeded
+    from the record, and a healthy verdict waits out the warm-up."""
+    fakes = fake_ports(fleet())
+    store, clock = FakeStore(), ManualClock()
+    a = await make(fakes=fakes, store=store, clock=clock)
+    fakes["workload"].ready_after = 10**6  # type: ignore[attr-defined]
+    await a.xid("gpu-1")
+    await a.run(30)
+    assert a.phase("gpu-1") is Phase.SWAPPING
+    await a.close()
+    b = await make(fakes=fakes, store=store, clock=clock)
+    await b.run(90)
+    assert b.phase("gpu-1") is Phase.SWAPPING
+    await b.close()
