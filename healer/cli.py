@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 from healer import __version__
 from healer.errors import ConfigError, PolicyError
+from healer.settings import Settings
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -80,6 +83,91 @@ def _cmd_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _settings(args: argparse.Namespace) -> Settings:
+    from healer.settings import (
+        HttpSettings,
+        KubeSettings,
+        LeaderSettings,
+        SlurmSettings,
+        TelemetrySettings,
+    )
+
+    leader = LeaderSettings(enabled=not args.no_leader_election, lease_name=args.lease_name,
+                            lease_duration=args.lease_duration,
+                            renew_deadline=args.renew_deadline, retry_period=args.retry_period)
+    if args.identity:
+        leader = replace(leader, identity=args.identity)
+    return Settings(
+        policies=tuple(args.policies), dry_run=args.dry_run, log_level=args.log_level,
+        log_json=None if args.log_format == "auto" else args.log_format == "json",
+        shutdown_grace=args.shutdown_grace,
+        kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
+                          namespace=args.namespace, events_namespace=args.events_namespace,
+                          install_crd=args.install_crd),
+        leader=leader,
+        slurm=SlurmSettings(driver=args.slurm_driver, slurmrestd_url=args.slurmrestd_url,
+                            token_secret=args.slurmrestd_token_secret,
+                            slurm_conf=args.slurm_conf, nodeset_namespace=args.slurm_namespace,
+                            nodeset=args.nodeset),
+        telemetry=TelemetrySettings(prometheus_url=args.prometheus_url,
+                                    poll_interval=args.poll_interval),
+        http=HttpSettings(host=args.http_host, port=args.http_port),
+    )
+
+
+def add_run_flags(r: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    r.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                   help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
+    r.add_argument("--context", default=None)
+    r.add_argument("--policies", nargs="+", default=[env("HEALER_POLICIES", "policies")],
+                   help="policy files or directories (reloaded on change)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="cap every policy at dryRun: record intent, change nothing")
+    r.add_argument("--namespace", default=env("POD_NAMESPACE", "healer-system"),
+                   help="namespace of healer's Lease and Jobs")
+    r.add_argument("--events-namespace", default="default")
+    r.add_argument("--install-crd", action="store_true",
+                   help="create the NodeRemediation CRD if missing (development)")
+    r.add_argument("--no-leader-election", action="store_true")
+    r.add_argument("--lease-name", default="healer-leader")
+    r.add_argument("--identity", default="", help="leader-election identity (default: pod)")
+    r.add_argument("--lease-duration", type=float, default=15.0)
+    r.add_argument("--renew-deadline", type=float, default=10.0)
+    r.add_argument("--retry-period", type=float, default=2.0)
+    r.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
+                   default=env("HEALER_SLURM_DRIVER", "slinky"))
+    r.add_argument("--slurmrestd-url", default="")
+    r.add_argument("--slurmrestd-token-secret", default="",
+                   help="NAMESPACE/NAME[:KEY] of the Secret with the slurmrestd JWT")
+    r.add_argument("--slurm-conf", default="", help="SLURM_CONF for the scontrol driver")
+    r.add_argument("--slurm-namespace", default="slurm", help="namespace of the NodeSet")
+    r.add_argument("--nodeset", default="", help="the Slinky NodeSet healer remediates")
+    r.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""))
+    r.add_argument("--poll-interval", type=float, default=15.0)
+    r.add_argument("--http-host", default="0.0.0.0")
+    r.add_argument("--http-port", type=int, default=8080)
+    r.add_argument("--log-level", default="info")
+    r.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    r.add_argument("--shutdown-grace", type=float, default=10.0)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from healer.app import run
+
+    return asyncio.run(run(_settings(args)))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from healer.status import status
+
+    return asyncio.run(status(args.kubeconfig, show_all=args.all, as_json=args.json))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="healer", description=__doc__)
     p.add_argument("--version", action="version", version=f"healer {__version__}")
@@ -112,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("docs", help="check (or --write) the generated docs and schema")
     d.add_argument("--write", action="store_true")
     d.set_defaults(fn=_cmd_docs)
+
+    r = sub.add_parser("run", help="run the controller")
+    add_run_flags(r)
+    r.set_defaults(fn=_cmd_run)
+
+    st = sub.add_parser("status", help="open and recent remediations, from the API")
+    st.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    st.add_argument("--all", action="store_true", help="include closed remediations")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=_cmd_status)
+
+    from importlib.util import find_spec
+
+    if find_spec("healer.devstack.cli") is not None:
+        from healer.devstack.cli import register
+
+        register(sub)
     return p
 
 

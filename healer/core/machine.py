@@ -283,10 +283,9 @@ def _node_excluded(ctx: Ctx) -> bool:
     return bool(spares.match_labels or spares.match_expressions) and spares.matches(n.labels)
 
 
-def _deadline(ctx: Ctx) -> float | None:
-    """The absolute deadline of the current phase, if it has one."""
-    rec, st, now = ctx.rec, ctx.steps, ctx.now
-    del now
+def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
+    """The absolute deadline of ``rec``'s current phase, if it has one."""
+    st = policy.steps if policy is not None else Steps()
     phase = Phase(rec.phase)
 
     def since(step: str) -> float | None:
@@ -317,6 +316,10 @@ def _deadline(ctx: Ctx) -> float | None:
     if phase in TERMINAL or not opens:
         return None
     return min(opens) + st.step_deadline
+
+
+def _deadline(ctx: Ctx) -> float | None:
+    return phase_deadline(ctx.rec, ctx.policy)
 
 
 def _deadline_passed(ctx: Ctx) -> bool:

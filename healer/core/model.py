@@ -118,7 +118,7 @@ class Signal:
         if self.gpu is not None:
             d["gpu"] = self.gpu.to_dict()
         if self.detail:
-            d["detail"] = {k: v for k, v in self.detail}
+            d["detail"] = dict(self.detail)
         return d
 
     @classmethod

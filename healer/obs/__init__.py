@@ -1,1 +1,1 @@
-"""healer.obs."""
+"""Observability: logging, metrics and the HTTP endpoints."""

@@ -387,9 +387,9 @@ class Controller:
                       "conflicts": self.stats.conflicts, "actions": self.stats.actions},
         }
 
-    async def drain(self, timeout: float) -> None:
+    async def drain(self, grace: float) -> None:
         if self._dispatcher is not None:
-            await self._dispatcher.drain(timeout)
+            await self._dispatcher.drain(grace)
 
     def open_phase(self, node: str) -> Phase:
         s = self.records.get(node)

@@ -8,6 +8,7 @@ recreated on the next item (kopf's queueing, in a few lines).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -63,15 +64,13 @@ class Dispatcher(Generic[T]):
         """Live workers and their queue depth."""
         return {k: self._queues[k].qsize() for k in self._workers if k in self._queues}
 
-    async def drain(self, timeout: float) -> None:
-        """Wait until every queue is empty (or the timeout passes)."""
+    async def drain(self, grace: float) -> None:
+        """Wait until every queue is empty (or ``grace`` seconds pass)."""
         async def all_done() -> None:
             for q in list(self._queues.values()):
                 await q.join()
-        try:
-            await asyncio.wait_for(all_done(), timeout)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_done(), grace)
 
     async def close(self) -> None:
         self._closed = True

@@ -164,8 +164,13 @@ class Executor:
                                                         act.command, act.purpose))
             case a.UndrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.target)
-                done = await p.slurm.undrain(sn, act.incident)
-                return Outcome(StepStatus.DONE, "", {"undrained": str(done).lower()})
+                await p.slurm.undrain(sn, act.incident)
+                st = await p.slurm.state(sn)
+                if st.drain and st.reason_is_ours and act.incident in st.reason:
+                    # e.g. Slinky undrains on its next reconcile: poll until Slurm agrees
+                    return Outcome(StepStatus.PENDING, f"{sn} still drained by healer")
+                return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
+                                                     "drained": str(st.drain).lower()})
             case a.Uncordon():
                 done = await p.nodes.uncordon(act.node, act.incident)
                 return Outcome(StepStatus.DONE, "", {"uncordoned": str(done).lower()})

@@ -22,12 +22,12 @@ from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.policy import Mode, PolicySet
+from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
 from healer.policy.schema import Duration
 from healer.sim.engine import Replay, TimelineEntry
 from healer.sim.world import (
-    DOMAIN_LABEL,
     SPARE_LABEL,
     SPARE_TAINT,
     Latencies,

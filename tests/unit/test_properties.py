@@ -25,10 +25,10 @@ from healer.core.budget import BudgetView
 from healer.core.machine import Decision, Trigger, TriggerKind
 from healer.core.model import NodeRecord, Severity, Signal, SignalKind, Taint
 from healer.core.phases import ACTIVE, Phase
+from healer.core.topology import DOMAIN_LABEL
 from healer.sim.engine import Replay
 from healer.sim.scenario import gpu_ref
 from healer.sim.world import (
-    DOMAIN_LABEL,
     SPARE_LABEL,
     SPARE_TAINT,
     Latencies,

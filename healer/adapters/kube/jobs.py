@@ -1,0 +1,85 @@
+"""Kubernetes Jobs run on one node: the validation gate (and Job-based hooks).
+
+The Job is named after the incident and purpose, so creating it twice is a no-op; its result
+is read back from the Job's status. It is pinned to the target node with ``nodeName`` and
+tolerates healer's own taints (the node is still a spare or still cordoned when it runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.client import call, to_dict
+from healer.errors import ConflictError, NotFoundError
+from healer.ports import HookResult, StepOutcome
+
+TOLERATE_ALL_HEALER = [
+    {"key": "healer.io/spare", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "healer.io/remediation", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
+]
+
+
+def job_name(prefix: str, incident: str, purpose: str) -> str:
+    digest = hashlib.sha256(f"{incident}/{purpose}".encode()).hexdigest()[:12]
+    return f"{prefix}-{purpose[:20]}-{digest}".lower()
+
+
+def job_body(name: str, namespace: str, node: str, image: str, command: Sequence[str],
+             deadline: int, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": 86400,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeName": node,
+                    "tolerations": TOLERATE_ALL_HEALER,
+                    "containers": [{"name": "validate", "image": image,
+                                    "command": list(command)}],
+                },
+            },
+        },
+    }
+
+
+class JobValidator:
+    def __init__(self, api: client.ApiClient, *, namespace: str, deadline: int = 1800) -> None:
+        self.batch = client.BatchV1Api(api)
+        self.api = api
+        self.namespace = namespace
+        self.deadline = deadline
+
+    async def validate(self, incident: str, target: str, image: str, command: Sequence[str],
+                       purpose: str) -> HookResult:
+        name = job_name("healer-validate", incident, purpose)
+        try:
+            raw = to_dict(self.api, await call(f"read Job {name}", lambda:
+                                               self.batch.read_namespaced_job(name,
+                                                                              self.namespace)))
+        except NotFoundError:
+            body = job_body(name, self.namespace, target, image, command, self.deadline,
+                            {"app.kubernetes.io/managed-by": "healer",
+                             "healer.io/purpose": f"validate-{purpose}"})
+            with contextlib.suppress(ConflictError):
+                await call(f"create Job {name}", lambda: self.batch.create_namespaced_job(
+                    self.namespace, body))  # type: ignore[arg-type]
+            return HookResult(StepOutcome.PENDING, f"validation Job {name} started on {target}")
+        status = raw.get("status") or {}
+        if status.get("succeeded"):
+            return HookResult(StepOutcome.DONE, "", {"job": name})
+        if status.get("failed"):
+            conds = [c.get("message") or c.get("reason") for c in status.get("conditions") or []]
+            return HookResult(StepOutcome.FAILED, f"validation Job {name} failed: "
+                              + "; ".join(str(c) for c in conds if c))
+        return HookResult(StepOutcome.PENDING, f"validation Job {name} running on {target}")

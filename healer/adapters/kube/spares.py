@@ -1,0 +1,124 @@
+"""The warm-spare pool on Kubernetes nodes.
+
+A spare is a node matching the fleet's spare selector (default ``healer.io/role=spare``) and
+tainted ``healer.io/spare=true:NoSchedule`` so nothing lands on it by accident. Claiming one is
+a single merge patch guarded by the node's ``resourceVersion``: it marks the claim
+(``healer.io/claimed-by=<incident>``), takes the node out of the pool (removes the spare label
+and taint) and adds the labels a NodeSet needs to place its slurmd there. Two claimers racing
+for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
+topology-aware (same NVLink domain, then the lowest shared fabric tier, then any).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from healer.adapters.kube.nodes import KubeNodes, node_view
+from healer.core.model import NodeView
+from healer.core.policy import LabelSelector
+from healer.core.topology import DOMAIN_LABEL, rank_spares
+from healer.errors import ConflictError
+
+CLAIMED_BY = "healer.io/claimed-by"
+CLAIMED_AT = "healer.io/claimed-at"
+SPARE_TAINT = "healer.io/spare"
+REPAIR_LABEL = "healer.io/repair"
+REPAIR_RESULT = "healer.io/repair-result"
+
+
+class KubeSparePool:
+    def __init__(self, nodes: KubeNodes, selector: LabelSelector,
+                 claim_labels: Mapping[str, str] | None = None,
+                 labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None
+                 ) -> None:
+        self.nodes = nodes
+        self.selector = selector
+        self.claim_labels = dict(claim_labels or {})
+        self._provider = labels_provider
+
+    async def _free(self) -> list[tuple[NodeView, dict[str, Any]]]:
+        items, _ = await self.nodes.list_raw(self.selector.to_query())
+        out = []
+        for raw in items:
+            v = node_view(raw)
+            if v.annotations.get(CLAIMED_BY) or v.unschedulable or not v.ready:
+                continue
+            if not self.selector.matches(v.labels):
+                continue
+            out.append((v, raw))
+        return out
+
+    async def choose(self, node: str) -> str | None:
+        bad = await self.nodes.get(node)
+        ranked = rank_spares(bad, [v for v, _ in await self._free()])
+        return ranked[0].name if ranked else None
+
+    async def claim(self, node: str, incident: str) -> str | None:
+        items, _ = await self.nodes.list_raw()
+        for raw in items:  # idempotent: this incident already holds a spare
+            if (raw["metadata"].get("annotations") or {}).get(CLAIMED_BY) == incident:
+                return str(raw["metadata"]["name"])
+        bad = await self.nodes.get(node)
+        if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
+            self.claim_labels = dict(await self._provider())
+        for _ in range(5):
+            free = await self._free()
+            by_name = {v.name: raw for v, raw in free}
+            for cand in rank_spares(bad, [v for v, _ in free]):
+                raw = by_name[cand.name]
+                try:
+                    await self.nodes._patch(cand.name, self._claim_patch(raw, incident))
+                    return cand.name
+                except ConflictError:
+                    continue  # someone took or changed it: try the next one
+        return None
+
+    def _claim_patch(self, raw: dict[str, Any], incident: str) -> dict[str, Any]:
+        labels: dict[str, str | None] = dict.fromkeys(self.selector.match_labels)
+        labels.update(self.claim_labels)
+        taints = [t for t in (raw.get("spec") or {}).get("taints") or []
+                  if t.get("key") != SPARE_TAINT]
+        return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
+                             "labels": labels,
+                             "annotations": {CLAIMED_BY: incident, CLAIMED_AT: _now()}},
+                "spec": {"taints": taints or None}}
+
+    async def release(self, spare: str, incident: str) -> None:
+        raw = await self.nodes.get_raw(spare)
+        ann = raw["metadata"].get("annotations") or {}
+        if ann.get(CLAIMED_BY) != incident:
+            return
+        await self.nodes._patch(spare, self._pool_patch(raw))
+
+    def _pool_patch(self, raw: dict[str, Any]) -> dict[str, Any]:
+        taints = [t for t in (raw.get("spec") or {}).get("taints") or []
+                  if t.get("key") != SPARE_TAINT]
+        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
+        labels: dict[str, str | None] = dict(self.selector.match_labels)
+        labels.update(dict.fromkeys(self.claim_labels))
+        labels[REPAIR_LABEL] = None
+        return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
+                             "labels": labels,
+                             "annotations": {CLAIMED_BY: None, CLAIMED_AT: None,
+                                             REPAIR_RESULT: None}},
+                "spec": {"taints": taints}}
+
+    async def return_to_pool(self, node: str, incident: str) -> None:
+        """A repaired, validated node joins the pool: healer's cordon comes off (the spare
+        taint keeps work away), the spare label goes on."""
+        await self.nodes.uncordon(node, incident)
+        raw = await self.nodes.get_raw(node)
+        await self.nodes._patch(node, self._pool_patch(raw))
+
+    async def depth(self) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        for v, _ in await self._free():
+            dom = v.labels.get(DOMAIN_LABEL, "none")
+            out[dom] = out.get(dom, 0) + 1
+        return out
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,276 @@
+"""The composition root: builds every adapter, the controller, the HTTP endpoints and the
+leader election from :class:`~healer.settings.Settings`, and runs them in one TaskGroup.
+
+Nothing else in healer constructs adapters. Tests replace ports through ``Overrides`` (the
+daemon integration tests run this very function with file-backed fakes for Slurm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client
+
+from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
+from healer.adapters.kube.client import call, make_api_client
+from healer.adapters.kube.crd import crd_manifest
+from healer.adapters.kube.events import KubeEvents
+from healer.adapters.kube.hooks import KubeTopology, LabelRepair
+from healer.adapters.kube.leader import Leadership
+from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.spares import KubeSparePool
+from healer.adapters.kube.store import CRStateStore
+from healer.core.policy import Mode, PolicySet
+from healer.errors import ConfigError, ConflictError, HealerError, PolicyError
+from healer.obs import logging as hlog
+from healer.obs.http import Health, make_app, serve
+from healer.obs.metrics import Metrics, StateSource
+from healer.policy.load import load_policy_set, policy_files
+from healer.ports import (
+    CheckpointHook,
+    SlurmDriver,
+    TelemetrySource,
+    Validator,
+    Workload,
+)
+from healer.runtime.controller import Controller, RuntimeSettings
+from healer.runtime.executor import Executor, Ports, SlurmNames, same_name
+from healer.settings import Settings
+
+log = structlog.get_logger("healer.app")
+
+
+class RealClock:
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass
+class Overrides:
+    """Ports a caller provides instead of the ones settings would build (tests, embedding)."""
+
+    slurm: SlurmDriver | None = None
+    workload: Workload | None = None
+    checkpoint: CheckpointHook | None = None
+    validator: Validator | None = None
+    slurm_names: SlurmNames | None = None
+    telemetry: list[TelemetrySource] | None = None
+    runtime: RuntimeSettings | None = None
+
+
+def load_policies(settings: Settings) -> PolicySet:
+    return load_policy_set(settings.policies,
+                           max_mode=Mode.DRY_RUN if settings.dry_run else None)
+
+
+async def ensure_crd(api: client.ApiClient, install: bool) -> None:
+    ext = client.ApiextensionsV1Api(api)
+    body = crd_manifest()
+    name = body["metadata"]["name"]
+    try:
+        await call(f"get CRD {name}", lambda: ext.read_custom_resource_definition(name))
+        return
+    except HealerError as e:
+        if not install:
+            raise ConfigError(f"the {name} CustomResourceDefinition is not installed "
+                              f"({e}); apply deploy/crds/ first") from e
+    with contextlib.suppress(ConflictError):
+        await call(f"create CRD {name}", lambda: ext.create_custom_resource_definition(body))  # type: ignore[arg-type]
+    co = client.CustomObjectsApi(api)
+    for _ in range(100):  # wait until the new resource is served
+        try:
+            await co.list_cluster_custom_object("healer.io", "v1alpha1", "noderemediations")
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise ConfigError(f"{name} was created but is not served")
+
+
+def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
+    s = settings.slurm
+    if s.driver == "scontrol":
+        from healer.adapters.slurm.scontrol import ScontrolDriver
+
+        env = {"SLURM_CONF": s.slurm_conf} if s.slurm_conf else None
+        return ScontrolDriver(env=env)
+    if s.driver == "slurmrestd":
+        from healer.adapters.kube.secrets import SecretToken
+        from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
+
+        if not s.slurmrestd_url or not s.token_secret:
+            raise ConfigError("--slurm-driver slurmrestd needs --slurmrestd-url and "
+                              "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]")
+        return SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+    if s.driver == "slinky":
+        from healer.adapters.slinky import SlinkyDriver
+
+        driver: SlurmDriver = SlinkyDriver(api, namespace=s.nodeset_namespace)
+        return driver
+    raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
+                      "slurmrestd)")
+
+
+async def run(settings: Settings, overrides: Overrides | None = None,
+              ready: Callable[[Controller], Awaitable[None]] | None = None) -> int:
+    """Run the controller until SIGTERM/SIGINT. Returns the process exit code."""
+    o = overrides or Overrides()
+    hlog.setup(settings.log_level, settings.log_json)
+    metrics = Metrics()
+    try:
+        policies = load_policies(settings)
+        metrics.policies_loaded(policies.digest, True)
+    except PolicyError as e:
+        log.error("invalid policies", problems=[str(p) for p in e.problems])
+        return 2
+    api = await make_api_client(settings.kube.kubeconfig, settings.kube.context)
+    try:
+        await ensure_crd(api, settings.kube.install_crd)
+        return await _run(settings, o, api, policies, metrics, ready)
+    except ConfigError as e:
+        log.error("cannot start", error=str(e))
+        return 2
+    finally:
+        await api.close()
+
+
+async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies: PolicySet,
+               metrics: Metrics, ready: Callable[[Controller], Awaitable[None]] | None) -> int:
+    nodes = KubeNodes(api)
+    events = KubeEvents(api, namespace=settings.kube.events_namespace,
+                        instance=settings.leader.identity)
+    store = CRStateStore(api)
+    slurm = o.slurm or _slurm_driver(settings, api)
+    workload = o.workload
+    labels_provider = None
+    slurm_names = o.slurm_names
+    if workload is None:
+        from healer.adapters.slinky import SlinkyPods, SlinkyWorkload
+
+        sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
+                            nodeset=settings.slurm.nodeset)
+        workload, labels_provider = sw, sw.node_selector
+        if slurm_names is None and settings.slurm.driver == "slinky":
+            slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
+    spares = KubeSparePool(nodes, policies.fleet.spare_selector,
+                           labels_provider=labels_provider)
+    validator = o.validator
+    if validator is None:
+        from healer.adapters.kube.jobs import JobValidator
+
+        validator = JobValidator(api, namespace=settings.kube.namespace)
+    checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm)})
+    ports = Ports(nodes=nodes, events=events, slurm=slurm, spares=spares, workload=workload,
+                  topology=KubeTopology(nodes), validator=validator, checkpoint=checkpoint,
+                  repair=LabelRepair(nodes), slurm_names=slurm_names or same_name)
+    clock = RealClock()
+    ctl = Controller(policies=policies, executor=Executor(ports, clock.now), store=store,
+                     clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
+    health = Health()
+    health.set_ready("policies", True)
+    health.set_ready("nodes-synced", False)
+    depth: dict[str, int] = {}
+    metrics.attach_state(StateSource(
+        records=lambda: {n: s.record for n, s in ctl.records.items()},
+        history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
+        leading=lambda: ctl.leading))
+    runner = await serve(make_app(health, metrics.registry, ctl.debug_state),
+                         settings.http.host, settings.http.port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def watch_nodes() -> None:
+        async for ev in nodes.watch():
+            health.beat("node-watch", 600.0)
+            if ev.type == "SYNCED":
+                health.set_ready("nodes-synced", True)
+            await ctl.on_node_event(ev)
+
+    async def spare_depth() -> None:
+        while True:
+            with contextlib.suppress(HealerError):
+                depth.clear()
+                depth.update(await spares.depth())
+            await asyncio.sleep(30)
+
+    async def reload_policies() -> None:
+        stamp = _stamp(settings.policies)
+        while True:
+            await asyncio.sleep(settings.policy_reload_seconds)
+            now = _stamp(settings.policies)
+            if now == stamp:
+                continue
+            stamp = now
+            try:
+                new = load_policies(settings)
+            except PolicyError as e:
+                metrics.policies_loaded("", False)
+                log.error("policy reload failed; keeping the policies in force",
+                          problems=[str(p) for p in e.problems])
+                continue
+            ctl.policies = new
+            metrics.policies_loaded(new.digest, True)
+            log.info("policies reloaded", digest=new.digest,
+                     policies=[p.name for p in new.policies])
+
+    async def leadership() -> None:
+        if not settings.leader.enabled:
+            await ctl.start_leading()
+            await asyncio.Event().wait()
+        lead = Leadership(api, namespace=settings.kube.namespace,
+                          name=settings.leader.lease_name, identity=settings.leader.identity,
+                          on_start=ctl.start_leading, on_stop=ctl.stop_leading,
+                          lease_duration=settings.leader.lease_duration,
+                          renew_deadline=settings.leader.renew_deadline,
+                          retry_period=settings.leader.retry_period)
+        await lead.run()
+
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(health.loop_heartbeat(), name="heartbeat"),
+        asyncio.create_task(watch_nodes(), name="node-watch"),
+        asyncio.create_task(spare_depth(), name="spare-depth"),
+        asyncio.create_task(reload_policies(), name="policy-reload"),
+        asyncio.create_task(leadership(), name="leadership"),
+    ]
+    for src in o.telemetry or []:
+        tasks.append(asyncio.create_task(src.run(ctl.on_signals), name=f"source:{src.name}"))
+    log.info("started", identity=settings.leader.identity, dry_run=settings.dry_run,
+             policies=[f"{p.name}({p.mode.value})" for p in policies.policies])
+    if ready is not None:
+        await ready(ctl)
+    stopper = asyncio.create_task(stop.wait(), name="stop")
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    for t in done:
+        if t is not stopper and t.exception() is not None:
+            log.error("task failed", task=t.get_name(), error=repr(t.exception()))
+            code = 1
+    log.info("shutting down", grace=settings.shutdown_grace)
+    await ctl.drain(settings.shutdown_grace)
+    await ctl.stop_leading()
+    for t in [stopper, *tasks]:
+        t.cancel()
+    await asyncio.gather(stopper, *tasks, return_exceptions=True)
+    await runner.cleanup()
+    return code
+
+
+def _stamp(paths: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
+    out = []
+    for f in policy_files(paths):
+        with contextlib.suppress(OSError):
+            out.append((str(f), Path(f).stat().st_mtime))
+    return tuple(out)
+

@@ -1,0 +1,259 @@
+"""Every metric healer exports, defined in one place (docs/metrics.md lists them).
+
+Counters and histograms are updated as things happen (:class:`Metrics` is the controller's
+observer); gauges that describe current state (remediations by phase, guardrail use, spare
+depth, staleness) are computed at scrape time from the controller's state, so they can never
+drift from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from healer.core.budget import usage
+from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
+from healer.core.model import NodeRecord, Outcome
+from healer.core.phases import ACTIVE, Phase
+
+STEP_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
+LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+#: name → (type, help); the single source for docs/metrics.md and the dashboard/alert tests.
+METRICS: dict[str, tuple[str, str]] = {
+    "healer_remediations": ("gauge", "Open remediations by phase and policy."),
+    "healer_remediation_overdue": ("gauge", "Open remediations past their phase deadline."),
+    "healer_remediation_phase_seconds": ("gauge", "Seconds each open remediation has been in "
+                                         "its phase (node, phase, incident)."),
+    "healer_held_for_capacity": ("gauge", "Nodes drained and cordoned, waiting for a spare."),
+    "healer_transitions_total": ("counter", "Phase transitions (from, to)."),
+    "healer_incidents_total": ("counter", "Incidents opened, by severity, rule and XID."),
+    "healer_step_duration_seconds": ("histogram", "Ledger step durations by step and outcome."),
+    "healer_signal_to_action_seconds": ("histogram", "First signal to first disruptive "
+                                        "action, by policy and severity."),
+    "healer_actions_total": ("counter", "Actions run, by action and result status."),
+    "healer_guardrail_blocks_total": ("counter", "Admissions held by a guardrail."),
+    "healer_breaker_tripped": ("gauge", "1 while a breaker is tripped (scope)."),
+    "healer_breaker_utilisation": ("gauge", "Nodes gone bad in the breaker window / threshold."),
+    "healer_unavailable_nodes": ("gauge", "Unavailable nodes counted by the guardrails (scope)."),
+    "healer_max_unavailable": ("gauge", "The maxUnavailable limit in nodes (scope)."),
+    "healer_active_remediations": ("gauge", "Remediations holding a maxConcurrent slot."),
+    "healer_max_concurrent": ("gauge", "The maxConcurrent limit (scope)."),
+    "healer_spare_pool_free": ("gauge", "Free warm spares by accelerator domain."),
+    "healer_gpu_serial_incidents": ("gauge", "Incidents per GPU serial within the retention "
+                                    "window (serials with at least two)."),
+    "healer_escalations_total": ("counter", "Remediations escalated to a human."),
+    "healer_telemetry_stale_nodes": ("gauge", "Nodes whose telemetry is stale, by source."),
+    "healer_telemetry_last_success_timestamp_seconds": ("gauge", "Last successful poll per "
+                                                         "telemetry source."),
+    "healer_api_call_duration_seconds": ("histogram", "Calls to Kubernetes, Slurm and "
+                                         "Prometheus, by system and operation."),
+    "healer_api_call_errors_total": ("counter", "Failed calls by system, operation and kind."),
+    "healer_leader": ("gauge", "1 if this replica is the leader."),
+    "healer_policy_reloads_total": ("counter", "Policy (re)loads by result."),
+    "healer_policy_info": ("gauge", "1, labelled with the digest of the policies in force."),
+    "healer_policy_last_reload_success": ("gauge", "1 if the last policy reload succeeded."),
+    "healer_up": ("gauge", "1 while the daemon's event loop is alive."),
+}
+
+
+@dataclass
+class StateSource:
+    """What the scrape-time collector reads (set by the composition root)."""
+
+    records: Callable[[], Mapping[str, NodeRecord]] = dict
+    history: Callable[[], Mapping[str, NodeRecord]] = dict
+    view: Callable[[], Any] | None = None
+    spare_depth: Callable[[], Mapping[str, int]] = dict
+    stale_nodes: Callable[[], Mapping[str, int]] = dict
+    last_poll: Callable[[], Mapping[str, float]] = dict
+    leading: Callable[[], bool] = lambda: False
+    clock: Callable[[], float] = time.time
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _StateCollector(Collector):
+    def __init__(self, src: StateSource) -> None:
+        self.src = src
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        src, now = self.src, self.src.clock()
+        records = src.records()
+        by_phase: dict[tuple[str, str], int] = {}
+        overdue, held = 0, 0
+        age = GaugeMetricFamily("healer_remediation_phase_seconds",
+                                METRICS["healer_remediation_phase_seconds"][1],
+                                labels=["node", "phase", "incident"])
+        view = src.view() if src.view is not None else None
+        for rec in records.values():
+            key = (rec.phase, rec.policy)
+            by_phase[key] = by_phase.get(key, 0) + 1
+            age.add_metric([rec.node, rec.phase, rec.incident.id], now - rec.phase_since)
+            if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY:
+                held += 1
+            policy = view.policies.get(rec.policy) if view is not None else None
+            deadline = phase_deadline(rec, policy)
+            if deadline is not None and now > deadline:
+                overdue += 1
+        g = GaugeMetricFamily("healer_remediations", METRICS["healer_remediations"][1],
+                              labels=["phase", "policy"])
+        for (phase, policy), n in sorted(by_phase.items()):
+            g.add_metric([phase, policy], n)
+        yield g
+        yield age
+        yield _gauge("healer_remediation_overdue", overdue)
+        yield _gauge("healer_held_for_capacity", held)
+        if view is not None:
+            fams = {n: GaugeMetricFamily(n, METRICS[n][1], labels=["scope"]) for n in (
+                "healer_breaker_tripped", "healer_breaker_utilisation",
+                "healer_unavailable_nodes", "healer_max_unavailable",
+                "healer_active_remediations", "healer_max_concurrent")}
+            for u in usage(view, now):
+                fams["healer_unavailable_nodes"].add_metric([u.scope], u.unavailable)
+                fams["healer_active_remediations"].add_metric([u.scope], u.active)
+                if u.max_unavailable is not None:
+                    fams["healer_max_unavailable"].add_metric([u.scope], u.max_unavailable)
+                if u.max_concurrent is not None:
+                    fams["healer_max_concurrent"].add_metric([u.scope], u.max_concurrent)
+                if u.breaker is not None:
+                    fams["healer_breaker_tripped"].add_metric([u.scope], int(u.breaker.tripped))
+                    fams["healer_breaker_utilisation"].add_metric(
+                        [u.scope], u.breaker.count / max(u.breaker.threshold, 1))
+            yield from fams.values()
+        spares = GaugeMetricFamily("healer_spare_pool_free", METRICS["healer_spare_pool_free"][1],
+                                   labels=["domain"])
+        for dom, n in sorted(src.spare_depth().items()):
+            spares.add_metric([dom], n)
+        yield spares
+        serials: dict[str, int] = {}
+        for rec in src.history().values():
+            for gpu in rec.incident.gpus:
+                if gpu.serial:
+                    serials[gpu.serial] = serials.get(gpu.serial, 0) + 1
+        ser = GaugeMetricFamily("healer_gpu_serial_incidents",
+                                METRICS["healer_gpu_serial_incidents"][1], labels=["serial"])
+        for s, n in sorted(serials.items()):
+            if n >= 2:
+                ser.add_metric([s], n)
+        yield ser
+        stale = GaugeMetricFamily("healer_telemetry_stale_nodes",
+                                  METRICS["healer_telemetry_stale_nodes"][1], labels=["source"])
+        for source, n in sorted(src.stale_nodes().items()):
+            stale.add_metric([source], n)
+        yield stale
+        polls = GaugeMetricFamily("healer_telemetry_last_success_timestamp_seconds",
+                                  METRICS["healer_telemetry_last_success_timestamp_seconds"][1],
+                                  labels=["source"])
+        for source, t in sorted(src.last_poll().items()):
+            polls.add_metric([source], t)
+        yield polls
+        yield _gauge("healer_leader", int(src.leading()))
+        yield _gauge("healer_up", 1)
+
+
+def _gauge(name: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, METRICS[name][1], value=value)
+
+
+class Metrics:
+    """The counters and histograms, plus the controller-observer hook that feeds them."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.transitions = Counter("healer_transitions", METRICS["healer_transitions_total"][1],
+                                   ["source", "target"], registry=r)
+        self.incidents = Counter("healer_incidents", METRICS["healer_incidents_total"][1],
+                                 ["severity", "rule", "xid"], registry=r)
+        self.step_duration = Histogram("healer_step_duration_seconds",
+                                       METRICS["healer_step_duration_seconds"][1],
+                                       ["step", "outcome"], buckets=STEP_BUCKETS, registry=r)
+        self.signal_to_action = Histogram("healer_signal_to_action_seconds",
+                                          METRICS["healer_signal_to_action_seconds"][1],
+                                          ["policy", "severity"], buckets=LATENCY_BUCKETS,
+                                          registry=r)
+        self.actions = Counter("healer_actions", METRICS["healer_actions_total"][1],
+                               ["action", "status"], registry=r)
+        self.blocks = Counter("healer_guardrail_blocks",
+                              METRICS["healer_guardrail_blocks_total"][1],
+                              ["guardrail", "policy"], registry=r)
+        self.escalations = Counter("healer_escalations", METRICS["healer_escalations_total"][1],
+                                   ["policy"], registry=r)
+        self.calls = Histogram("healer_api_call_duration_seconds",
+                               METRICS["healer_api_call_duration_seconds"][1],
+                               ["system", "operation"], buckets=CALL_BUCKETS, registry=r)
+        self.call_errors = Counter("healer_api_call_errors",
+                                   METRICS["healer_api_call_errors_total"][1],
+                                   ["system", "operation", "kind"], registry=r)
+        self.reloads = Counter("healer_policy_reloads", METRICS["healer_policy_reloads_total"][1],
+                               ["result"], registry=r)
+        self.policy_info = Gauge("healer_policy_info", METRICS["healer_policy_info"][1],
+                                 ["digest"], registry=r)
+        self.reload_ok = Gauge("healer_policy_last_reload_success",
+                               METRICS["healer_policy_last_reload_success"][1], registry=r)
+        self._state: _StateCollector | None = None
+
+    def attach_state(self, src: StateSource) -> None:
+        if self._state is not None:
+            self.registry.unregister(self._state)
+        self._state = _StateCollector(src)
+        self.registry.register(self._state)
+
+    def policies_loaded(self, digest: str, ok: bool) -> None:
+        self.reloads.labels("success" if ok else "failure").inc()
+        self.reload_ok.set(1 if ok else 0)
+        if ok:
+            self.policy_info.clear()
+            self.policy_info.labels(digest).set(1)
+
+    def observe_call(self, system: str, operation: str, seconds: float,
+                     error: str | None = None) -> None:
+        self.calls.labels(system, operation).observe(seconds)
+        if error is not None:
+            self.call_errors.labels(system, operation, error).inc()
+
+    # controller observer -----------------------------------------------------------------
+
+    def on_decision(self, node: str, trigger: Trigger, decision: Decision,
+                    before: NodeRecord | None) -> None:
+        after = decision.record
+        for src, dst, _ in decision.transitions:
+            self.transitions.labels(src.value, dst.value).inc()
+            if dst is Phase.ESCALATED and after is not None:
+                self.escalations.labels(after.policy).inc()
+        if after is None:
+            return
+        opened = [t for t in decision.transitions if t[1] in (Phase.DEGRADING, Phase.FAILED)
+                  and t[0] in (Phase.HEALTHY, Phase.SUSPECT)]
+        if opened:
+            xids = sorted({int(e.value) for e in after.incident.evidence if e.kind.value == "xid"})
+            for rule in after.incident.rules or ("unknown",):
+                for x in xids or [0]:
+                    self.incidents.labels(after.incident.severity.label, rule,
+                                          str(x) if x else "").inc()
+        admitted = any(t[1] in ACTIVE and t[0] in (Phase.DEGRADING, Phase.FAILED)
+                       for t in decision.transitions)
+        if admitted:
+            first_signal = min((e.observed_at for e in after.incident.evidence),
+                               default=after.incident.opened_at)
+            self.signal_to_action.labels(after.policy, after.incident.severity.label).observe(
+                max(trigger.at - first_signal, 0.0))
+        if after.blocked is not None and (before is None or before.blocked is None or
+                                          before.blocked.guardrail != after.blocked.guardrail):
+            self.blocks.labels(after.blocked.guardrail, after.policy).inc()
+        if trigger.kind is TriggerKind.STEP and trigger.result is not None:
+            self.actions.labels(trigger.result.step, trigger.result.status.value).inc()
+            old = before.step(trigger.result.step) if before is not None else None
+            new = after.step(trigger.result.step)
+            if (old is not None and not old.done and new is not None and new.done
+                    and new.finished_at is not None):
+                outcome = new.outcome.value if new.outcome is not None else Outcome.OK.value
+                self.step_duration.labels(new.step, outcome).observe(
+                    new.finished_at - new.started_at)

@@ -1,0 +1,78 @@
+"""Settings, grouped. Flags and environment variables become these in ``healer.cli``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    kubeconfig: str | None = None
+    """Path to a kubeconfig; None means the in-cluster service account."""
+    context: str | None = None
+    namespace: str = "healer-system"
+    """Where healer's Lease lives."""
+    events_namespace: str = "default"
+    """Events about Nodes (cluster-scoped) are written here, like kubectl's."""
+    install_crd: bool = False
+    """Create the NodeRemediation CRD if it is missing (development only)."""
+
+
+@dataclass(frozen=True)
+class LeaderSettings:
+    enabled: bool = True
+    lease_name: str = "healer-leader"
+    identity: str = field(default_factory=lambda: os.environ.get("POD_NAME")
+                          or f"{socket.gethostname()}-{os.getpid()}")
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    driver: str = "scontrol"
+    """slinky | scontrol | slurmrestd"""
+    slurmrestd_url: str = ""
+    token_secret: str = ""
+    """namespace/name[:key] of the Secret holding the slurmrestd JWT (Slinky's Token)."""
+    slurm_conf: str = ""
+    """SLURM_CONF for the scontrol driver (empty: the default)."""
+    nodeset_namespace: str = "slurm"
+    nodeset: str = ""
+    """The Slinky NodeSet whose nodes healer remediates (slinky driver / swap)."""
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    prometheus_url: str = ""
+    poll_interval: float = 15.0
+    bearer_token_file: str = ""
+    ca_file: str = ""
+    insecure_skip_verify: bool = False
+    host_labels: tuple[str, ...] = ("Hostname", "hostname")
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    host: str = "0.0.0.0"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class Settings:
+    policies: tuple[str, ...] = ("policies",)
+    dry_run: bool = False
+    """Cap every policy at dryRun: record intent, change nothing."""
+    policy_reload_seconds: float = 10.0
+    log_level: str = "info"
+    log_json: bool | None = None
+    shutdown_grace: float = 10.0
+    """SIGTERM: in-flight actions get this long, then everything is cancelled."""
+    kube: KubeSettings = field(default_factory=KubeSettings)
+    leader: LeaderSettings = field(default_factory=LeaderSettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    http: HttpSettings = field(default_factory=HttpSettings)

@@ -1,0 +1,45 @@
+"""``healer status``: open and recent remediations, read from the API server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from healer.adapters.kube.client import make_api_client
+from healer.adapters.kube.crd import reason_of
+from healer.adapters.kube.store import CRStateStore
+from healer.core.machine import releases
+
+
+def _age(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s // n}{unit}"
+    return f"{s}s"
+
+
+async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: bool = False) -> int:
+    api = await make_api_client(kubeconfig)
+    try:
+        stored = await CRStateStore(api).list()
+    finally:
+        await api.close()
+    now = time.time()
+    rows = sorted(stored, key=lambda s: s.record.incident.opened_at, reverse=True)
+    if not show_all:
+        rows = [s for s in rows if not releases(s.record)
+                or now - s.record.phase_since < 86400]
+    if as_json:
+        print(json.dumps([{"name": s.name, **s.record.to_dict()} for s in rows], indent=2))
+        return 0
+    header = f"{'NAME':38} {'NODE':16} {'PHASE':16} {'AGE':>5} {'IN PHASE':>8}  REASON"
+    print(header)
+    for s in rows:
+        r = s.record
+        print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase:16} "
+              f"{_age(now - r.incident.opened_at):>5} {_age(now - r.phase_since):>8}  "
+              f"{reason_of(r)}")
+    if not rows:
+        print("(no remediations)")
+    return 0
