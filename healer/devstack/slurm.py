@@ -1,0 +1,619 @@
+"""A private, real Slurm 22.05 cluster on loopback, for tests and the demo.
+
+One ``slurmctld`` and one ``slurmd -N <node>`` per node, each slurmd on its own port, all on
+127.0.0.1, all in the foreground (``-D``) in their own session so every PID is known and a stop
+can kill whatever they left behind. Optionally munged (``auth="munge"``) and slurmrestd
+(``with_restd=True``: ``openapi/v0.0.38`` on a loopback TCP port, JWT auth).
+
+Follows the recipe verified on the CI machine kind (``local-infra.md`` section A):
+
+* daemons run through links named ``slurmctld``/``slurmd``/``slurmstepd`` because Slurm checks
+  argv[0] (started as ``slurmctld-wlm`` it never loads ``AuthAltTypes``, so no JWT);
+* ``AuthAltTypes=auth/jwt`` with a fresh key, so ``scontrol token`` and slurmrestd work;
+* GPUs are ``/dev/null`` symlinks named ``nvidiaN`` (GRES needs character devices);
+* ``CommunicationParameters=NoInAddrAny,NoCtldInAddrAny``: nothing listens beyond 127.0.0.1;
+* ``ReturnToService=2``: a restarted slurmd comes back ``idle`` on its own;
+* ports are chosen free when :meth:`LocalSlurm.start` runs.
+
+Nothing here uses ``/etc/slurm`` or ``/etc/munge``; clients only need :meth:`LocalSlurm.env`.
+Everything is synchronous (``subprocess``): it is a fixture, not part of the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from healer.adapters.slurm.parse import parse_node_line
+from healer.errors import ConfigError
+from healer.ports import SlurmNodeState
+
+__all__ = ["LocalSlurm", "SlurmStartupError"]
+
+SBIN = Path("/usr/sbin")
+POLL = 0.05
+_NODE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
+
+
+class SlurmStartupError(ConfigError):
+    """A daemon of the local cluster did not come up (the message names it and its log)."""
+
+
+@dataclass
+class _Daemon:
+    name: str  # "munged", "slurmctld", "slurmd gpu-0", "slurmrestd"
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    _out: IO[bytes] | None = None
+    #: every process group this daemon ever led (a killed slurmd leaves its slurmstepds there)
+    pgids: list[int] = field(default_factory=list)
+
+    def spawn(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self._out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.STDOUT,
+            env=self.env, start_new_session=True, close_fds=True,
+        )
+        self.pgids.append(self.proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def reap(self, deadline: float) -> None:
+        """Wait until the process exits (SIGKILL its session after ``deadline``), then kill
+        whatever is left in its process group (slurmstepd and job processes)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _killpg(self.proc.pid)
+                self.proc.wait(timeout=5)
+        for pgid in self.pgids:
+            _killpg(pgid)
+        self.pgids.clear()
+        self.proc = None
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+
+
+def _killpg(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        return f"(no log: {e})"
+    return "\n".join(text.rstrip().splitlines()[-lines:]) or "(log is empty)"
+
+
+def _tcp_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class LocalSlurm:
+    """A real Slurm cluster under ``workdir``: ``slurmctld`` + one ``slurmd`` per node.
+
+    >>> with LocalSlurm(tmp) as slurm:               # doctest: +SKIP
+    ...     job = slurm.submit("sleep 1", "gpu-1")
+    ...     slurm.run(["scontrol", "show", "node", "gpu-1", "-o"])
+    """
+
+    def __init__(self, workdir: Path, nodes: Sequence[str] = ("gpu-0", "gpu-1", "gpu-2", "gpu-3"),
+                 *, gpus_per_node: int = 8, auth: Literal["munge", "none"] = "munge",
+                 with_restd: bool = False, cpus_per_node: int = 2,
+                 start_timeout: float = 30.0, sbin: Path = SBIN) -> None:
+        if not nodes:
+            raise ConfigError("LocalSlurm needs at least one node")
+        bad = [n for n in nodes if not _NODE_NAME.match(n)]
+        if bad or len(set(nodes)) != len(nodes):
+            raise ConfigError(f"LocalSlurm node names must be unique and match "
+                              f"{_NODE_NAME.pattern}: {list(nodes)}")
+        if auth not in ("munge", "none"):
+            raise ConfigError(f"LocalSlurm auth must be 'munge' or 'none', not {auth!r}")
+        self.workdir = Path(workdir).resolve()
+        self.sbin = Path(sbin)  # where Debian puts slurmctld-wlm, slurmd-wlm, slurmrestd
+        self.nodes = tuple(nodes)
+        self.gpus_per_node = gpus_per_node
+        self.cpus_per_node = cpus_per_node
+        self.auth = auth
+        self.with_restd = with_restd
+        self.start_timeout = start_timeout
+        self.conf = self.workdir / "slurm.conf"
+        self.logdir = self.workdir / "log"
+        self.jobdir = self.workdir / "jobs"
+        self.ctld_port = 0
+        self.restd_port = 0
+        self._node_ports: dict[str, int] = {}
+        self._munged: _Daemon | None = None
+        self._ctld: _Daemon | None = None
+        self._slurmd: dict[str, _Daemon] = {}
+        self._restd: _Daemon | None = None
+        self._jobs = 0
+        self.timings: dict[str, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalSlurm:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def restd_url(self) -> str:
+        """``http://127.0.0.1:PORT`` of slurmrestd (only with ``with_restd=True``)."""
+        if not self.with_restd:
+            raise ConfigError("LocalSlurm was created without slurmrestd (with_restd=False)")
+        return f"http://127.0.0.1:{self.restd_port}"
+
+    def start(self) -> None:
+        """Write the configuration, start every daemon, wait until every node is ``idle``."""
+        t0 = time.monotonic()
+        self._check_binaries()
+        try:
+            self._write_config()
+            if self.auth == "munge":
+                self._start_munged()
+            self.start_slurmctld()
+            for node in self.nodes:
+                self.start_slurmd(node, wait=False)
+            self.wait_all_idle()
+            if self.with_restd:
+                self._start_restd()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t0
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM every daemon in reverse start order, wait (SIGKILL its session after
+        ``timeout``), and kill what is left in each daemon's process group. Idempotent."""
+        t0 = time.monotonic()
+        daemons = [d for d in (self._munged, self._ctld, *self._slurmd.values(), self._restd)
+                   if d is not None]
+        for d in reversed(daemons):
+            d.terminate()
+        deadline = time.monotonic() + timeout
+        for d in reversed(daemons):
+            d.reap(deadline)
+        self._munged = self._ctld = self._restd = None
+        self._slurmd.clear()
+        self._kill_leftovers()
+        self.timings["stop"] = time.monotonic() - t0
+
+    def restart_slurmctld(self) -> None:
+        """Stop slurmctld (SIGTERM, it saves its state) and start it again with the same port."""
+        self.stop_slurmctld()
+        self.start_slurmctld()
+
+    def stop_slurmctld(self, timeout: float = 10.0) -> None:
+        if self._ctld is not None:
+            self._ctld.terminate()
+            self._ctld.reap(time.monotonic() + timeout)
+
+    def start_slurmctld(self) -> None:
+        """Start slurmctld (again) and wait until it answers ``scontrol ping``."""
+        if self._ctld is None:
+            self._ctld = _Daemon(
+                "slurmctld", [str(self.workdir / "bin" / "slurmctld"), "-D", "-f", str(self.conf)],
+                self.logdir / "slurmctld.stderr", self.env())
+        if self._ctld.alive:
+            return
+        self._ctld.spawn()
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            self._must_be_alive(self._ctld, self.logdir / "slurmctld.log")
+            r = self.run(["scontrol", "ping"], check=False, timeout=10)
+            if "is UP" in r.stdout:
+                return
+            if time.monotonic() > deadline:
+                raise self._startup_error(self._ctld, self.logdir / "slurmctld.log",
+                                          f"did not answer `scontrol ping` in "
+                                          f"{self.start_timeout:.0f} s ({r.stdout.strip()})")
+            time.sleep(POLL)
+
+    def kill_slurmd(self, node: str, sig: int = signal.SIGKILL) -> None:
+        """Kill ``node``'s slurmd (SIGKILL by default: it vanishes without telling slurmctld).
+        Jobs already running there keep running under their slurmstepd."""
+        d = self._slurmd.get(node)
+        if d is None or d.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            d.proc.send_signal(sig)
+        d.proc.wait(timeout=10)
+        if d._out is not None:
+            d._out.close()
+            d._out = None
+        d.proc = None
+
+    def start_slurmd(self, node: str, *, wait: bool = True) -> None:
+        """Start ``node``'s slurmd (again); with ``wait`` until it answers (``registered``)."""
+        self._node(node)
+        d = self._slurmd.get(node)
+        if d is None:
+            d = self._slurmd[node] = _Daemon(
+                f"slurmd {node}",
+                [str(self.workdir / "bin" / "slurmd"), "-D", "-f", str(self.conf), "-N", node,
+                 "-d", str(self.workdir / "bin" / "slurmstepd")],
+                self.logdir / f"slurmd-{node}.stderr", self.env())
+        if d.alive:
+            return
+        d.spawn()
+        if wait:
+            # listening on its port = started (slurmctld may not have noticed a kill yet, so
+            # "registered" alone could be stale), then registered with slurmctld
+            deadline = time.monotonic() + self.start_timeout
+            while not _tcp_open(self._node_ports[node]):
+                self._must_be_alive(d, self.logdir / f"slurmd-{node}.log")
+                if time.monotonic() > deadline:
+                    raise self._startup_error(
+                        d, self.logdir / f"slurmd-{node}.log",
+                        f"is not listening on 127.0.0.1:{self._node_ports[node]}")
+                time.sleep(POLL / 5)
+            self.wait_state(node, lambda s: s.registered and not s.down,
+                            timeout=max(1.0, deadline - time.monotonic()))
+
+    def reset(self, timeout: float = 30.0) -> None:
+        """Back to a clean cluster between tests: every daemon running, no jobs, every node
+        ``idle`` (drained/down nodes resumed)."""
+        self.start_slurmctld()
+        for node in self.nodes:
+            self.start_slurmd(node, wait=False)
+        jobs = self.run(["squeue", "-h", "-o", "%A"]).stdout.split()
+        if jobs:
+            self.run(["scancel", *jobs], check=False)
+        deadline = time.monotonic() + timeout
+        while self.run(["squeue", "-h", "-o", "%A"]).stdout.split():
+            if time.monotonic() > deadline:
+                raise ConfigError(f"jobs still queued {timeout} s after scancel")
+            time.sleep(POLL)
+        for node in self.nodes:
+            st = self.node_state(node)
+            if st.drain or st.down or "FAIL" in st.flags:
+                self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        self.wait_all_idle(max(1.0, deadline - time.monotonic()))
+
+    def wait_all_idle(self, timeout: float | None = None) -> None:
+        """Wait until ``sinfo`` shows every node exactly ``idle`` (no ``*``: responding)."""
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        states: dict[str, str] = {}
+        while True:
+            r = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, timeout=10)
+            states = dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
+            if all(states.get(n) == "idle" for n in self.nodes):
+                return
+            for node in self.nodes:
+                d = self._slurmd.get(node)
+                if d is not None:
+                    self._must_be_alive(d, self.logdir / f"slurmd-{node}.log")
+            if self._ctld is not None:
+                self._must_be_alive(self._ctld, self.logdir / "slurmctld.log")
+            if time.monotonic() > deadline:
+                bad = next((n for n in self.nodes if states.get(n) != "idle"), self.nodes[0])
+                d = self._slurmd.get(bad)
+                msg = f"node {bad} is {states.get(bad, 'missing')!r}, not 'idle', after " \
+                      f"{timeout or self.start_timeout:.0f} s (sinfo: {states})"
+                if d is None:
+                    raise SlurmStartupError(msg)
+                raise self._startup_error(d, self.logdir / f"slurmd-{bad}.log", msg)
+            time.sleep(POLL)
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients: ``SLURM_CONF`` (and ``PATH`` with /usr/sbin)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMRESTD_"))}
+        path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if "/usr/sbin" not in path.split(os.pathsep):
+            path = f"{path}{os.pathsep}/usr/sbin"
+        env["PATH"] = path
+        env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 30.0,
+            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client with :meth:`env`; ``check`` raises ConfigError with its output."""
+        full_env = self.env()
+        if env:
+            full_env.update(env)
+        try:
+            r = subprocess.run(list(argv), env=full_env, capture_output=True, text=True,
+                               timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise ConfigError(f"`{shlex.join(argv)}` did not finish in {timeout} s") from e
+        if check and r.returncode != 0:
+            raise ConfigError(f"`{shlex.join(argv)}` exited {r.returncode}: "
+                              f"{(r.stderr or r.stdout).strip()}")
+        return r
+
+    def token(self, user: str = "root", lifespan: int = 3600) -> str:
+        """A JWT for ``user`` from ``scontrol token`` (slurmctld signs it with the jwt key)."""
+        r = self.run(["scontrol", "token", f"username={user}", f"lifespan={lifespan}"])
+        m = re.search(r"SLURM_JWT=(\S+)", r.stdout)
+        if not m:
+            raise ConfigError(f"`scontrol token` printed no SLURM_JWT: {r.stdout.strip()!r}")
+        return m.group(1)
+
+    def node_state(self, node: str) -> SlurmNodeState:
+        self._node(node)
+        r = self.run(["scontrol", "show", "node", node, "-o"])
+        return parse_node_line(r.stdout.strip().splitlines()[0])
+
+    def wait_state(self, node: str, predicate: Callable[[SlurmNodeState], bool],
+                   timeout: float = 30.0) -> SlurmNodeState:
+        """Poll ``scontrol show node`` until ``predicate(state)``; ConfigError on timeout."""
+        deadline = time.monotonic() + timeout
+        last: SlurmNodeState | str = "never read"
+        while True:
+            r = self.run(["scontrol", "show", "node", node, "-o"], check=False, timeout=10)
+            if r.returncode == 0 and r.stdout.strip():
+                last = parse_node_line(r.stdout.strip().splitlines()[0])
+                if predicate(last):
+                    return last
+            else:
+                last = (r.stderr or r.stdout).strip()
+            if time.monotonic() > deadline:
+                raise ConfigError(f"node {node} did not reach the expected state in {timeout} s;"
+                                  f" last: {last}")
+            time.sleep(POLL)
+
+    def submit(self, script: str, node: str, *, name: str = "", gres: str = "gpu:h100:1",
+               args: Iterable[str] = (), env: Mapping[str, str] | None = None) -> int:
+        """``sbatch -w node --parsable`` a bash ``script`` (body only; ``#!/bin/bash`` and
+        ``set -u`` are added). Output goes to ``jobs/<id>.out``; the job sees ``OUTDIR``
+        = :attr:`jobdir` and can write marker files there. Returns the job id."""
+        self._node(node)
+        self.jobdir.mkdir(parents=True, exist_ok=True)
+        self._jobs += 1
+        path = self.jobdir / f"script-{self._jobs}.sh"
+        path.write_text("#!/bin/bash\n" + script.strip() + "\n")
+        path.chmod(0o755)
+        argv = ["sbatch", "--parsable", "-w", node, "-J", name or f"job-{self._jobs}",
+                "-o", str(self.jobdir / "%j.out"), "-D", str(self.jobdir)]
+        if gres:
+            argv.append(f"--gres={gres}")
+        argv += [*args, str(path)]
+        r = self.run(argv, env={"OUTDIR": str(self.jobdir), **(env or {})})
+        return int(r.stdout.strip().split(";")[0])
+
+    def job_state(self, job_id: int) -> str:
+        """``JobState`` from ``scontrol show job`` ("" once slurmctld forgot the job)."""
+        r = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        m = re.search(r"\bJobState=(\S+)", r.stdout)
+        return m.group(1) if m else ""
+
+    def wait_job(self, job_id: int, states: Iterable[str], timeout: float = 30.0) -> str:
+        """Poll until job ``job_id`` is in one of ``states`` (e.g. RUNNING); returns it."""
+        want = {s.upper() for s in states}
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.job_state(job_id)
+            if state in want:
+                return state
+            if time.monotonic() > deadline:
+                raise ConfigError(f"job {job_id} is {state or 'gone'!r}, not one of "
+                                  f"{sorted(want)}, after {timeout} s")
+            time.sleep(POLL)
+
+    def log(self, daemon: str = "slurmctld") -> str:
+        """The log text of ``slurmctld``, ``slurmd-<node>``, ``munged`` or ``slurmrestd``."""
+        path = self.logdir / f"{daemon}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _node(self, node: str) -> None:
+        if node not in self.nodes:
+            raise ConfigError(f"unknown node {node!r}; this cluster has {', '.join(self.nodes)}")
+
+    def _check_binaries(self) -> None:
+        need = ["slurmctld-wlm", "slurmd-wlm", "slurmstepd-wlm"]
+        if self.with_restd:
+            need.append("slurmrestd")
+        missing = [b for b in need if not (self.sbin / b).exists()]
+        for b in ("sinfo", "scontrol", "sbatch", "squeue", "scancel"):
+            if shutil.which(b) is None:
+                missing.append(b)
+        if self.auth == "munge" and self._munged_bin() is None:
+            missing.append("munged")
+        if missing:
+            raise SlurmStartupError(
+                f"Slurm is not installed (missing {', '.join(missing)}); run "
+                "hack/install-system-deps.sh (Debian: slurmctld slurmd slurm-client slurmrestd "
+                "slurm-wlm-jwt-plugin munge)")
+
+    def _munged_bin(self) -> str | None:
+        return shutil.which("munged", path=os.pathsep.join((str(self.sbin), "/usr/sbin",
+                                                           os.environ.get("PATH", ""))))
+
+    def _write_config(self) -> None:
+        w = self.workdir
+        for sub in ("state", "log", "bin", "dev", "jobs", "spool"):
+            (w / sub).mkdir(parents=True, exist_ok=True)
+        w.chmod(0o711)  # munged refuses group/world-writable dirs; sockets need o+x
+        # Slurm compares the program name with "slurmctld"/"slurmd": run through plain names.
+        for b in ("slurmctld", "slurmd", "slurmstepd"):
+            link = w / "bin" / b
+            link.unlink(missing_ok=True)
+            link.symlink_to(self.sbin / f"{b}-wlm")
+        for g in range(self.gpus_per_node):
+            dev = w / "dev" / f"nvidia{g}"
+            dev.unlink(missing_ok=True)
+            dev.symlink_to("/dev/null")  # GRES files must be character devices
+        key = w / "jwt.key"
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
+
+        ports = _free_ports(3 + len(self.nodes))
+        self.ctld_port, slurmd_port, self.restd_port = ports[:3]
+        self._node_ports = dict(zip(self.nodes, ports[3:], strict=True))
+
+        if self.auth == "munge":
+            mkey = w / "munge.key"
+            mkey.unlink(missing_ok=True)
+            mkey.write_bytes(os.urandom(128))
+            mkey.chmod(0o400)
+            auth = f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={w}/munge.sock"
+        else:
+            auth = "AuthType=auth/none\nCredType=cred/none"
+        gpus = f"gpu:h100:{self.gpus_per_node}"
+        lines = [
+            "# written by healer.devstack.slurm.LocalSlurm",
+            "ClusterName=healer",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            auth,
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={key}",
+            f"StateSaveLocation={w}/state",
+            f"SlurmdSpoolDir={w}/spool/%n",
+            f"SlurmctldPidFile={w}/slurmctld.pid",
+            f"SlurmdPidFile={w}/slurmd-%n.pid",
+            f"SlurmctldLogFile={self.logdir}/slurmctld.log",
+            f"SlurmdLogFile={self.logdir}/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",
+            "ReturnToService=2",
+            "SlurmctldTimeout=10",
+            "SlurmdTimeout=10",
+            "MessageTimeout=5",
+            "SchedulerParameters=sched_interval=1",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "GresTypes=gpu",
+        ]
+        for node in self.nodes:
+            (w / "spool" / node).mkdir(parents=True, exist_ok=True)
+            lines.append(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 "
+                         f"Port={self._node_ports[node]} CPUs={self.cpus_per_node} "
+                         f"RealMemory=1000 Gres={gpus} State=UNKNOWN")
+        lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES "
+                     "MaxTime=INFINITE State=UP")
+        self.conf.write_text("\n".join(lines) + "\n")
+        last = self.gpus_per_node - 1
+        files = f"{w}/dev/nvidia[0-{last}]" if last > 0 else f"{w}/dev/nvidia0"
+        (w / "gres.conf").write_text("".join(
+            f"NodeName={n} Name=gpu Type=h100 File={files}\n" for n in self.nodes))
+        # slurmd always loads a cgroup plugin (even with proctrack/linuxproc + task/none);
+        # autodetect picks v1 or v2 from /sys/fs/cgroup, IgnoreSystemd keeps it off dbus.
+        (w / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+
+    def _start_munged(self) -> None:
+        w = self.workdir
+        sock = w / "munge.sock"
+        self._munged = _Daemon(
+            "munged",
+            [self._munged_bin() or "munged", "-F", "--force",
+             f"--socket={sock}", f"--key-file={w}/munge.key", f"--pid-file={w}/munged.pid",
+             f"--log-file={self.logdir}/munged.log", f"--seed-file={w}/munged.seed"],
+            self.logdir / "munged.stderr", self.env())
+        self._munged.spawn()
+        deadline = time.monotonic() + self.start_timeout
+        while not sock.exists():
+            self._must_be_alive(self._munged, self.logdir / "munged.log")
+            if time.monotonic() > deadline:
+                raise self._startup_error(self._munged, self.logdir / "munged.log",
+                                          f"created no socket {sock}")
+            time.sleep(POLL / 5)
+
+    def _start_restd(self) -> None:
+        env = self.env()
+        env.update(SLURM_JWT="daemon", SLURMRESTD_SECURITY="disable_user_check")
+        self._restd = _Daemon(
+            "slurmrestd",
+            [str(self.sbin / "slurmrestd"), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
+             f"127.0.0.1:{self.restd_port}"],
+            self.logdir / "slurmrestd.log", env)
+        self._restd.spawn()
+        deadline = time.monotonic() + self.start_timeout
+        while not _tcp_open(self.restd_port):
+            self._must_be_alive(self._restd, self.logdir / "slurmrestd.log")
+            if time.monotonic() > deadline:
+                raise self._startup_error(self._restd, self.logdir / "slurmrestd.log",
+                                          f"is not listening on 127.0.0.1:{self.restd_port}")
+            time.sleep(POLL / 5)
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL job processes and slurmstepds of this cluster that outlived their slurmd.
+
+        slurmstepd starts its own session, so killing slurmd's process group misses it; every
+        process of this cluster carries ``SLURM_CONF=<our slurm.conf>`` in its environment.
+        """
+        marker = f"SLURM_CONF={self.conf}".encode()
+        me = os.getpid()
+        proc = Path("/proc")
+        if not proc.is_dir():
+            return
+        for entry in proc.iterdir():
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+    def _must_be_alive(self, d: _Daemon, log: Path) -> None:
+        if d.proc is not None and d.proc.poll() is not None:
+            raise self._startup_error(d, log, f"exited with status {d.proc.returncode}")
+
+    def _startup_error(self, d: _Daemon, log: Path, what: str) -> SlurmStartupError:
+        parts = [f"{d.name} {what}"]
+        for path in dict.fromkeys((log, d.log)):
+            if path.exists():
+                parts.append(f"--- {path.name} (last lines) ---\n{_tail(path)}")
+        return SlurmStartupError("\n".join(parts))
