@@ -1,0 +1,1 @@
+"""Telemetry through a real Prometheus scraping the DCGM simulator."""

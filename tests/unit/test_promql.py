@@ -1,0 +1,330 @@
+"""PromQL generation, label normalisation and the XID/freshness trackers of the Prometheus source.
+
+No Prometheus here: the trackers get the sample lists an API answer would hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from healer.adapters.prometheus import (
+    XID_COUNT,
+    XID_GAUGE,
+    FreshnessTracker,
+    FreshRow,
+    PrometheusSource,
+    XidEvent,
+    XidSeries,
+    XidTracker,
+    duration,
+    freshness_expr,
+    gpu_ref,
+    group_labels,
+    metric_expr,
+    node_name,
+    plan_queries,
+    selector,
+    xid_expr,
+)
+from healer.core.model import GpuRef, Severity, Signal, SignalKind
+from healer.core.policy import Aggregation, MetricRule, Op, Policy, PolicySet, XidRule
+from healer.core.policy import LabelSelector as Sel
+from healer.errors import ConfigError
+from healer.policy.load import load_policy_set
+
+ROOT = Path(__file__).resolve().parents[2]
+BY = group_labels()
+G0 = GpuRef(0, "GPU-a")
+G1 = GpuRef(1, "GPU-b")
+
+
+def rule(field: str = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", agg: Aggregation = Aggregation.VALUE,
+         window: float = 600.0, op: Op = Op.GT, promql: str = "", name: str = "r") -> MetricRule:
+    return MetricRule(name, Severity.FAILED, field, op, 0.0, 0.0, agg, window, promql)
+
+
+def policies(*rules: MetricRule | XidRule) -> PolicySet:
+    return PolicySet((Policy("p", Sel(), tuple(rules)),))
+
+
+# ---------------------------------------------------------------------------------------------
+# PromQL
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (600, "10m"), (3600, "1h"), (86400, "1d"), (90, "90s"), (1, "1s"), (1.5, "1500ms"),
+    (7200, "2h"), (61, "61s"),
+])
+def test_duration(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_duration_rejects_zero() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        duration(0)
+
+
+def test_selector_escapes_values_and_checks_names() -> None:
+    assert selector("up") == "up"
+    assert selector("up", {"job": 'a"b\\c'}) == 'up{job="a\\"b\\\\c"}'
+    with pytest.raises(ConfigError):
+        selector("not a metric")
+    with pytest.raises(ConfigError):
+        selector("up", {"bad-label": "x"})
+
+
+def test_group_labels_cover_both_host_spellings_and_the_gpu() -> None:
+    assert BY == ("Hostname", "hostname", "instance", "gpu", "UUID", "uuid",
+                  "DCGM_FI_DEV_SERIAL")
+    assert group_labels(("node",), ("cluster",), jobs=True) == (
+        "node", "instance", "gpu", "UUID", "uuid", "DCGM_FI_DEV_SERIAL", "hpc_job", "cluster")
+    with pytest.raises(ConfigError):
+        group_labels(("no-dashes",))
+
+
+@pytest.mark.parametrize(("agg", "inner"), [
+    (Aggregation.VALUE, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"),
+    (Aggregation.INCREASE, "increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m])"),
+    (Aggregation.RATE, "rate(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m])"),
+    (Aggregation.MAX_OVER_TIME, "max_over_time(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[10m])"),
+])
+def test_metric_expr_per_aggregation(agg: Aggregation, inner: str) -> None:
+    by = "Hostname, hostname, instance, gpu, UUID, uuid, DCGM_FI_DEV_SERIAL"
+    assert metric_expr(rule(agg=agg), by=BY) == f"max by ({by}) ({inner})"
+
+
+def test_metric_expr_min_for_lower_bounds_matchers_and_join() -> None:
+    e = metric_expr(rule("DCGM_FI_DEV_GPU_TEMP", op=Op.LT), by=("hostname", "gpu"),
+                    matchers={"job": "dcgm"})
+    assert e == 'min by (hostname, gpu) (DCGM_FI_DEV_GPU_TEMP{job="dcgm"})'
+    e = metric_expr(rule(agg=Aggregation.INCREASE, window=3600), by=("node", "gpu"),
+                    join="* on(namespace, pod) group_left(node) kube_pod_info")
+    assert e == ("max by (node, gpu) ((increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[1h])) "
+                 "* on(namespace, pod) group_left(node) kube_pod_info)")
+
+
+def test_promql_rule_runs_as_given() -> None:
+    expr = ' sum by (Hostname) (DCGM_FI_DEV_GPU_TEMP > 90) '
+    assert metric_expr(rule(promql=expr), by=BY, matchers={"job": "x"}) == expr.strip()
+
+
+def test_xid_and_freshness_queries() -> None:
+    assert xid_expr(45) == f'{{__name__=~"{XID_GAUGE}|{XID_COUNT}"}}[45s]'
+    assert xid_expr(600, {"job": "dcgm"}) == (
+        f'{{__name__=~"{XID_GAUGE}|{XID_COUNT}",job="dcgm"}}[10m]')
+    f = freshness_expr(by=("hostname", "gpu"), matchers={"job": "dcgm"})
+    assert f == ('max by (hostname, gpu) (timestamp(DCGM_FI_DEV_GPU_TEMP{job="dcgm"})) or '
+                 'label_replace(up{job="dcgm"} == 0, "healer_up", "0", "", "")')
+
+
+def test_plan_from_the_default_policies_is_one_query_per_rule() -> None:
+    ps = load_policy_set([ROOT / "policies" / "default.yaml"])
+    plan = plan_queries(ps, by=BY)
+    metric_rules = {r.name for p in ps.policies for r in p.rules if isinstance(r, MetricRule)}
+    assert len(plan.metrics) == len(metric_rules) == 8
+    assert plan.xid
+    assert plan.queries_per_poll == 10
+    assert not plan.conflicts
+    for q in plan.metrics:  # fleet-wide: no query names a node
+        assert "Hostname=" not in q.expr
+        assert "hostname=" not in q.expr
+    keys = {q.key for q in plan.metrics}
+    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in keys
+    assert "DCGM_FI_DEV_GPU_TEMP" in keys
+
+
+def test_plan_deduplicates_identical_rules_and_reports_key_conflicts() -> None:
+    a = rule(agg=Aggregation.INCREASE, name="a")
+    b = rule(agg=Aggregation.INCREASE, name="b")
+    c = rule(agg=Aggregation.VALUE, name="c")
+    p = promql = rule(promql="vector(1)", name="raw")
+    plan = plan_queries(policies(a, b, p), by=BY)
+    assert len(plan.metrics) == 2
+    assert plan.metrics[0].rules == ("p/a", "p/b")
+    assert {q.key for q in plan.metrics} == {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", promql.key}
+    assert not plan.xid
+    assert plan.queries_per_poll == 3
+    assert plan_queries(policies(a, c), by=BY).conflicts == ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",)
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels
+
+
+@pytest.mark.parametrize(("labels", "node"), [
+    ({"Hostname": "gpu-1", "gpu": "0"}, "gpu-1"),
+    ({"hostname": "gpu-2"}, "gpu-2"),
+    ({"Hostname": "a", "hostname": "b"}, "a"),
+    ({"Hostname": "", "hostname": "b"}, "b"),
+    ({"Hostname": " gpu-3 "}, "gpu-3"),
+    ({"instance": "10.0.0.1:9400"}, None),
+])
+def test_node_name_normalises_both_spellings(labels: dict[str, str], node: str | None) -> None:
+    assert node_name(labels) == node
+
+
+def test_node_name_with_other_host_labels() -> None:
+    assert node_name({"node": "n1", "Hostname": "pod-x"}, ("node", "Hostname")) == "n1"
+
+
+@pytest.mark.parametrize(("labels", "ref"), [
+    ({"gpu": "3", "UUID": "GPU-x"}, GpuRef(3, "GPU-x")),
+    ({"gpu": "3", "uuid": "GPU-x"}, GpuRef(3, "GPU-x")),
+    ({"gpu": "1", "UUID": "GPU-y", "DCGM_FI_DEV_SERIAL": "1650"}, GpuRef(1, "GPU-y", "1650")),
+    ({"UUID": "GPU-z"}, GpuRef(-1, "GPU-z")),
+    ({"gpu": "x", "UUID": "GPU-z"}, GpuRef(-1, "GPU-z")),
+    ({"Hostname": "n"}, None),
+])
+def test_gpu_ref(labels: dict[str, str], ref: GpuRef | None) -> None:
+    assert gpu_ref(labels) == ref
+
+
+def test_source_node_map_and_queries_without_a_connection() -> None:
+    ps = policies(rule(agg=Aggregation.INCREASE), XidRule("x", Severity.FAILED, frozenset({79})))
+
+    def by_ip(labels: dict[str, str]) -> str | None:
+        return {"10.0.0.1:9400": "gpu-7"}.get(labels.get("instance", ""))
+
+    src = PrometheusSource("http://127.0.0.1:1/", ps, node_map=by_ip, matchers={"job": "dcgm"})
+    try:
+        assert src.url == "http://127.0.0.1:1"
+        assert src.node_of({"instance": "10.0.0.1:9400", "Hostname": "pod"}) == "gpu-7"
+        assert src.node_of({"instance": "other", "hostname": "gpu-1"}) == "gpu-1"
+        assert src.node_of({"instance": "other"}) is None
+        assert src.plan.queries_per_poll == 3
+        assert 'job="dcgm"' in src.plan.metrics[0].expr
+        assert 'up{job="dcgm"} == 0' in src.freshness_query
+        assert "hpc_job" in src.freshness_query
+        assert "hpc_job" not in src.plan.metrics[0].expr
+    finally:
+        src.close()
+
+
+def test_source_rejects_bad_settings() -> None:
+    with pytest.raises(ConfigError):
+        PrometheusSource("http://x", policies(), poll_interval=0)
+    with pytest.raises(ConfigError):
+        PrometheusSource("http://x", policies(), host_labels=("bad label",))
+
+
+# ---------------------------------------------------------------------------------------------
+# XIDs
+
+
+def gauge(*points: tuple[float, float], gpu: GpuRef = G0, node: str = "n") -> XidSeries:
+    return XidSeries(node, gpu, XID_GAUGE, None, tuple(points))
+
+
+def count(xid: int | None, *points: tuple[float, float], gpu: GpuRef = G0) -> XidSeries:
+    return XidSeries("n", gpu, XID_COUNT, xid, tuple(points))
+
+
+def codes(events: list[XidEvent]) -> list[tuple[float, int, str]]:
+    return [(e.at, e.code, e.via) for e in events]
+
+
+def test_first_sample_is_a_baseline_then_changes_are_reported_once() -> None:
+    t = XidTracker()
+    assert t.feed([gauge((1, 79), (2, 79))]) == []  # old XID: not reported
+    assert codes(t.feed([gauge((2, 79), (3, 0), (4, 48))])) == [(4, 48, "last-value")]
+    assert t.feed([gauge((4, 48), (5, 48), (6, 48))]) == []  # same last value: once only
+    assert codes(t.feed([gauge((7, 79))])) == [(7, 79, "last-value")]
+
+
+def test_last_value_switching_series_err_code_is_one_timeline() -> None:
+    t = XidTracker()
+    # dcgm-exporter's err_code label makes a new series when the code changes
+    old = gauge((1, 0), (2, 0))
+    new = gauge((3, 79), (4, 79))
+    assert codes(t.feed([old, new])) == [(3, 79, "last-value")]
+
+
+def test_count_series_reports_every_occurrence_including_repeats() -> None:
+    t = XidTracker()
+    t.feed([count(None, (1, 0)), gauge((1, 0))])
+    ev = t.feed([count(79, (2, 3)), gauge((2, 79))])
+    assert codes(ev) == [(2, 79, "count")] * 3  # count wins over the single last-value change
+    ev = t.feed([count(79, (2, 3), (3, 3), (4, 4)), gauge((3, 79), (4, 79))])
+    assert codes(ev) == [(4, 79, "count")]  # an identical XID again: only the count shows it
+    # occurrences leave the window, then a new one arrives
+    ev = t.feed([count(None, (5, 0)), count(79, (6, 1)), gauge((5, 79), (6, 79))])
+    assert codes(ev) == [(6, 79, "count")]
+
+
+def test_two_codes_in_one_scrape_and_duplicate_job_series() -> None:
+    t = XidTracker()
+    t.feed([count(None, (1, 0))])
+    ev = t.feed([count(13, (2, 2)), count(79, (2, 1)), count(79, (2, 1)), gauge((2, 79))])
+    assert codes(ev) == [(2, 13, "count"), (2, 13, "count"), (2, 79, "count")]
+
+
+def test_gpus_are_tracked_separately_and_since_suppresses_old_events() -> None:
+    t = XidTracker()
+    ev = t.feed([gauge((1, 0), (5, 79)), gauge((1, 0), (2, 48), gpu=G1)], since=3)
+    assert [(e.gpu, e.code) for e in ev] == [(G0, 79)]
+    t.forget("n")
+    assert t.feed([gauge((6, 79))]) == []  # forgotten: baseline again
+
+
+# ---------------------------------------------------------------------------------------------
+# Freshness
+
+
+def row(node: str, ts: float, gpu: GpuRef | None = G0, inst: str = "i1") -> FreshRow:
+    return FreshRow(node, inst, gpu, ts)
+
+
+def kinds(signals: list[Signal]) -> list[tuple[str, str, str, GpuRef | None]]:
+    return [(s.node, s.kind.value, s.get("reason"), s.gpu) for s in signals]
+
+
+def test_fresh_old_missing_and_down() -> None:
+    f = FreshnessTracker(stale_after=3)
+    sigs, tr = f.observe(100, [row("a", 99.5), row("a", 99.5, G1), row("b", 99, inst="i2")])
+    assert kinds(sigs) == [("a", "fresh", "", None), ("b", "fresh", "", None)]
+    assert tr == []  # the first sight of a fresh node is not a transition
+    # a's GPU 1 vanished, b's exporter is down (up == 0 for its instance)
+    sigs, tr = f.observe(101, [row("a", 100.5)], down_instances={"i2"})
+    assert kinds(sigs) == [("a", "stale", "gpu-missing", G1), ("b", "stale", "exporter-down", None)]
+    assert [(t.node, t.stale, t.reason) for t in tr] == [("a", True, "gpu-missing"),
+                                                          ("b", True, "exporter-down")]
+    # b absent although its target is up; a's data is old (no scrape since)
+    sigs, _ = f.observe(110, [row("a", 100.5), row("a", 100.5, G1)])
+    assert kinds(sigs) == [("a", "stale", "series-old", None),
+                           ("b", "stale", "series-missing", None)]
+    assert sigs[0].get("age") == "9.5"
+    sigs, tr = f.observe(111, [row("a", 110.5), row("a", 110.5, G1), row("b", 110.5)])
+    assert kinds(sigs) == [("a", "fresh", "", None), ("b", "fresh", "", None)]
+    assert [(t.node, t.stale) for t in tr] == [("a", False), ("b", False)]
+    assert all(s.observed_at == 111 and s.key == "dcgm" for s in sigs)
+
+
+def test_unreachable_marks_every_known_node_and_keeps_their_state() -> None:
+    f = FreshnessTracker(stale_after=3)
+    f.observe(100, [row("a", 99.5), row("b", 99.5)])
+    sigs = f.unreachable(101, "connection refused")
+    assert [(s.node, s.kind, s.get("reason")) for s in sigs] == [
+        ("a", SignalKind.STALE, "prometheus-unreachable"),
+        ("b", SignalKind.STALE, "prometheus-unreachable")]
+    _, tr = f.observe(102, [row("a", 101.5), row("b", 101.5)])
+    assert tr == []  # nothing changed per node: no per-node log storm on recovery
+
+
+def test_replaced_gpu_and_forgetting() -> None:
+    f = FreshnessTracker(stale_after=3, forget_after=50)
+    f.observe(100, [row("a", 100), row("b", 100, inst="i2")])
+    new = GpuRef(0, "GPU-new")
+    sigs, _ = f.observe(101, [row("a", 101, new), row("b", 101, inst="i2")])
+    assert kinds(sigs)[0] == ("a", "fresh", "", None)  # same index, other UUID: replaced
+    f.observe(140, [row("a", 140, new)])
+    sigs, _ = f.observe(160, [row("a", 160, new)])
+    assert f.nodes == ["a"]  # b not seen for more than forget_after
+    assert kinds(sigs) == [("a", "fresh", "", None)]
+
+
+def test_node_level_series_without_gpu() -> None:
+    f = FreshnessTracker(stale_after=3)
+    sigs, _ = f.observe(10, [row("a", 9.9, gpu=None)])
+    assert kinds(sigs) == [("a", "fresh", "", None)]
