@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv lint test test-unit test-component test-integration demo simulate schema docs verify stack stack-down clean
+.PHONY: help venv deps lint test test-unit test-integration demo schema docs verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -18,16 +18,29 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install healer with its dev tools
 
+deps: ## Debian packages (Slurm, Prometheus) and the Go-built control plane (cached)
+	bash hack/install-system-deps.sh
+	bash hack/build-k8s.sh
+
 lint: venv ## ruff, mypy --strict, import-linter
 	$(BIN)/ruff check healer tests
 	$(BIN)/mypy healer
 	$(BIN)/lint-imports
 
-test: lint ## the whole suite (lint first); what CI runs
+test: lint deps ## the whole suite (lint first); what CI runs
 	$(BIN)/python -m pytest tests
 
-test-unit: venv ## unit tests only (fast)
-	$(BIN)/python -m pytest tests/unit
+test-unit: venv ## unit and component tests only (fast, no real components)
+	$(BIN)/python -m pytest tests/unit tests/component
+
+test-integration: venv deps ## the tests against the real stack only
+	$(BIN)/python -m pytest tests/integration
+
+stack: venv deps ## start the local control plane in .devstack/ (detached)
+	$(BIN)/healer devstack up
+
+stack-down: venv ## stop it
+	$(BIN)/healer devstack down
 
 demo: venv ## end-to-end demo on the embedded default scenario
 	$(BIN)/healer simulate scenarios/xid79-warm-spare.yaml

@@ -35,12 +35,18 @@ finish() { # finish TMPDIR DEST
   rm -rf "$2"; mkdir -p "$(dirname "$2")"; mv "$1" "$2"
 }
 
+# temporary output directories of an interrupted or failed build are removed on exit
+TMPS=()
+cleanup() { for t in "${TMPS[@]}"; do rm -rf "$t"; done; }
+trap cleanup EXIT
+newtmp() { NEWTMP=$(mktemp -d "$CACHE/bin/.$1.XXXX"); TMPS+=("$NEWTMP"); }
+
 build_etcd() {
   local dest=$CACHE/bin/etcd-$ETCD_VERSION
   have "$dest" etcd etcdctl && return 0
   log "building etcd $ETCD_VERSION (first run only)"
   local w=$CACHE/build/etcd-$ETCD_VERSION tmp
-  rm -rf "$w"; mkdir -p "$w"; tmp=$(mktemp -d "$CACHE/bin/.etcd.XXXX")
+  rm -rf "$w"; mkdir -p "$w"; newtmp etcd; tmp=$NEWTMP
   (
     cd "$w"
     printf 'module etcd-build.local/wrapper\n\ngo 1.25.0\n' > go.mod
@@ -61,7 +67,7 @@ build_kube() {
   have "$dest" $bins && return 0
   log "building kubernetes $KUBE_VERSION: $bins (first run only; several minutes)"
   local w=$CACHE/build/kube-$KUBE_VERSION tmp
-  rm -rf "$w"; mkdir -p "$w"; tmp=$(mktemp -d "$CACHE/bin/.kube.XXXX")
+  rm -rf "$w"; mkdir -p "$w"; newtmp kube; tmp=$NEWTMP
   (
     cd "$w"
     local minor rest sver json kmod commit gd mods pkgs ld d p
@@ -100,7 +106,7 @@ build_kwok() {
   local dest=$CACHE/bin/kwok-$KWOK_VERSION
   have "$dest" kwok && return 0
   log "building kwok $KWOK_VERSION (first run only)"
-  local tmp; tmp=$(mktemp -d "$CACHE/bin/.kwok.XXXX")
+  local tmp; newtmp kwok; tmp=$NEWTMP
   GOBIN=$tmp go install -trimpath -ldflags="-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   finish "$tmp" "$dest"
 }
@@ -109,7 +115,7 @@ build_helm() {
   local dest=$CACHE/bin/helm-$HELM_VERSION
   have "$dest" helm && return 0
   log "building helm $HELM_VERSION (first run only)"
-  local tmp; tmp=$(mktemp -d "$CACHE/bin/.helm.XXXX")
+  local tmp; newtmp helm; tmp=$NEWTMP
   GOBIN=$tmp go install -trimpath -ldflags="-s -w" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   finish "$tmp" "$dest"
 }

@@ -67,6 +67,10 @@ class Overrides:
     slurm_names: SlurmNames | None = None
     telemetry: list[TelemetrySource] | None = None
     runtime: RuntimeSettings | None = None
+    after_write: Callable[[Any], None] | None = None
+    """Called with the record after every persisted write (fault injection in tests)."""
+    after_action: Callable[[Any], None] | None = None
+    """Called with the action after it ran, before its outcome is persisted."""
 
 
 def load_policies(settings: Settings) -> PolicySet:
@@ -174,7 +178,12 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
                   topology=KubeTopology(nodes), validator=validator, checkpoint=checkpoint,
                   repair=LabelRepair(nodes), slurm_names=slurm_names or same_name)
     clock = RealClock()
-    ctl = Controller(policies=policies, executor=Executor(ports, clock.now), store=store,
+    executor = Executor(ports, clock.now)
+    if o.after_write is not None:
+        store = _WriteProbe(store, o.after_write)  # type: ignore[assignment]
+    if o.after_action is not None:
+        executor = _ActionProbe(ports, clock.now, o.after_action)
+    ctl = Controller(policies=policies, executor=executor, store=store,
                      clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
     health = Health()
     health.set_ready("policies", True)
@@ -265,6 +274,31 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
     await asyncio.gather(stopper, *tasks, return_exceptions=True)
     await runner.cleanup()
     return code
+
+
+class _WriteProbe:
+    def __init__(self, store: CRStateStore, hook: Callable[[Any], None]) -> None:
+        self.store, self.hook = store, hook
+
+    async def list(self) -> Any:
+        return await self.store.list()
+
+    async def save(self, record: Any, previous: Any) -> Any:
+        out = await self.store.save(record, previous)
+        self.hook(record)
+        return out
+
+
+class _ActionProbe(Executor):
+    def __init__(self, ports: Ports, clock: Callable[[], float],
+                 hook: Callable[[Any], None]) -> None:
+        super().__init__(ports, clock)
+        self.hook = hook
+
+    async def run(self, action: Any, record: Any) -> Any:
+        out = await super().run(action, record)
+        self.hook(action)
+        return out
 
 
 def _stamp(paths: tuple[str, ...]) -> tuple[tuple[str, float], ...]:

@@ -211,12 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
 
-    from importlib.util import find_spec
+    from healer.devstack.cli import register as register_devstack
 
-    if find_spec("healer.devstack.cli") is not None:
-        from healer.devstack.cli import register
-
-        register(sub)
+    register_devstack(sub)
     return p
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from healer.core.model import NodeRecord, NodeView, Taint
+from healer.core.model import NodeRecord, NodeView, Signal, Taint
 from healer.core.topology import rank_spares, slinky_topology_spec
 from healer.errors import ConflictError, NotFoundError
 from healer.ports import (
@@ -390,6 +390,11 @@ class FakeSlurm(Faulty):
         self._save()
         return ids
 
+    def append_log(self, entry: list[Any]) -> None:
+        self._sync()
+        self._state["log"].append(entry)
+        self._save()
+
     def move_node(self, slurm_node: str, host: str) -> None:
         """The Slurm node's slurmd now runs on ``host`` (StatefulSet-mode swap)."""
         self._sync()
@@ -454,6 +459,7 @@ class FakeWorkload(Faulty):
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
         self.slurm.move_node(slurm_node, spare)
+        self.slurm.append_log(["move", slurm_node, spare, incident])
         self.moves[incident] += 1
         return HookResult(StepOutcome.DONE)
 
@@ -503,7 +509,10 @@ class FakeCheckpoint(Faulty):
     async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
                          signal: str) -> HookResult:
         self._enter("checkpoint", incident)
-        if incident not in self.signalled:
+        self.slurm._sync()
+        done = {i for i, _ in self.slurm._state["signals"]}
+        if incident not in self.signalled and not {j.id for j in await self.slurm.jobs_on(
+                slurm_node)} <= done:
             await self.slurm.signal_jobs(slurm_node, signal)
             self.signalled.add(incident)
         if await self.slurm.jobs_on(slurm_node):
@@ -523,6 +532,34 @@ class FakeRepair(Faulty):
         return HookResult(StepOutcome.DONE)
 
 
+class FileSignals:
+    """A TelemetrySource reading JSON lines (``{"node": ..., <Signal.to_dict()>}``) appended to
+    a file: the test's fake telemetry, surviving a daemon restart."""
+
+    name = "file"
+
+    def __init__(self, path: Path, poll: float = 0.2) -> None:
+        self.path = path
+        self.poll = poll
+
+    def _read(self, offset: int) -> tuple[list[str], int]:
+        if not self.path.exists():
+            return [], offset
+        with open(self.path) as f:
+            f.seek(offset)
+            return f.readlines(), f.tell()
+
+    async def run(self, sink: Any) -> None:
+        offset = 0
+        while True:
+            lines, offset = await asyncio.to_thread(self._read, offset)
+            sigs = [Signal.from_dict(d["node"], d) for d in map(json.loads, lines)
+                    if d.get("node")]
+            if sigs:
+                await sink(sigs)
+            await asyncio.sleep(self.poll)
+
+
 def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = None,
                slurm_path: Path | None = None) -> dict[str, Any]:
     """Every fake, wired together (keys match healer.runtime.executor.Ports fields)."""
@@ -537,4 +574,4 @@ def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = No
 
 __all__ = ["FakeCheckpoint", "FakeEvents", "FakeNodes", "FakeRepair", "FakeSlurm", "FakeSpares",
            "FakeStore", "FakeTopology", "FakeValidator", "FakeWorkload", "Faulty",
-           "ManualClock", "fake_ports", "settle"]
+           "FileSignals", "ManualClock", "fake_ports", "settle"]

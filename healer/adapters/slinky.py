@@ -28,7 +28,8 @@ from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.nodes import KubeNodes
-from healer.errors import ConflictError, NotFoundError, PermanentError, TransientError
+from healer.adapters.kube.pods import Evicted, evict
+from healer.errors import NotFoundError, PermanentError, TransientError
 from healer.ports import (
     SLURM_REASON_PREFIX,
     HookResult,
@@ -244,20 +245,10 @@ class SlinkyWorkload:
                                                    f"{'busy' if st.busy else 'not drained'}: "
                                                    "its slurmd pod stays where it is")
         meta = pod["metadata"]
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": meta["name"], "namespace": self.namespace},
-                "deleteOptions": {"preconditions": {"uid": meta["uid"]}}}
-        try:
-            await call(f"evict pod {meta['name']}", lambda:
-                       self.core.create_namespaced_pod_eviction(
-                           meta["name"], self.namespace, body), attempts=1)  # type: ignore[arg-type]
-        except TransientError as e:
-            if "429" in str(e):
-                return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the "
-                                                       "eviction for now")
-            raise
-        except (NotFoundError, ConflictError):
-            pass  # already gone or replaced
+        outcome = await evict(self.api, self.namespace, meta["name"], meta.get("uid"))
+        if outcome == Evicted.BLOCKED:
+            return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the eviction "
+                                                   "for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
                                                f"{spare}")
 

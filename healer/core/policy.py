@@ -122,8 +122,14 @@ class MetricRule:
 
     @property
     def key(self) -> str:
-        """The signal key a telemetry source uses for this rule's samples."""
-        return f"rule:{self.name}" if self.promql else self.field
+        """The signal key a telemetry source uses for this rule's samples: the field for a
+        plain gauge, ``increase(FIELD[600s])``-style for an aggregation (so two rules on one
+        field with different windows never mix their samples), ``rule:NAME`` for PromQL."""
+        if self.promql:
+            return f"rule:{self.name}"
+        if self.aggregation is Aggregation.VALUE:
+            return self.field
+        return f"{self.aggregation.value}({self.field}[{self.window:g}s])"
 
 
 @dataclass(frozen=True, slots=True)

@@ -160,6 +160,8 @@ class Controller:
         touched: set[str] = set()
         for sig in signals:
             hist = self.signals[sig.node]
+            if sig.kind is SignalKind.XID and sig in hist[-256:]:
+                continue  # the same occurrence re-reported (a source's restart, re-seeding)
             hist.append(sig)
             if sig.kind is not SignalKind.FRESH or self.last_state.get(sig.node) in (
                     None, HealthState.STALE):

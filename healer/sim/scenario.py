@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
-from healer.core.policy import Mode, PolicySet
+from healer.core.policy import MetricRule, Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
@@ -213,10 +213,12 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
                                          float(f.xid), t0 + k * f.every, gpu))
         if f.metric is not None and f.value is not None:
             end = start + (f.until if f.until is not None else sc.until)
+            keys = _metric_keys(replay.policies, f.metric)
             t = t0
             while t <= end:
-                replay.add_signal(Signal(f.node, "dcgm", SignalKind.METRIC, f.metric, f.value, t,
-                                         gpu))
+                for key in keys:
+                    replay.add_signal(Signal(f.node, "dcgm", SignalKind.METRIC, key, f.value, t,
+                                             gpu))
                 t += sc.scrape_interval
         if f.condition is not None:
             c = f.condition
@@ -231,6 +233,14 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
                 replay.process(Trigger(TriggerKind.ADMIN_UNCORDON, node, now))
             replay.add_callback(t0, admin_uncordon)
     _schedule_repairs(replay, world)  # repair results come from the world once a node is marked
+
+
+def _metric_keys(policies: PolicySet, field: str) -> list[str]:
+    """The signal keys the rules on ``field`` read (a scripted value stands for the rule's
+    aggregation, as PromQL would return it)."""
+    keys = {r.key for p in policies.policies for r in p.rules
+            if isinstance(r, MetricRule) and r.field == field and not r.promql}
+    return sorted(keys) or [field]
 
 
 def _repeat_condition(replay: Replay, f: FaultSpec, t0: float, end: float, every: float) -> None:

@@ -73,8 +73,7 @@ CASES = [
      H.SUSPECT, (), 200),
     ("metric-old-sample-untrusted", (HOT,), [metric("DCGM_FI_DEV_GPU_TEMP", 99, T0)], 400,
      H.HEALTHY, (), None),
-    ("metric-per-gpu", (DBE,), [metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0, T0, G0),
-                                metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 2, T0, G1)], 1,
+    ("metric-per-gpu", (DBE,), [metric(DBE.key, 0, T0, G0), metric(DBE.key, 2, T0, G1)], 1,
      H.FAILED, ("dbe",), 299),
     ("condition-held", (GPU_HEALTHY,), [cond("GPUHealthy", "False", T0, T0 + 40, "XidFatal")],
      40, H.FAILED, ("agent",), None),
@@ -98,8 +97,7 @@ CASES = [
      [metric("DCGM_FI_DEV_GPU_TEMP", 99, T0)], 200, H.STALE, (), None),
     ("fatal-xid-beats-stale", (XID_FATAL, STALE), [xid(79, T0)], 200, H.FAILED, ("fatal",),
      3400),
-    ("failed-beats-degrading", (XID_FATAL, DBE), [xid(79, T0),
-                                                  metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1, T0)],
+    ("failed-beats-degrading", (XID_FATAL, DBE), [xid(79, T0), metric(DBE.key, 1, T0)],
      1, H.FAILED, ("fatal", "dbe"), 299),
 ]
 
@@ -118,8 +116,7 @@ def test_evaluate(rules: tuple[cp.Rule, ...], signals: list[Signal], dt: float,
 
 
 def test_gpu_entities_are_reported() -> None:
-    v = evaluate("n1", [metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 3, T0, G1),
-                        metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 0, T0, G0)],
+    v = evaluate("n1", [metric(DBE.key, 3, T0, G1), metric(DBE.key, 0, T0, G0)],
                  policy(rules=(DBE,)), T0 + 1)
     assert v.gpus == (G1,)
     assert "GPU 1" in v.summary()
@@ -135,8 +132,18 @@ def test_signals_of_other_nodes_and_the_future_are_ignored() -> None:
 def test_worst_policy_wins_and_names_itself() -> None:
     fatal = policy("fatal", rules=(XID_FATAL,))
     hot = policy("hot", rules=(DBE,))
-    sigs = [metric("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", 1, T0)]
+    sigs = [metric(DBE.key, 1, T0)]
     v = evaluate_node("n1", sigs, [fatal, hot], T0 + 1)
     assert v.state is H.FAILED
     assert v.policy == "hot"
     assert evaluate_node("n1", [], [], T0).state is H.HEALTHY
+
+
+def test_metric_keys_keep_aggregations_apart() -> None:
+    a = cp.MetricRule("a", Severity.FAILED, "F", cp.Op.GT, 0)
+    b = cp.MetricRule("b", Severity.FAILED, "F", cp.Op.GT, 0, aggregation=cp.Aggregation.INCREASE,
+                      window=600)
+    c = cp.MetricRule("c", Severity.FAILED, "F", cp.Op.GT, 0, aggregation=cp.Aggregation.INCREASE,
+                      window=60)
+    assert len({a.key, b.key, c.key}) == 3
+    assert b.key == "increase(F[600s])"

@@ -131,11 +131,11 @@ def test_plan_from_the_default_policies_is_one_query_per_rule() -> None:
         assert "Hostname=" not in q.expr
         assert "hostname=" not in q.expr
     keys = {q.key for q in plan.metrics}
-    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in keys
+    assert "increase(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL[600s])" in keys
     assert "DCGM_FI_DEV_GPU_TEMP" in keys
 
 
-def test_plan_deduplicates_identical_rules_and_reports_key_conflicts() -> None:
+def test_plan_deduplicates_identical_rules_and_keeps_aggregations_apart() -> None:
     a = rule(agg=Aggregation.INCREASE, name="a")
     b = rule(agg=Aggregation.INCREASE, name="b")
     c = rule(agg=Aggregation.VALUE, name="c")
@@ -143,10 +143,14 @@ def test_plan_deduplicates_identical_rules_and_reports_key_conflicts() -> None:
     plan = plan_queries(policies(a, b, p), by=BY)
     assert len(plan.metrics) == 2
     assert plan.metrics[0].rules == ("p/a", "p/b")
-    assert {q.key for q in plan.metrics} == {"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", promql.key}
+    assert {q.key for q in plan.metrics} == {a.key, promql.key}
     assert not plan.xid
     assert plan.queries_per_poll == 3
-    assert plan_queries(policies(a, c), by=BY).conflicts == ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",)
+    # the key carries the aggregation and window, so a gauge rule and an increase rule on the
+    # same field never mix their samples
+    both = plan_queries(policies(a, c), by=BY)
+    assert not both.conflicts
+    assert {q.key for q in both.metrics} == {a.key, c.key}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ async def call(what: str, fn: Callable[[], Awaitable[T]], *, attempts: int = 4,
 
     async for attempt in AsyncRetrying(
         stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(initial=0.2, max=5.0),
+        wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
         retry=retry_if_exception(retryable),
         reraise=True,
     ):

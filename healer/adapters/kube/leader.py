@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -56,7 +57,9 @@ class Leadership:
         duration, deadline, retry = self.durations
         while True:
             lock = LeaseLock(self.name, self.namespace, self.identity, self.api)
-            cfg = electionconfig.Config(lock, lease_duration=duration, renew_deadline=deadline,
+            # the library stores the duration as an integer string in the Lease
+            cfg = electionconfig.Config(lock, lease_duration=math.ceil(duration),
+                                        renew_deadline=deadline,
                                         retry_period=retry, onstarted_leading=self._started,
                                         onstopped_leading=self._stopped)
             try:

@@ -17,7 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.kube.client import call, to_dict, translate
 from healer.core.model import NodeCondition, NodeView, Taint
-from healer.errors import HealerError, TransientError
+from healer.errors import TransientError
 from healer.ports import NodeEvent
 
 # provenance keys on Nodes (healer only undoes what carries its own incident id)
@@ -95,21 +95,25 @@ class KubeNodes:
         items, _ = await self.list_raw(selector)
         return [node_view(i) for i in items]
 
-    async def watch(self) -> AsyncIterator[NodeEvent]:
+    async def watch(self, resource_version: str = "") -> AsyncIterator[NodeEvent]:
         """List, then watch from the list's resourceVersion; forever.
 
         A ``SYNCED`` event carrying no node follows every (re-)list: the consumer reconciles
         its cache against the list that precedes it. 410 Gone (the resourceVersion was
         compacted away) means re-list; connection loss means watch again from the last
-        resourceVersion seen (bookmarks keep it fresh).
+        resourceVersion seen (bookmarks keep it fresh). Given ``resource_version``, the first
+        list is skipped and the watch resumes from there.
         """
-        rv = ""
+        rv = resource_version
         backoff = 0.2
         while True:
             if not rv:
                 try:
                     items, rv = await self.list_raw()
-                except HealerError:
+                except Exception as e:  # keep the watch alive through any transient trouble
+                    err = translate(e, "list nodes")
+                    if not isinstance(err, TransientError):
+                        raise err from e
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue

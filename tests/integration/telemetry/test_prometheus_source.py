@@ -35,6 +35,7 @@ from healer.errors import (
     PermanentError,
     TransientError,
 )
+from healer.policy.load import load_policy_set
 from healer.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
 from tests.integration.telemetry.conftest import (
     EMPTY_RESULT,
@@ -53,6 +54,7 @@ from tests.integration.telemetry.conftest import (
 )
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[3]
 
 LATENCIES: dict[str, float] = {}
 
@@ -77,6 +79,16 @@ class Case:
     fast_state: HealthState | None = None  # with every for:/window shortened
 
 
+def _key(rule: str) -> str:
+    """The signal key of one of the default policies' metric rules."""
+    ps = load_policy_set([ROOT / "policies" / "default.yaml"])
+    for p in ps.policies:
+        r = p.rule(rule)
+        if isinstance(r, MetricRule):
+            return r.key
+    raise KeyError(rule)
+
+
 CASES = [
     Case("xid-burst", "n-xid", 1,
          lambda n, g: Fault(FaultKind.XID, n, g, code=79, count=3),
@@ -84,11 +96,12 @@ CASES = [
          HealthState.FAILED, "fatal-xid"),
     Case("ecc-dbe-growth", "n-dbe", 0,
          lambda n, g: Fault(FaultKind.ECC_DBE, n, g, count=2),
-         SignalKind.METRIC, M.ECC_DBE_VOL, lambda v: v > 0, M.ECC_DBE_VOL, lambda v: v > 0,
+         SignalKind.METRIC, _key("ecc-dbe"), lambda v: v > 0, M.ECC_DBE_VOL, lambda v: v > 0,
          HealthState.FAILED, "ecc-dbe"),
     Case("ecc-sbe-storm", "n-sbe", 1,
          lambda n, g: Fault(FaultKind.ECC_SBE, n, g, count=5000, rate=50),
-         SignalKind.METRIC, M.ECC_SBE_VOL, lambda v: v > 1000, M.ECC_SBE_VOL, lambda v: v > 0,
+         SignalKind.METRIC, _key("ecc-sbe-storm"), lambda v: v > 1000, M.ECC_SBE_VOL,
+         lambda v: v > 0,
          HealthState.DEGRADING, "ecc-sbe-storm"),
     Case("row-remap-pending", "n-rrp", 0,
          lambda n, g: Fault(FaultKind.ROW_REMAP_PENDING, n, g),
@@ -100,11 +113,11 @@ CASES = [
          lambda v: v == 1, HealthState.FAILED, "row-remap-failure"),
     Case("nvlink-crc-growth", "n-nvl", 0,
          lambda n, g: Fault(FaultKind.NVLINK_CRC, n, g, count=500, rate=20),
-         SignalKind.METRIC, M.NVLINK_CRC_FLIT, lambda v: v > 100, M.NVLINK_CRC_FLIT,
+         SignalKind.METRIC, _key("nvlink-crc-errors"), lambda v: v > 100, M.NVLINK_CRC_FLIT,
          lambda v: v > 0, HealthState.DEGRADING, "nvlink-crc-errors"),
     Case("pcie-replay", "n-pcie", 1,
          lambda n, g: Fault(FaultKind.PCIE_REPLAY, n, g, count=500),
-         SignalKind.METRIC, M.PCIE_REPLAY, lambda v: v > 100, M.PCIE_REPLAY, lambda v: v > 0,
+         SignalKind.METRIC, _key("pcie-replays"), lambda v: v > 100, M.PCIE_REPLAY, lambda v: v > 0,
          HealthState.DEGRADING, "pcie-replays"),
     Case("thermal-throttling", "n-hot", 0,
          lambda n, g: Fault(FaultKind.THERMAL, n, g, value=95, rate=6e8),
@@ -364,7 +377,7 @@ async def test_history_backtest(fleet: ThreadedDcgmFleet, prom: LocalPrometheus,
     xids = [s for s in mine if s.kind is SignalKind.XID]
     assert [(s.value, s.gpu) for s in xids] == [(48.0, ref)]
     assert start - 0.001 <= xids[0].observed_at <= end
-    dbe = [s for s in mine if s.key == M.ECC_DBE_VOL and s.gpu == ref and s.value > 0]
+    dbe = [s for s in mine if s.key == _key("ecc-dbe") and s.gpu == ref and s.value > 0]
     assert dbe
     assert any(s.kind is SignalKind.FRESH for s in mine)
     assert not any(s.kind is SignalKind.STALE for s in mine)

@@ -1,0 +1,1109 @@
+"""A real Kubernetes control plane on loopback, for the integration tests and the demo.
+
+:class:`KubeStack` runs etcd and kube-apiserver (RBAC, client-certificate users, service-account
+tokens), and optionally kube-controller-manager, kube-scheduler and kwok (fake kubelets), all
+built from the Go module proxy by ``hack/build-k8s.sh`` (see :mod:`healer.devstack.binaries`).
+Nothing listens on anything but 127.0.0.1; ports are picked by binding port 0 and retried when
+another process wins the race. Every child runs in its own session (so a process group can be
+killed as a whole) and logs to ``<workdir>/logs/<component>.log``.
+
+Readiness is always an observable condition polled against a deadline, never a sleep:
+
+* etcd: ``GET /health`` says ``"health":"true"``;
+* kube-apiserver: ``GET /readyz`` with the admin client certificate (mTLS) is ``ok``, then the
+  ``default`` Namespace is readable;
+* kube-controller-manager: the ``default`` ServiceAccount exists in ``default`` and
+  ``kube-system`` and the ``kube-root-ca.crt`` ConfigMap was published;
+* kwok: a probe Node annotated ``kwok.x-k8s.io/node=fake`` turns Ready;
+* kube-scheduler: a probe Pod gets bound to that node and, through kwok, Running (without kwok:
+  the scheduler marks an unschedulable probe Pod ``PodScheduled=False``).
+
+The probe objects are deleted again, so tests start from an empty fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from healer.devstack import binaries as bins
+from healer.devstack.certs import PKI, CertificateAuthority, KeyPair, write_kubeconfig
+from healer.errors import ConfigError
+
+T = TypeVar("T")
+
+LOOPBACK = "127.0.0.1"
+STATE_FILE = "state.json"
+STATE_VERSION = 1
+
+#: the annotation kwok selects its nodes by (``--manage-nodes-with-annotation-selector``)
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+SERVICE_CIDR = "10.96.0.0/24"
+POD_CIDR = "10.244.0.0/16"
+KWOK_NODE_IP = "10.240.0.1"
+
+ETCD = "etcd"
+APISERVER = "kube-apiserver"
+CONTROLLER_MANAGER = "kube-controller-manager"
+SCHEDULER = "kube-scheduler"
+KWOK = "kwok"
+#: start order
+COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, SCHEDULER, KWOK)
+#: stop order: each tier gets SIGTERM together and is gone before the next one
+_STOP_TIERS = ((KWOK, SCHEDULER, CONTROLLER_MANAGER), (APISERVER,), (ETCD,))
+
+_PORT_TRIES = 4
+_POLL = 0.1
+_LOG_TAIL = 20
+_ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re.IGNORECASE)
+
+
+#: kwok v0.8.0 has no built-in behaviour: with no Stage in its configuration it exits with
+#: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
+#: a managed Node becomes Ready once (conditions are not rewritten afterwards, so a test may
+#: add its own), a Pod bound to a managed Node runs and is Ready, a Job's Pod succeeds, a Pod
+#: being deleted goes away. Node liveness comes from the Leases kwok renews.
+KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: healer-node-up
+spec:
+  resourceRef: {apiGroup: v1, kind: Node}
+  selector:
+    matchExpressions:
+    - {key: '.status.phase', operator: NotIn, values: [Running]}
+  next:
+    statusTemplate: |
+      {{ $t := Now | Quote }}
+      phase: Running
+      conditions:
+      - {type: Ready, status: "True", reason: FakeKubelet, message: "kwok keeps this node alive",
+         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
+      - {type: MemoryPressure, status: "False", reason: FakeKubelet, message: "",
+         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
+      - {type: DiskPressure, status: "False", reason: FakeKubelet, message: "",
+         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
+      - {type: PIDPressure, status: "False", reason: FakeKubelet, message: "",
+         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
+      addresses:
+      - {type: InternalIP, address: {{ NodeIP | Quote }}}
+      - {type: Hostname, address: {{ .metadata.name | Quote }}}
+      nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: fake,
+                 containerRuntimeVersion: fake, kernelVersion: fake, osImage: fake,
+                 kubeProxyVersion: fake, machineID: "", systemUUID: "", bootID: ""}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: healer-pod-running
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+  next:
+    statusTemplate: |
+      {{ $t := Now | Quote }}
+      phase: Running
+      startTime: {{ $t }}
+      conditions:
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $t }}}
+      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $t }}}
+      - {type: Ready, status: "True", lastTransitionTime: {{ $t }}}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, restartCount: 0,
+         started: true, state: {running: {startedAt: {{ $t }}}}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: healer-job-pod-succeeds
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Running]}
+    - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
+  next:
+    statusTemplate: |
+      {{ $t := Now | Quote }}
+      phase: Succeeded
+      containerStatuses:
+      {{ range .spec.containers }}
+      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
+         started: false, state: {terminated: {exitCode: 0, reason: Completed,
+                                              startedAt: {{ $t }}, finishedAt: {{ $t }}}}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: healer-pod-gone
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: Exists}
+  next:
+    delete: true
+"""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def log_tail(path: Path, lines: int = _LOG_TAIL) -> str:
+    """The last ``lines`` lines of a log file ("" when it does not exist)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def fake_node(
+    name: str,
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    taints: Sequence[Mapping[str, str]] = (),
+    capacity: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The body of a Node that kwok will manage (keep Ready, run Pods bound to it)."""
+    cap = {"cpu": "32", "memory": "256Gi", "pods": "110", **(capacity or {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1], **(annotations or {})},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **(labels or {}),
+            },
+        },
+        "spec": {"taints": [dict(t) for t in taints]},
+        "status": {"capacity": cap, "allocatable": dict(cap)},
+    }
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def process_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) of a process, from /proc; None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def process_alive(pid: int, start_time: int | None) -> bool:
+    """True while ``pid`` runs and is still the process we started (not a reused pid)."""
+    st = process_stat(pid)
+    if st is None:
+        if not Path("/proc/self/stat").exists():  # no procfs: fall back to kill(0)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        return False
+    state, started = st
+    if state in ("Z", "X"):
+        return False
+    return start_time is None or started == start_time
+
+
+@dataclass
+class _Proc:
+    """One child process: how to start it, where it logs, and (once started) who it is."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    pid: int | None = None
+    start_time: int | None = None
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
+    log_offset: int = field(default=0, compare=False)
+
+    def spawn(self, cwd: Path, env: Mapping[str, str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.log_offset = out.tell()
+            out.write(f"---- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {self.name}\n".encode())
+            out.flush()
+            try:
+                self.popen = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=dict(env),
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise ConfigError(f"cannot start {self.name} ({self.argv[0]}): {e}") from e
+        self.pid = self.popen.pid
+        st = process_stat(self.pid)
+        self.start_time = st[1] if st else None
+
+    def output_since_spawn(self) -> str:
+        """What this run of the process logged (the log file is appended to across runs)."""
+        try:
+            with self.log.open("rb") as f:
+                f.seek(self.log_offset)
+                return f.read(1 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def running(self) -> bool:
+        if self.pid is None:
+            return False
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return process_alive(self.pid, self.start_time)
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll() if self.popen is not None else None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group (the child is its session leader)."""
+        if self.pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def wait(self, deadline: float) -> bool:
+        """Wait until the process is gone or ``deadline`` (monotonic) passes; True when gone."""
+        if self.pid is None:
+            return True
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        while process_alive(self.pid, self.start_time):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def forget(self) -> None:
+        self.pid = None
+        self.start_time = None
+        self.popen = None
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "argv": self.argv,
+            "log": str(self.log),
+        }
+
+    @classmethod
+    def from_state(cls, name: str, d: Mapping[str, Any]) -> _Proc:
+        return cls(
+            name=name,
+            argv=[str(a) for a in d["argv"]],
+            log=Path(d["log"]),
+            pid=d.get("pid"),
+            start_time=d.get("start_time"),
+        )
+
+
+def _stop_all(procs: Sequence[_Proc], timeout: float) -> list[str]:
+    """SIGTERM every process group, wait (shared deadline), SIGKILL what is left.
+
+    Returns the names that needed SIGKILL.
+    """
+    live = [p for p in procs if p.running()]
+    for p in live:
+        p.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    killed = []
+    for p in live:
+        if not p.wait(deadline):
+            killed.append(p.name)
+            p.signal(signal.SIGKILL)
+            p.wait(time.monotonic() + 10)
+        # stragglers the leader may have left in its group
+        p.signal(signal.SIGKILL)
+    for p in procs:
+        p.forget()
+    return killed
+
+
+# --------------------------------------------------------------------------- REST
+
+
+class _Rest:
+    """A tiny synchronous client for readiness probes (the stack must not need an event loop)."""
+
+    def __init__(self, port: int, ca: Path, cert: Path, key: Path) -> None:
+        self.port = port
+        self.ctx = ssl.create_default_context(cafile=str(ca))
+        self.ctx.load_cert_chain(str(cert), str(key))
+
+    def request(
+        self, method: str, path: str, body: Any = None, timeout: float = 10.0
+    ) -> tuple[int, Any]:
+        conn = http.client.HTTPSConnection(LOOPBACK, self.port, context=self.ctx, timeout=timeout)
+        try:
+            headers = {"Accept": "application/json"}
+            data = None
+            if body is not None:
+                data = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+        finally:
+            conn.close()
+        try:
+            parsed: Any = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        return resp.status, parsed
+
+
+# --------------------------------------------------------------------------- the stack
+
+
+class KubeStack:
+    """etcd + kube-apiserver (+ controller manager, scheduler, kwok) on 127.0.0.1.
+
+    ``with KubeStack(tmpdir) as stack: ...`` starts and stops it; or call :meth:`start` and
+    :meth:`stop`. :meth:`write_state` and :meth:`from_state` let another process stop a stack
+    that was started detached (``healer devstack up`` / ``down``).
+
+    * ``workdir``: certificates, etcd data, logs, kubeconfigs (default: a new temp dir; kept
+      after :meth:`stop` unless ``stop(remove=True)``). Starting again in the same workdir
+      keeps etcd's data.
+    * ``controllers``: run kube-controller-manager (namespaces finish deleting, default
+      ServiceAccounts, Deployments/Jobs make Pods, garbage collection). With it the
+      ServiceAccount admission plugin stays on; without it, it is disabled (nothing would
+      create the ``default`` SA and no Pod could be admitted).
+    * ``scheduler``: run kube-scheduler (default: the same as ``controllers``).
+    * ``kwok``: fake kubelets for Nodes made with :func:`fake_node`.
+    * ``start_timeout``: seconds each component may take to become ready;
+      ``stop_timeout``: seconds between SIGTERM and SIGKILL.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | str | None = None,
+        *,
+        controllers: bool = True,
+        scheduler: bool | None = None,
+        kwok: bool = True,
+        start_timeout: float = 60.0,
+        stop_timeout: float = 20.0,
+        binaries: bins.Binaries | None = None,
+    ) -> None:
+        self._workdir = (
+            Path(workdir).resolve()
+            if workdir is not None
+            else Path(tempfile.mkdtemp(prefix="healer-kube-"))
+        )
+        self.controllers = controllers
+        self.scheduler = controllers if scheduler is None else scheduler
+        self.kwok = kwok
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self._binaries = binaries
+        self._pki = PKI(self._workdir / "pki")
+        self._procs: dict[str, _Proc] = {}
+        self.ports: dict[str, int] = {}
+        self.timings: dict[str, float] = {}
+        self._rest: _Rest | None = None
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def workdir(self) -> Path:
+        return self._workdir
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (user ``admin``, group ``system:masters``)."""
+        return self._workdir / "admin.kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://{LOOPBACK}:{self._port(APISERVER)}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA that signed kube-apiserver's serving certificate."""
+        return self._pki.serving_ca_crt
+
+    @property
+    def etcd_url(self) -> str:
+        return f"http://{LOOPBACK}:{self._port(ETCD)}"
+
+    @property
+    def binaries(self) -> bins.Binaries:
+        if self._binaries is None:
+            self._binaries = bins.ensure()
+        return self._binaries
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Pid of every component that was started (and not stopped since)."""
+        return {n: p.pid for n, p in self._procs.items() if p.pid is not None}
+
+    def logs(self, component: str) -> Path:
+        return self._workdir / "logs" / f"{component}.log"
+
+    def running(self) -> dict[str, bool]:
+        return {n: p.running() for n, p in self._procs.items() if p.pid is not None}
+
+    def _port(self, name: str) -> int:
+        try:
+            return self.ports[name]
+        except KeyError:
+            raise ConfigError(f"{name} has no port yet: the stack was not started") from None
+
+    # ---------------------------------------------------------------- environment
+
+    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for subprocesses: KUBECONFIG and PATH (built binaries first)."""
+        env = dict(os.environ if base is None else base)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        dirs = [str(d) for d in self.binaries.dirs()]
+        env["PATH"] = os.pathsep.join([*dirs, env.get("PATH", os.defpath)])
+        return env
+
+    def user_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
+        """A kubeconfig for a client-certificate user (CN=user, O=groups), for RBAC tests."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", user)
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", "+".join(groups)) if groups else ""
+        path = self._workdir / "users" / (f"{safe}--{tag}" if tag else safe)
+        path = path.with_name(path.name + ".kubeconfig")
+        return self._pki.user_kubeconfig(path, server=self.server, user=user, groups=groups)
+
+    # ---------------------------------------------------------------- REST
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One admin (mTLS) request to kube-apiserver: ``(status, parsed JSON body)``.
+
+        Meant for probes and test set-up; real code uses kubernetes_asyncio.
+        """
+        if self._rest is None:
+            self._rest = _Rest(
+                self._port(APISERVER),
+                self._pki.serving_ca_crt,
+                self._pki.dir / "admin.crt",
+                self._pki.dir / "admin.key",
+            )
+        return self._rest.request(method, path, body)
+
+    def _get_ok(self, path: str) -> bool:
+        try:
+            status, _ = self.request("GET", path)
+        except (OSError, http.client.HTTPException):
+            return False
+        return status == 200
+
+    # ---------------------------------------------------------------- waiting
+
+    def _wait(
+        self,
+        component: str,
+        what: str,
+        check: Callable[[], T | None],
+        timeout: float | None = None,
+    ) -> T:
+        """Poll ``check`` until it returns non-None; ConfigError naming ``component`` if not."""
+        limit = self.start_timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        last_error = ""
+        while True:
+            # A dead process can never pass the check: look first (a probe of a port some other
+            # program holds could otherwise hang until its timeout), and look at every
+            # component, so the one that died is named, not the one being waited for.
+            for name, proc in self._procs.items():
+                if proc.pid is not None and not proc.running():
+                    code = proc.exit_code()
+                    raise ConfigError(
+                        f"{name} exited{'' if code is None else f' with code {code}'} "
+                        f"while waiting for {component}: {what}; "
+                        f"last lines of {proc.log}:\n{log_tail(proc.log)}"
+                    )
+            try:
+                result = check()
+            except (OSError, http.client.HTTPException) as e:
+                result, last_error = None, f" (last error: {e})"
+            if result is not None:
+                return result
+            if time.monotonic() >= deadline:
+                log = self.logs(component)
+                raise ConfigError(
+                    f"{component}: timed out after {limit:.0f}s waiting for "
+                    f"{what}{last_error}; last lines of {log}:\n{log_tail(log)}"
+                )
+            time.sleep(_POLL)
+
+    # ---------------------------------------------------------------- start
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Self:
+        """Start every component and wait until each one is observably working."""
+        if any(p.running() for p in self._procs.values()):
+            raise ConfigError(f"the stack in {self._workdir} is already running")
+        t0 = time.monotonic()
+        b = self.binaries
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        (self._workdir / "logs").mkdir(exist_ok=True)
+        if not self._pki.exists():
+            self._pki.generate()
+            admin = self._pki.client_ca().issue_client("admin", ["system:masters"])
+            admin.write(self._pki.dir / "admin.crt", self._pki.dir / "admin.key")
+        try:
+            self._start_etcd(b)
+            self._start_apiserver_fresh(b)
+            if self.controllers:
+                self._start_controller_manager(b)
+            if self.scheduler:
+                self._start_scheduler(b)
+            if self.kwok:
+                self._start_kwok(b)
+            self._probe_workloads()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t0
+        return self
+
+    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+        proc = _Proc(name=name, argv=argv, log=self.logs(name))
+        self._procs[name] = proc
+        proc.spawn(self._workdir, self._child_env())
+        return proc
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("KUBECONFIG", None)
+        return env
+
+    def _with_port_retry(
+        self, name: str, attempt: Callable[[], None], cleanup: Callable[[], None] | None = None
+    ) -> None:
+        """Run ``attempt`` (start + wait) again with new ports when a port was taken.
+
+        Between free_port() and the child's bind another process may take the port; the child
+        then exits with "address already in use" and is started again on fresh ports.
+        """
+        for i in range(_PORT_TRIES):
+            try:
+                attempt()
+                return
+            except ConfigError:
+                proc = self._procs.get(name)
+                if proc is None or i == _PORT_TRIES - 1:
+                    raise
+                if not _ADDR_IN_USE.search(proc.output_since_spawn()):
+                    raise
+                _stop_all([proc], 5)
+                with proc.log.open("ab") as f:
+                    f.write(b"---- a port was taken; retrying with new ports\n")
+                if cleanup is not None:
+                    cleanup()
+
+    def _start_etcd(self, b: bins.Binaries) -> None:
+        data = self._workdir / "etcd"
+        fresh = not data.exists()
+
+        def attempt() -> None:
+            client, peer = free_port(), free_port()
+            while peer == client:
+                peer = free_port()
+            self.ports[ETCD] = client
+            self.ports["etcd-peer"] = peer
+            curl, purl = f"http://{LOOPBACK}:{client}", f"http://{LOOPBACK}:{peer}"
+            t = time.monotonic()
+            self._spawn(
+                ETCD,
+                [
+                    str(b.etcd),
+                    "--name=devstack",
+                    f"--data-dir={data}",
+                    f"--listen-client-urls={curl}",
+                    f"--advertise-client-urls={curl}",
+                    f"--listen-peer-urls={purl}",
+                    f"--initial-advertise-peer-urls={purl}",
+                    f"--initial-cluster=devstack={purl}",
+                    "--unsafe-no-fsync=true",
+                    "--quota-backend-bytes=268435456",
+                    "--log-level=warn",
+                ],
+            )
+            limit = min(30.0, self.start_timeout)
+            self._wait(ETCD, "GET /health", self._etcd_healthy, timeout=limit)
+            self.timings[ETCD] = time.monotonic() - t
+
+        def cleanup() -> None:
+            if fresh:  # a half-initialised member would remember the lost peer URL
+                shutil.rmtree(data, ignore_errors=True)
+
+        self._with_port_retry(ETCD, attempt, cleanup)
+
+    def _etcd_healthy(self) -> bool | None:
+        conn = http.client.HTTPConnection(LOOPBACK, self._port(ETCD), timeout=1)
+        try:
+            conn.request("GET", "/health")
+            resp = conn.getresponse()
+            body = resp.read()
+        finally:
+            conn.close()
+        if resp.status == 200 and json.loads(body).get("health") == "true":
+            return True
+        return None
+
+    def _apiserver_argv(self, b: bins.Binaries, port: int) -> list[str]:
+        p = self._pki
+        argv = [
+            str(b.kube_apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--tls-cert-file={p.apiserver_crt}",
+            f"--tls-private-key-file={p.apiserver_key}",
+            f"--client-ca-file={p.client_ca_crt}",
+            f"--service-account-issuer=https://{LOOPBACK}:{port}",
+            f"--service-account-key-file={p.sa_pub}",
+            f"--service-account-signing-key-file={p.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            # The lease reconciler would publish 127.0.0.1 in Endpoints/kubernetes, which
+            # validation rejects ("may not be in the loopback range") and logs as an error.
+            "--endpoint-reconciler-type=none",
+            # Without it SIGTERM waits for open watches up to --request-timeout (60 s); with it
+            # the HTTP server gets 2 s, new requests a 429 + Retry-After meanwhile.
+            "--shutdown-send-retry-after=true",
+            "--profiling=false",
+            "--v=0",
+        ]
+        if not self.controllers:
+            # Nothing creates the `default` ServiceAccount, so Pods could never be admitted.
+            argv.append("--disable-admission-plugins=ServiceAccount")
+        return argv
+
+    def _start_apiserver_fresh(self, b: bins.Binaries) -> None:
+        def attempt() -> None:
+            port = free_port()
+            self.ports[APISERVER] = port
+            self._rest = None
+            self._write_admin_kubeconfig()
+            self._launch_apiserver(self._apiserver_argv(b, port))
+
+        self._with_port_retry(APISERVER, attempt)
+
+    def _launch_apiserver(self, argv: list[str]) -> None:
+        t = time.monotonic()
+        self._spawn(APISERVER, argv)
+        self._wait(APISERVER, "GET /readyz (mTLS) = ok", lambda: self._get_ok("/readyz") or None)
+        self._wait(
+            APISERVER,
+            "Namespace default readable",
+            lambda: self._get_ok("/api/v1/namespaces/default") or None,
+        )
+        self.timings[APISERVER] = time.monotonic() - t
+
+    def _write_admin_kubeconfig(self) -> None:
+        admin = KeyPair(
+            (self._pki.dir / "admin.crt").read_bytes(), (self._pki.dir / "admin.key").read_bytes()
+        )
+        write_kubeconfig(
+            self.kubeconfig,
+            server=self.server,
+            ca_pem=self._pki.serving_ca_crt.read_bytes(),
+            client=admin,
+            user="admin",
+        )
+
+    def _start_controller_manager(self, b: bins.Binaries) -> None:
+        t = time.monotonic()
+        p = self._pki
+        self._spawn(
+            CONTROLLER_MANAGER,
+            [
+                str(b.kube_controller_manager),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--bind-address={LOOPBACK}",
+                "--secure-port=0",
+                f"--service-account-private-key-file={p.sa_key}",
+                f"--root-ca-file={p.serving_ca_crt}",
+                f"--cluster-signing-cert-file={p.client_ca_crt}",
+                f"--cluster-signing-key-file={p.client_ca_key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--profiling=false",
+                "--v=0",
+            ],
+        )
+
+        self._wait_controller_manager(("default", "kube-system"))
+        self.timings[CONTROLLER_MANAGER] = time.monotonic() - t
+
+    def _wait_controller_manager(self, namespaces: Sequence[str]) -> None:
+        """Wait until the `default` SA and `kube-root-ca.crt` exist in every namespace given."""
+
+        def ready() -> bool | None:
+            for ns in namespaces:
+                for path in (
+                    f"/api/v1/namespaces/{ns}/serviceaccounts/default",
+                    f"/api/v1/namespaces/{ns}/configmaps/kube-root-ca.crt",
+                ):
+                    if not self._get_ok(path):
+                        return None
+            return True
+
+        self._wait(
+            CONTROLLER_MANAGER,
+            f"ServiceAccount default and ConfigMap kube-root-ca.crt in {', '.join(namespaces)}",
+            ready,
+        )
+
+    def _probe_controller_manager(self) -> None:
+        """Prove a (re)started controller manager works: a new namespace gets its SA."""
+        ns = f"devstack-probe-{secrets.token_hex(3)}"
+        self._create("/api/v1/namespaces", {"metadata": {"name": ns}})
+        try:
+            self._wait_controller_manager((ns,))
+        finally:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                self.request("DELETE", f"/api/v1/namespaces/{ns}")
+
+    def _start_scheduler(self, b: bins.Binaries) -> None:
+        self._spawn(
+            SCHEDULER,
+            [
+                str(b.kube_scheduler),
+                f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                f"--bind-address={LOOPBACK}",
+                "--secure-port=0",
+                "--profiling=false",
+                "--v=0",
+            ],
+        )
+
+    def _start_kwok(self, b: bins.Binaries) -> None:
+        config = self._workdir / "kwok.yaml"
+        # Stages only: a KwokConfiguration document in the file would be taken without its
+        # defaults (every *Parallelism 0: "node leases parallelism must be greater than 0").
+        config.write_text(KWOK_STAGES)
+        self._spawn(
+            KWOK,
+            [
+                str(b.kwok),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={config}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
+                f"--cidr={POD_CIDR}",
+                f"--node-ip={KWOK_NODE_IP}",
+                "--node-lease-duration-seconds=40",
+            ],
+        )
+
+    # ---------------------------------------------------------------- probes
+
+    def _probe_workloads(self) -> None:
+        """Prove kwok and the scheduler work, with throw-away objects deleted afterwards."""
+        if not (self.kwok or self.scheduler):
+            return
+        suffix = secrets.token_hex(3)
+        node = f"devstack-probe-{suffix}"
+        pod = f"devstack-probe-{suffix}"
+        ns = "kube-system" if self.controllers else "default"
+        pod_path = f"/api/v1/namespaces/{ns}/pods/{pod}"
+        try:
+            if self.kwok:
+                t = time.monotonic()
+                self._create("/api/v1/nodes", fake_node(node, labels={"healer.io/probe": "true"}))
+                self._wait(KWOK, f"probe Node {node} to turn Ready", lambda: self._node_ready(node))
+                self.timings[KWOK] = time.monotonic() - t
+            if self.scheduler:
+                t = time.monotonic()
+                selector = (
+                    {"kubernetes.io/hostname": node}
+                    if self.kwok
+                    else {"healer.io/devstack-probe": "nowhere"}
+                )
+                self._create(
+                    f"/api/v1/namespaces/{ns}/pods",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {"name": pod, "labels": {"healer.io/probe": "true"}},
+                        "spec": {
+                            "nodeSelector": selector,
+                            "tolerations": [{"operator": "Exists"}],
+                            "automountServiceAccountToken": False,
+                            "terminationGracePeriodSeconds": 0,
+                            "containers": [{"name": "probe", "image": "registry.k8s.io/pause"}],
+                        },
+                    },
+                )
+                if self.kwok:
+                    self._wait(
+                        SCHEDULER,
+                        f"probe Pod bound to {node} and Running",
+                        lambda: self._pod_running_on(pod_path, node),
+                    )
+                else:
+                    self._wait(
+                        SCHEDULER,
+                        "probe Pod marked PodScheduled=False (Unschedulable)",
+                        lambda: self._pod_unschedulable(pod_path),
+                    )
+                self.timings[SCHEDULER] = time.monotonic() - t
+        finally:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                if self.scheduler:
+                    self.request("DELETE", pod_path + "?gracePeriodSeconds=0")
+                if self.kwok:
+                    self.request("DELETE", f"/api/v1/nodes/{node}")
+
+    def _create(self, path: str, body: dict[str, Any]) -> None:
+        status, resp = self.request("POST", path, body)
+        if status not in (200, 201):
+            raise ConfigError(f"POST {path} failed with HTTP {status}: {resp}")
+
+    def _get(self, path: str) -> Any:
+        status, body = self.request("GET", path)
+        return body if status == 200 else None
+
+    def _node_ready(self, name: str) -> bool | None:
+        node = self._get(f"/api/v1/nodes/{name}")
+        for c in ((node or {}).get("status") or {}).get("conditions") or []:
+            if c.get("type") == "Ready" and c.get("status") == "True":
+                return True
+        return None
+
+    def _pod_running_on(self, path: str, node: str) -> bool | None:
+        pod = self._get(path) or {}
+        if pod.get("spec", {}).get("nodeName") != node:
+            return None
+        return True if pod.get("status", {}).get("phase") == "Running" else None
+
+    def _pod_unschedulable(self, path: str) -> bool | None:
+        for c in ((self._get(path) or {}).get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return True
+        return None
+
+    # ---------------------------------------------------------------- apiserver restarts
+
+    def kill_apiserver(self, *, hard: bool = False) -> None:
+        """Stop only kube-apiserver (SIGTERM, or SIGKILL with ``hard``); etcd keeps running."""
+        proc = self._procs.get(APISERVER)
+        if proc is None or proc.pid is None:
+            raise ConfigError("kube-apiserver is not running")
+        if hard:
+            proc.signal(signal.SIGKILL)
+            proc.wait(time.monotonic() + 10)
+            proc.forget()
+        else:
+            _stop_all([proc], self.stop_timeout)
+        self._rest = None
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again with the very same flags (same port, same etcd)."""
+        proc = self._procs.get(APISERVER)
+        if proc is None:
+            raise ConfigError("kube-apiserver was never started")
+        if proc.running():
+            raise ConfigError("kube-apiserver is already running")
+        self._rest = None
+        self._launch_apiserver(proc.argv)
+        if (self._workdir / STATE_FILE).exists():
+            self.write_state()
+
+    def restart_apiserver(self, *, restart_clients: bool = True) -> float:
+        """Stop kube-apiserver and start it on the same port and etcd; returns the seconds taken.
+
+        etcd keeps running, so every object survives; clients keep their kubeconfig, and their
+        connections and watches drop (a watch resumed from an old resourceVersion gets
+        410 Expired: the new watch cache starts at etcd's current revision).
+
+        With ``restart_clients`` (the default) kube-controller-manager, kube-scheduler and
+        kwok are stopped first and started again afterwards, and each is probed. Left alone,
+        their client-go reflectors back off exponentially (0.8 s doubling to 30-60 s, reset
+        only after 2 quiet minutes), so after a few restarts in a row the controllers stay
+        blind for up to a minute (measured: a new namespace got its ServiceAccount after 1 s,
+        10 s, then 59 s) and later tests would wait on them.
+        """
+        t = time.monotonic()
+        clients = [
+            self._procs[n]
+            for n in (KWOK, SCHEDULER, CONTROLLER_MANAGER)
+            if restart_clients and n in self._procs and self._procs[n].pid is not None
+        ]
+        _stop_all(clients, self.stop_timeout)
+        self.kill_apiserver()
+        self.start_apiserver()
+        if clients:
+            env = self._child_env()
+            for proc in reversed(clients):  # controller manager, scheduler, kwok
+                proc.spawn(self._workdir, env)
+            if self.controllers:
+                self._probe_controller_manager()
+            self._probe_workloads()
+            if (self._workdir / STATE_FILE).exists():
+                self.write_state()
+        took = time.monotonic() - t
+        self.timings["restart-apiserver"] = took
+        return took
+
+    # ---------------------------------------------------------------- stop
+
+    def stop(self, *, remove: bool = False) -> None:
+        """Stop every component (SIGTERM, deadline, SIGKILL of the process group).
+
+        With ``remove``, also delete the work directory.
+        """
+        t = time.monotonic()
+        # Clients first, then kube-apiserver while etcd is still there (without etcd its
+        # shutdown hooks wait ~10 s on storage timeouts), then etcd.
+        for tier in _STOP_TIERS:
+            _stop_all([self._procs[n] for n in tier if n in self._procs], self.stop_timeout)
+        self._rest = None
+        state = self._workdir / STATE_FILE
+        if state.exists():
+            state.unlink()
+        self.timings["stop"] = time.monotonic() - t
+        if remove:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    # ---------------------------------------------------------------- state
+
+    def write_state(self) -> Path:
+        """Record ports, pids and flags in ``<workdir>/state.json`` (for :meth:`from_state`)."""
+        b = self.binaries
+        doc = {
+            "version": STATE_VERSION,
+            "workdir": str(self._workdir),
+            "controllers": self.controllers,
+            "scheduler": self.scheduler,
+            "kwok": self.kwok,
+            "ports": self.ports,
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "binaries": {
+                k: (str(v) if v is not None else None)
+                for k, v in (
+                    ("etcd", b.etcd),
+                    ("kube_apiserver", b.kube_apiserver),
+                    ("kube_controller_manager", b.kube_controller_manager),
+                    ("kube_scheduler", b.kube_scheduler),
+                    ("kubectl", b.kubectl),
+                    ("kwok", b.kwok),
+                    ("helm", b.helm),
+                )
+            },
+            "processes": {n: p.to_state() for n, p in self._procs.items() if p.pid is not None},
+        }
+        path = self._workdir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_state(cls, workdir: Path | str) -> KubeStack:
+        """A handle on a stack another process started (and recorded with :meth:`write_state`)."""
+        wd = Path(workdir).resolve()
+        try:
+            doc = json.loads((wd / STATE_FILE).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no devstack recorded in {wd} ({STATE_FILE} is absent)") from None
+        except ValueError as e:
+            raise ConfigError(f"{wd / STATE_FILE} is not valid JSON: {e}") from e
+        if doc.get("version") != STATE_VERSION:
+            raise ConfigError(f"{wd / STATE_FILE}: unknown format version {doc.get('version')}")
+        bd = doc["binaries"]
+        binaries = bins.Binaries(
+            etcd=Path(bd["etcd"]),
+            kube_apiserver=Path(bd["kube_apiserver"]),
+            kube_controller_manager=Path(bd["kube_controller_manager"]),
+            kube_scheduler=Path(bd["kube_scheduler"]),
+            kubectl=Path(bd["kubectl"]),
+            kwok=Path(bd["kwok"]),
+            helm=Path(bd["helm"]) if bd.get("helm") else None,
+        )
+        stack = cls(
+            wd,
+            controllers=bool(doc["controllers"]),
+            scheduler=bool(doc["scheduler"]),
+            kwok=bool(doc["kwok"]),
+            binaries=binaries,
+        )
+        stack.ports = {str(k): int(v) for k, v in doc["ports"].items()}
+        for name, d in doc["processes"].items():
+            stack._procs[name] = _Proc.from_state(name, d)
+        return stack
+
+    # ---------------------------------------------------------------- misc
+
+    def describe(self) -> Iterator[str]:
+        """One line per component: pid, state, port, log."""
+        for name in COMPONENTS:
+            p = self._procs.get(name)
+            if p is None or p.pid is None:
+                continue
+            port = f" port {self.ports[name]}" if name in self.ports else ""
+            state = "running" if p.running() else "gone"
+            yield f"{name:24s} pid {p.pid:<7d} {state:8s}{port}  log {p.log}"
+
+    def client_ca(self) -> CertificateAuthority:
+        """The CA kube-apiserver trusts for client certificates."""
+        return self._pki.client_ca()

@@ -1,0 +1,214 @@
+"""A fleet of kwok nodes, policies and file-backed fakes for running the real daemon process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
+from healer.app import ensure_crd
+from healer.core.model import GpuRef, Signal, SignalKind
+from healer.devstack.kube import KubeStack, fake_node
+from healer.testing import FakeSlurm
+from tests.integration.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+DOMAIN = "accelerator.topograph.run/domain"
+
+POLICY = """\
+apiVersion: healer.io/v1alpha1
+kind: FleetGuardrails
+metadata: {{name: fleet}}
+spec:
+  spareSelector:
+    matchLabels: {{healer.io/role: spare, healer-test: "{tid}"}}
+---
+apiVersion: healer.io/v1alpha1
+kind: RemediationPolicy
+metadata: {{name: fatal-{tid}}}
+spec:
+  mode: act
+  nodeSelector:
+    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
+  rules:
+    - name: fatal-xid
+      severity: failed
+      xid: {{groups: [fatal]}}
+  steps:
+    pollInterval: 1s
+    drain: {{deadline: 10m}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def kill9(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def terminate(self, timeout: float = 20) -> int:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            return -9
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+@dataclass
+class Fleet:
+    stack: KubeStack
+    api: client.ApiClient
+    tid: str
+    dir: Path
+    gpus: list[str]
+    spares: list[str]
+    slurm_path: Path
+    signals: Path
+    policies: Path
+    daemons: list[Daemon] = field(default_factory=list)
+    kubeconfig: Path | None = None
+
+    @property
+    def slurm(self) -> FakeSlurm:
+        return FakeSlurm(path=self.slurm_path)
+
+    def xid(self, node: str, code: int = 79, gpu: int = 3) -> None:
+        sig = Signal(node, "file", SignalKind.XID, "DCGM_FI_DEV_XID_ERRORS", float(code),
+                     time.time(), GpuRef(gpu, f"GPU-{node}-{gpu}", f"SN-{node}-{gpu}"))
+        with open(self.signals, "a") as f:
+            f.write(json.dumps({"node": node, **sig.to_dict()}) + "\n")
+
+    def start(self, *extra: str, identity: str = "", leader: bool = False) -> Daemon:
+        port = free_port()
+        n = len(self.daemons)
+        log = self.dir / f"daemon-{n}.log"
+        argv = [sys.executable, "-m", "tests.integration.daemon.main",
+                "--kubeconfig", str(self.kubeconfig or self.stack.kubeconfig),
+                "--policies", str(self.policies), "--fake-slurm", str(self.slurm_path),
+                "--signals", str(self.signals), "--http-host", "127.0.0.1",
+                "--http-port", str(port), "--namespace", "healer-system",
+                "--lease-name", f"healer-{self.tid}", "--log-format", "json",
+                "--identity", identity or f"d{n}-{self.tid}", "--slurm-driver", "scontrol",
+                "--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "1",
+                "--shutdown-grace", "2", *extra]
+        if not leader:
+            argv.append("--no-leader-election")
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True,
+                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
+        d = Daemon(proc, port, log)
+        self.daemons.append(d)
+        return d
+
+    async def ready(self, d: Daemon, deadline: float = 60) -> None:
+        async def ok() -> bool:
+            if d.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {d.proc.returncode}:\n{d.tail()}")
+            try:
+                async with aiohttp.ClientSession() as s, s.get(
+                        f"http://127.0.0.1:{d.port}/readyz") as r:
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_for(ok, timeout=deadline, description="daemon /readyz")
+
+    async def remediations(self, node: str) -> list[dict[str, Any]]:
+        co = client.CustomObjectsApi(self.api)
+        raw = await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        return [i for i in raw["items"] if i["spec"]["node"] == node]
+
+    async def phase(self, node: str) -> str:
+        items = await self.remediations(node)
+        return str((items[-1].get("status") or {}).get("phase", "")) if items else "Healthy"
+
+    async def play_repair(self, node: str) -> bool:
+        """Report the node repaired once healer handed it over; True once Done."""
+        core = client.CoreV1Api(self.api)
+        n = await core.read_node(node)
+        labels = n.metadata.labels or {}
+        ann = n.metadata.annotations or {}
+        if labels.get("healer.io/repair") == "pending" and "healer.io/repair-result" not in ann \
+                and await self.phase(node) == "Repair":
+            await core.patch_node(node, {"metadata": {"annotations": {
+                "healer.io/repair-result": "passed"}}})
+        return await self.phase(node) == "Done"
+
+
+@pytest.fixture
+async def fleet(kube_stack: KubeStack, kube_api: client.ApiClient,
+                tmp_path: Path) -> AsyncIterator[Fleet]:
+    await ensure_crd(kube_api, install=True)
+    core = client.CoreV1Api(kube_api)
+    with contextlib.suppress(client.exceptions.ApiException):
+        await core.create_namespace({"metadata": {"name": "healer-system"}})  # type: ignore[arg-type]
+    tid = secrets.token_hex(3)
+    gpus = [f"gpu-{tid}-{i}" for i in range(4)]
+    spares = [f"spare-{tid}-a", f"spare-{tid}-b"]
+    base = {"nvidia.com/gpu.present": "true", "healer-test": tid}
+    for i, n in enumerate(gpus):
+        await core.create_node(fake_node(n, labels=base | {DOMAIN: "a" if i < 2 else "b"}))  # type: ignore[arg-type]
+    for n, dom in zip(spares, "ab", strict=True):
+        await core.create_node(fake_node(  # type: ignore[arg-type]
+            n, labels=base | {DOMAIN: dom, "healer.io/role": "spare"},
+            taints=[{"key": "healer.io/spare", "value": "true", "effect": "NoSchedule"}]))
+
+    async def ready() -> bool:
+        ns = list((await core.list_node(label_selector=f"healer-test={tid}")).items)
+        return len(ns) == 6 and all(any(c.type == "Ready" and c.status == "True"
+                                        for c in n.status.conditions or []) for n in ns)
+
+    await wait_for(ready, timeout=60, description="kwok nodes Ready")
+    pol = tmp_path / "policies"
+    pol.mkdir()
+    (pol / "policy.yaml").write_text(POLICY.format(tid=tid))
+    slurm_path = tmp_path / "slurm.json"
+    FakeSlurm(gpus, path=slurm_path)
+    f = Fleet(kube_stack, kube_api, tid, tmp_path, gpus, spares, slurm_path,
+              tmp_path / "signals.jsonl", pol)
+    try:
+        yield f
+    finally:
+        for d in f.daemons:
+            d.kill9()
+        co = client.CustomObjectsApi(kube_api)
+        for n in gpus:
+            for item in await f.remediations(n):
+                with contextlib.suppress(client.exceptions.ApiException):
+                    await co.delete_cluster_custom_object(GROUP, VERSION, PLURAL,
+                                                          item["metadata"]["name"])
+        for n in gpus + spares:
+            with contextlib.suppress(client.exceptions.ApiException):
+                await core.delete_node(n)

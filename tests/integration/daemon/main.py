@@ -1,0 +1,64 @@
+"""The real daemon (healer.app.run) with file-backed fakes for Slurm, the workload move,
+checkpoints, validation and telemetry, so a test can kill -9 it and start it again.
+
+    python -m tests.integration.daemon.main <healer run flags> --fake-slurm S.json --signals F
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from healer.app import Overrides, run
+from healer.cli import _settings, add_run_flags
+from healer.runtime.controller import RuntimeSettings
+from healer.testing import FakeCheckpoint, FakeSlurm, FakeValidator, FakeWorkload, FileSignals
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    add_run_flags(p)
+    p.add_argument("--fake-slurm", required=True, help="FakeSlurm state file (JSON)")
+    p.add_argument("--signals", required=True, help="JSON lines of signals to feed")
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--crash-log", default=None,
+                   help="kill -9 this very process at the first step boundary not listed in "
+                        "this file (and list it): right after a write that advanced the "
+                        "remediation, or right after a step's action ran, before its outcome "
+                        "was persisted")
+    args = p.parse_args()
+    crash_log = Path(args.crash_log) if args.crash_log else None
+
+    def crash_once(point: str) -> None:
+        assert crash_log is not None
+        seen = set(crash_log.read_text().splitlines()) if crash_log.exists() else set()
+        if point in seen:
+            return
+        with open(crash_log, "a") as f:
+            f.write(point + "\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after_write(record: Any) -> None:
+        steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
+                         for s in record.ledger)
+        crash_once(f"write {record.phase} {steps}")
+
+    def after_action(action: Any) -> None:
+        if action.ledgered:
+            crash_once(f"action {action.key}")
+    slurm = FakeSlurm(path=Path(args.fake_slurm))
+    overrides = Overrides(slurm=slurm, workload=FakeWorkload(slurm),
+                          checkpoint=FakeCheckpoint(slurm), validator=FakeValidator(),
+                          telemetry=[FileSignals(Path(args.signals))],
+                          runtime=RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0),
+                          after_write=after_write if crash_log else None,
+                          after_action=after_action if crash_log else None)
+    return asyncio.run(run(_settings(args), overrides))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
