@@ -20,10 +20,11 @@ import structlog
 from kubernetes_asyncio import client
 
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
+from healer.adapters.hooks import AckReceiver, JobHook, RepairRouter, Secrets, WebhookHook
 from healer.adapters.kube.client import call, make_api_client
 from healer.adapters.kube.crd import crd_manifest
 from healer.adapters.kube.events import KubeEvents
-from healer.adapters.kube.hooks import KubeTopology, LabelRepair
+from healer.adapters.kube.hooks import KubeTopology
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
@@ -173,10 +174,15 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         from healer.adapters.kube.jobs import JobValidator
 
         validator = JobValidator(api, namespace=settings.kube.namespace)
-    checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm)})
+    secrets = Secrets(api)
+    webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
+    jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
+    checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
+                                             "webhook": webhook, "job": jobhook})
     ports = Ports(nodes=nodes, events=events, slurm=slurm, spares=spares, workload=workload,
                   topology=KubeTopology(nodes), validator=validator, checkpoint=checkpoint,
-                  repair=LabelRepair(nodes), slurm_names=slurm_names or same_name)
+                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                  slurm_names=slurm_names or same_name)
     clock = RealClock()
     executor = Executor(ports, clock.now)
     if o.after_write is not None:
@@ -193,7 +199,15 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         records=lambda: {n: s.record for n, s in ctl.records.items()},
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
         leading=lambda: ctl.leading))
-    runner = await serve(make_app(health, metrics.registry, ctl.debug_state),
+    async def secret_for(incident: str) -> str:
+        rec = ctl.history.get(incident)
+        pol = ctl.policies.get(rec.policy) if rec is not None else None
+        if pol is None:
+            return ""
+        return pol.steps.checkpoint.secret_ref or ""
+
+    ack = AckReceiver(nodes, secrets, secret_for)
+    runner = await serve(make_app(health, metrics.registry, ctl.debug_state, ack.handle),
                          settings.http.host, settings.http.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -230,6 +244,10 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
                           problems=[str(p) for p in e.problems])
                 continue
             ctl.policies = new
+            for src in sources:
+                set_policies = getattr(src, "set_policies", None)
+                if set_policies is not None:
+                    set_policies(new)
             metrics.policies_loaded(new.digest, True)
             log.info("policies reloaded", digest=new.digest,
                      policies=[p.name for p in new.policies])
@@ -253,7 +271,16 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(reload_policies(), name="policy-reload"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
-    for src in o.telemetry or []:
+    sources = list(o.telemetry or [])
+    if settings.telemetry.prometheus_url:
+        from healer.adapters.prometheus import PrometheusSource
+
+        tel = settings.telemetry
+        sources.append(PrometheusSource(
+            tel.prometheus_url, policies, poll_interval=tel.poll_interval,
+            host_labels=tel.host_labels, bearer_token_file=tel.bearer_token_file or None,
+            ca_file=tel.ca_file or None, verify=not tel.insecure_skip_verify))
+    for src in sources:
         tasks.append(asyncio.create_task(src.run(ctl.on_signals), name=f"source:{src.name}"))
     log.info("started", identity=settings.leader.identity, dry_run=settings.dry_run,
              policies=[f"{p.name}({p.mode.value})" for p in policies.policies])

@@ -100,7 +100,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(
         policies=tuple(args.policies), dry_run=args.dry_run, log_level=args.log_level,
         log_json=None if args.log_format == "auto" else args.log_format == "json",
-        shutdown_grace=args.shutdown_grace,
+        shutdown_grace=args.shutdown_grace, callback_url=args.callback_url,
         kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
                           namespace=args.namespace, events_namespace=args.events_namespace,
                           install_crd=args.install_crd),
@@ -150,6 +150,8 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument("--log-level", default="info")
     r.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     r.add_argument("--shutdown-grace", type=float, default=10.0)
+    r.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""),
+                   help="this controller's /v1/hooks/ack URL as webhook receivers reach it")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

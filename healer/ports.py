@@ -176,6 +176,17 @@ class SparePool(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class HookSpec:
+    """What a policy says about a hook (checkpoint or repair)."""
+
+    kind: str  # slurm-signal | webhook | job | none
+    signal: str = "USR1"
+    url: str = ""
+    secret_ref: str = ""  # namespace/name[:key] of the HMAC secret (webhook)
+    job_template: str = ""  # namespace/name of the ConfigMap holding the Job (job)
+
+
 class StepOutcome(enum.Enum):
     DONE = "done"
     PENDING = "pending"
@@ -207,12 +218,12 @@ class Validator(Protocol):
 
 
 class CheckpointHook(Protocol):
-    async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
-                         signal: str) -> HookResult: ...
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult: ...
 
 
 class RepairHook(Protocol):
-    async def hand_off(self, incident: str, node: str, hook: str) -> HookResult: ...
+    async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult: ...
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,6 +71,9 @@ class Settings:
     log_json: bool | None = None
     shutdown_grace: float = 10.0
     """SIGTERM: in-flight actions get this long, then everything is cancelled."""
+    callback_url: str = ""
+    """Where webhook receivers POST their acknowledgements (this controller's /v1/hooks/ack,
+    as reachable from them); sent with every webhook call."""
     kube: KubeSettings = field(default_factory=KubeSettings)
     leader: LeaderSettings = field(default_factory=LeaderSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)

@@ -29,6 +29,7 @@ from healer.errors import ConflictError, NotFoundError
 from healer.ports import (
     SLURM_REASON_PREFIX,
     HookResult,
+    HookSpec,
     NodeEvent,
     SlurmJob,
     SlurmNodeState,
@@ -506,8 +507,9 @@ class FakeCheckpoint(Faulty):
         self.slurm = slurm
         self.signalled: set[str] = set()
 
-    async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
-                         signal: str) -> HookResult:
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult:
+        signal = spec.signal
         self._enter("checkpoint", incident)
         self.slurm._sync()
         done = {i for i, _ in self.slurm._state["signals"]}
@@ -525,7 +527,7 @@ class FakeRepair(Faulty):
         super().__init__()
         self.nodes = nodes
 
-    async def hand_off(self, incident: str, node: str, hook: str) -> HookResult:
+    async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
         self._enter("hand_off", incident)
         self.nodes.set(node, labels={"healer.io/repair": "pending"},
                        annotations={"healer.io/repair-result": None})

@@ -1,11 +1,20 @@
 """Checkpoint hooks: ask the jobs on a node to checkpoint, and say when they have.
 
-``slurm-signal``: send the policy's signal (USR1 by default, the signal ``sbatch --signal``
-uses for the same purpose) to every job running on the Slurm node — the batch shell and all
-its steps — once per incident; the checkpoint is acknowledged when no job runs on the node any
-more (each job checkpointed and exited, or was requeued) or when every job wrote an
-acknowledgement into its comment: ``scontrol update job=<id> comment=healer-ack:<incident>``
-(the contract is documented in docs/checkpoint-hooks.md).
+Three hooks (the policy's ``steps.checkpoint.hook``); the contracts are in
+docs/checkpoint-hooks.md:
+
+``slurm-signal``
+    Send the policy's signal (USR1 by default, the signal ``sbatch --signal`` uses for the
+    same purpose) to every job running on the Slurm node — the batch shell and its steps.
+    Which jobs were signalled is recorded on the Node (annotation
+    ``healer.io/checkpoint-signalled: <incident>:<job ids>``) so a restarted healer does not
+    signal them again. Acknowledged when no signalled job runs any more (each checkpointed and
+    exited, or was requeued), or when every running job wrote ``healer-ack:<incident>`` into
+    its comment (``scontrol update job=<id> comment=healer-ack:<incident>``).
+``webhook``
+    See :mod:`healer.adapters.hooks`.
+``job``
+    See :mod:`healer.adapters.hooks`.
 """
 
 from __future__ import annotations
@@ -13,25 +22,45 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from healer.errors import PermanentError
-from healer.ports import CheckpointHook, HookResult, SlurmDriver, StepOutcome
+from healer.ports import CheckpointHook, HookResult, HookSpec, NodeAPI, SlurmDriver, StepOutcome
 
 ACK_PREFIX = "healer-ack:"
+SIGNALLED = "healer.io/checkpoint-signalled"
+
+
+def _parse_signalled(value: str, incident: str) -> set[int]:
+    prefix = incident + ":"
+    if not value.startswith(prefix):
+        return set()
+    return {int(x) for x in value[len(prefix):].split(",") if x.strip().isdigit()}
 
 
 class SlurmSignalCheckpoint:
-    def __init__(self, slurm: SlurmDriver) -> None:
+    def __init__(self, slurm: SlurmDriver, nodes: NodeAPI | None = None) -> None:
         self.slurm = slurm
+        self.nodes = nodes
         self._signalled: dict[str, set[int]] = {}
 
-    async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
-                         signal: str) -> HookResult:
+    async def _recorded(self, incident: str, node: str) -> set[int]:
+        done = self._signalled.setdefault(incident, set())
+        if self.nodes is not None and not done:
+            view = await self.nodes.get(node)
+            done |= _parse_signalled(view.annotations.get(SIGNALLED, ""), incident)
+        return done
+
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult:
+        signal = spec.signal
         jobs = [j for j in await self.slurm.jobs_on(slurm_node)
                 if j.state in ("RUNNING", "COMPLETING", "SUSPENDED")]
-        done = self._signalled.setdefault(incident, set())
+        done = await self._recorded(incident, node)
         fresh = [j for j in jobs if j.id not in done and j.state == "RUNNING"]
         if fresh:
             sent = await self.slurm.signal_jobs(slurm_node, signal)
             done.update(sent or [j.id for j in fresh])
+            if self.nodes is not None:  # remember, so a restarted healer does not re-signal
+                await self.nodes.patch_metadata(node, annotations={
+                    SIGNALLED: f"{incident}:{','.join(str(i) for i in sorted(done))}"})
         waiting = [j for j in jobs if not j.comment.startswith(f"{ACK_PREFIX}{incident}")]
         if not waiting:
             return HookResult(StepOutcome.DONE, "", {"jobs": ",".join(
@@ -49,10 +78,11 @@ class HookRouter:
         self.hooks = dict(hooks)
         self._missing = missing
 
-    async def checkpoint(self, incident: str, node: str, slurm_node: str, hook: str,
-                         signal: str) -> HookResult:
-        h = self.hooks.get(hook)
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult:
+        h = self.hooks.get(spec.kind)
         if h is None:
-            why = self._missing(hook) if self._missing else f"no {hook!r} checkpoint hook"
+            why = (self._missing(spec.kind) if self._missing
+                   else f"no {spec.kind!r} checkpoint hook is configured")
             raise PermanentError(why)
-        return await h.checkpoint(incident, node, slurm_node, hook, signal)
+        return await h.checkpoint(incident, node, slurm_node, spec)

@@ -59,6 +59,9 @@ class Checkpoint(Action):
     hook: str = "slurm-signal"
     signal: str = "USR1"
     slurm_node: str = ""
+    url: str = ""
+    secret_ref: str = ""
+    job_template: str = ""
     step: ClassVar[str] = "checkpoint"
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
@@ -188,6 +191,8 @@ class MarkRepair(Action):
     """Label the node for repair and call the repair hook, if any."""
 
     hook: str = "none"
+    url: str = ""
+    job_template: str = ""
     step: ClassVar[str] = "mark-repair"
 
 

@@ -387,8 +387,10 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
     inc, node, st = rec.incident.id, rec.node, ctx.steps
     match ledger_name:
         case "checkpoint":
-            return Checkpoint(inc, node, hook=st.checkpoint.hook, signal=st.checkpoint.signal,
-                              slurm_node=rec.slurm_node)
+            cp = st.checkpoint
+            return Checkpoint(inc, node, hook=cp.hook, signal=cp.signal,
+                              slurm_node=rec.slurm_node, url=cp.url, secret_ref=cp.secret_ref,
+                              job_template=cp.job_template)
         case "drain":
             return DrainSlurm(inc, node, slurm_node=rec.slurm_node, reason=_reason(rec))
         case "requeue":
@@ -418,7 +420,8 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
         case "release-spare":
             return ReleaseSpare(inc, node, spare=rec.spare)
         case "mark-repair":
-            return MarkRepair(inc, node, hook=st.repair.hook)
+            return MarkRepair(inc, node, hook=st.repair.hook, url=st.repair.url,
+                              job_template=st.repair.job_template)
         case "return-to-pool":
             return ReturnToPool(inc, node)
         case "escalate":

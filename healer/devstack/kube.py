@@ -76,8 +76,9 @@ _ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re
 #: kwok v0.8.0 has no built-in behaviour: with no Stage in its configuration it exits with
 #: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
 #: a managed Node becomes Ready once (conditions are not rewritten afterwards, so a test may
-#: add its own), a Pod bound to a managed Node runs and is Ready, a Job's Pod succeeds, a Pod
-#: being deleted goes away. Node liveness comes from the Leases kwok renews.
+#: add its own), a Pod bound to a managed Node runs and is Ready, a Job's Pod succeeds (or
+#: fails, when labelled healer-test-outcome=fail), a Pod being deleted goes away. Node
+#: liveness comes from the Leases kwok renews.
 KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -135,6 +136,29 @@ spec:
 apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
+  name: healer-job-pod-fails
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Running]}
+    - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
+    - {key: '.metadata.labels["healer-test-outcome"]', operator: In, values: [fail]}
+  next:
+    statusTemplate: |
+      {{ $t := Now | Quote }}
+      phase: Failed
+      containerStatuses:
+      {{ range .spec.containers }}
+      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
+         started: false, state: {terminated: {exitCode: 1, reason: Error,
+                                              startedAt: {{ $t }}, finishedAt: {{ $t }}}}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
   name: healer-job-pod-succeeds
 spec:
   resourceRef: {apiGroup: v1, kind: Pod}
@@ -143,6 +167,7 @@ spec:
     - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
     - {key: '.status.phase', operator: In, values: [Running]}
     - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
+    - {key: '.metadata.labels["healer-test-outcome"]', operator: NotIn, values: [fail]}
   next:
     statusTemplate: |
       {{ $t := Now | Quote }}

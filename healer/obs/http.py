@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +60,12 @@ def redact(obj: Any) -> Any:
     return obj
 
 
+AckHandler = Callable[[bytes, str], Awaitable[tuple[int, str]]]
+
+
 def make_app(health: Health, registry: CollectorRegistry,
-             debug_state: Callable[[], dict[str, Any]] | None = None) -> web.Application:
+             debug_state: Callable[[], dict[str, Any]] | None = None,
+             ack: AckHandler | None = None) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         ok, detail = health.healthy()
         return web.json_response({"ok": ok, "heartbeats": detail}, status=200 if ok else 503)
@@ -81,7 +85,15 @@ def make_app(health: Health, registry: CollectorRegistry,
         return web.Response(text=json.dumps(redact(state), indent=2, default=str),
                             content_type="application/json")
 
+    async def hook_ack(request: web.Request) -> web.Response:
+        assert ack is not None
+        body = await request.read()
+        status, text = await ack(body, request.headers.get("X-Healer-Signature", ""))
+        return web.Response(status=status, text=text)
+
     app = web.Application()
+    if ack is not None:
+        app.router.add_post("/v1/hooks/ack", hook_ack)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -24,6 +24,7 @@ from healer.ports import (
     CheckpointHook,
     EventRecorder,
     HookResult,
+    HookSpec,
     NodeAPI,
     RepairHook,
     SlurmDriver,
@@ -132,8 +133,8 @@ class Executor:
         match act:
             case a.Checkpoint():
                 sn = act.slurm_node or await p.slurm_names(act.node)
-                return _hook(await p.checkpoint.checkpoint(act.incident, act.node, sn, act.hook,
-                                                           act.signal))
+                spec = HookSpec(act.hook, act.signal, act.url, act.secret_ref, act.job_template)
+                return _hook(await p.checkpoint.checkpoint(act.incident, act.node, sn, spec))
             case a.DrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 owned = await p.slurm.drain(sn, act.reason)
@@ -179,7 +180,8 @@ class Executor:
                     await p.spares.release(act.spare, act.incident)
                 return Outcome(StepStatus.DONE)
             case a.MarkRepair():
-                return _hook(await p.repair.hand_off(act.incident, act.node, act.hook))
+                spec = HookSpec(act.hook, url=act.url, job_template=act.job_template)
+                return _hook(await p.repair.hand_off(act.incident, act.node, spec))
             case a.ReturnToPool():
                 await p.spares.return_to_pool(act.node, act.incident)
                 return Outcome(StepStatus.DONE)

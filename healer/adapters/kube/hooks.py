@@ -1,14 +1,12 @@
-"""Kubernetes-side hooks: topology annotation and the repair hand-off label contract."""
+"""Topology: the Slinky annotation on a replacement node."""
 
 from __future__ import annotations
 
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.kube.spares import REPAIR_LABEL, REPAIR_RESULT
 from healer.core.topology import slinky_topology_spec
 from healer.ports import HookResult, StepOutcome
 
 TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
-REPAIR_INCIDENT = "healer.io/repair-incident"
 
 
 class KubeTopology:
@@ -31,22 +29,3 @@ class KubeTopology:
         if back.annotations.get(TOPOLOGY_ANNOTATION) != spec:
             return HookResult(StepOutcome.PENDING, "topology annotation not visible yet")
         return HookResult(StepOutcome.DONE, "", {"topology": spec})
-
-
-class LabelRepair:
-    """The repair hand-off contract: healer labels the node ``healer.io/repair=pending`` (and
-    notes the incident); whoever repairs it (a person, a ticketing system, a repair Job)
-    annotates ``healer.io/repair-result=passed|failed``. A stale result from an earlier repair
-    is removed when the hand-off starts."""
-
-    def __init__(self, nodes: KubeNodes) -> None:
-        self.nodes = nodes
-
-    async def hand_off(self, incident: str, node: str, hook: str) -> HookResult:
-        view = await self.nodes.get(node)
-        if view.annotations.get(REPAIR_INCIDENT) == incident:
-            return HookResult(StepOutcome.DONE)  # already handed off for this incident
-        await self.nodes.patch_metadata(node, labels={REPAIR_LABEL: "pending"},
-                                        annotations={REPAIR_INCIDENT: incident,
-                                                     REPAIR_RESULT: None})
-        return HookResult(StepOutcome.DONE)

@@ -1,0 +1,277 @@
+"""Webhook and Job hooks, for checkpoints and for the repair hand-off.
+
+The persisted truth of every hook is an annotation on the Node, so nothing is lost when
+healer restarts and any system can answer with the RBAC it already has:
+
+* checkpoint acknowledged: ``healer.io/checkpoint-ack: <incident>``
+* repair finished: ``healer.io/repair-result: passed|failed`` (with
+  ``healer.io/repair-incident: <incident>``, written when the node was handed over)
+
+``webhook`` (HTTPS): healer POSTs the incident as JSON with
+``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`` (key: the Secret named by the
+policy's ``secretRef``), ``X-Healer-Event`` and an ``Idempotency-Key``; retried on connection
+errors and 5xx with backoff. A 2xx answer ``{"status": "done"}`` (or an empty body) acknowledges
+a checkpoint at once; ``{"status": "pending"}`` means the receiver answers later, by annotating
+the Node or by POSTing ``{"incident", "node", "kind", "result"}`` — signed the same way — to
+healer's ``/v1/hooks/ack`` (see :class:`AckReceiver`), which writes the annotation.
+
+``job``: healer creates a Kubernetes Job from a template (a ConfigMap ``namespace/name`` whose
+key ``job.yaml`` holds a Job manifest), named after the incident so it is created once, with
+``HEALER_INCIDENT``, ``HEALER_NODE``, ``HEALER_SLURM_NODE`` and ``HEALER_SIGNAL`` in every
+container's environment (a repair Job is pinned to the node). Its success acknowledges the
+checkpoint, or reports the repair ``passed`` (failure: ``failed``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import yaml
+from kubernetes_asyncio import client
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from healer.adapters.kube.client import call, to_dict
+from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name
+from healer.adapters.kube.secrets import SecretToken
+from healer.adapters.kube.spares import REPAIR_LABEL, REPAIR_RESULT
+from healer.errors import ConflictError, NotFoundError, PermanentError, TransientError
+from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
+
+CHECKPOINT_ACK = "healer.io/checkpoint-ack"
+REPAIR_INCIDENT = "healer.io/repair-incident"
+SIGNATURE = "X-Healer-Signature"
+
+
+def sign(secret: bytes, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: bytes, body: bytes, signature: str) -> bool:
+    return hmac.compare_digest(sign(secret, body), signature or "")
+
+
+class Secrets:
+    """HMAC keys by Secret reference, read through the API (and cached)."""
+
+    def __init__(self, api: client.ApiClient | None) -> None:
+        self.api = api
+        self._cache: dict[str, SecretToken] = {}
+
+    async def key(self, ref: str) -> bytes:
+        if not ref:
+            raise PermanentError("a webhook hook needs secretRef (namespace/name[:key]) for "
+                                 "its HMAC signature")
+        if self.api is None:
+            raise PermanentError("no Kubernetes client to read the webhook secret")
+        tok = self._cache.get(ref)
+        if tok is None:
+            tok = self._cache[ref] = SecretToken(self.api, ref if ":" in ref else ref + ":hmac")
+        return (await tok.token()).encode()
+
+
+class WebhookHook:
+    def __init__(self, nodes: NodeAPI, secrets: Secrets,
+                 session: aiohttp.ClientSession | None = None, *, timeout: float = 10.0,
+                 attempts: int = 3, callback_url: str = "") -> None:
+        self.nodes = nodes
+        self.secrets = secrets
+        self._session = session
+        self.timeout = timeout
+        self.attempts = attempts
+        self.callback_url = callback_url
+        self._posted: set[str] = set()
+
+    async def _post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        if not spec.url:
+            raise PermanentError(f"the {kind} webhook has no url")
+        body = json.dumps(payload, sort_keys=True).encode()
+        headers = {"Content-Type": "application/json", "X-Healer-Event": kind,
+                   "Idempotency-Key": f"{payload['incident']}/{kind}"}
+        if spec.secret_ref:
+            headers[SIGNATURE] = sign(await self.secrets.key(spec.secret_ref), body)
+        session = self._session or aiohttp.ClientSession()
+        try:
+            async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(self.attempts),
+                    wait=wait_exponential_jitter(multiplier=0.5, max=5, jitter=0.5),
+                    retry=retry_if_exception_type(TransientError), reraise=True):
+                with attempt:
+                    try:
+                        async with session.post(spec.url, data=body, headers=headers,
+                                                timeout=aiohttp.ClientTimeout(self.timeout)) as r:
+                            text = await r.text()
+                            if r.status >= 500 or r.status == 429:
+                                raise TransientError(f"{kind} webhook {spec.url}: HTTP "
+                                                     f"{r.status}")
+                            if r.status >= 400:
+                                raise PermanentError(f"{kind} webhook {spec.url}: HTTP "
+                                                     f"{r.status}: {text[:200]}")
+                            try:
+                                out = json.loads(text) if text.strip() else {}
+                            except ValueError:
+                                out = {}
+                            return out if isinstance(out, dict) else {}
+                    except (aiohttp.ClientError, TimeoutError) as e:
+                        raise TransientError(f"{kind} webhook {spec.url}: {e!r}") from e
+        finally:
+            if self._session is None:
+                await session.close()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult:
+        view = await self.nodes.get(node)
+        if view.annotations.get(CHECKPOINT_ACK) == incident:
+            return HookResult(StepOutcome.DONE, "", {"ack": "annotation"})
+        if incident in self._posted:
+            return HookResult(StepOutcome.PENDING, "waiting for the checkpoint webhook's ack")
+        answer = await self._post("checkpoint", spec, {
+            "incident": incident, "node": node, "slurmNode": slurm_node, "signal": spec.signal,
+            "callback": self.callback_url, "sentAt": time.time()})
+        self._posted.add(incident)
+        if str(answer.get("status", "done")).lower() == "done":
+            await self.nodes.patch_metadata(node, annotations={CHECKPOINT_ACK: incident})
+            return HookResult(StepOutcome.DONE, "", {"ack": "webhook"})
+        return HookResult(StepOutcome.PENDING, "the checkpoint webhook will acknowledge later")
+
+    async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
+        await self._post("repair", spec, {"incident": incident, "node": node,
+                                          "callback": self.callback_url, "sentAt": time.time()})
+        return HookResult(StepOutcome.DONE)
+
+
+class JobHook:
+    def __init__(self, api: client.ApiClient, nodes: NodeAPI, *, namespace: str) -> None:
+        self.api = api
+        self.nodes = nodes
+        self.namespace = namespace
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    async def _template(self, ref: str) -> dict[str, Any]:
+        if ref.count("/") != 1:
+            raise PermanentError(f"jobTemplate must be NAMESPACE/CONFIGMAP, got {ref!r}")
+        ns, name = ref.split("/")
+        raw = to_dict(self.api, await call(f"read ConfigMap {ref}",
+                                           lambda: self.core.read_namespaced_config_map(name,
+                                                                                        ns)))
+        text = (raw.get("data") or {}).get("job.yaml")
+        if not text:
+            raise PermanentError(f"ConfigMap {ref} has no job.yaml")
+        job = yaml.safe_load(text)
+        if not isinstance(job, dict) or job.get("kind") != "Job":
+            raise PermanentError(f"ConfigMap {ref}: job.yaml is not a Job manifest")
+        return job
+
+    async def _run(self, purpose: str, incident: str, node: str, slurm_node: str,
+                   spec: HookSpec, pin: bool) -> HookResult:
+        name = job_name("healer-" + purpose, incident, purpose)
+        try:
+            raw = to_dict(self.api, await call(f"read Job {name}", lambda:
+                                               self.batch.read_namespaced_job(name,
+                                                                              self.namespace)))
+        except NotFoundError:
+            job = await self._template(spec.job_template)
+            job.setdefault("metadata", {}).update({"name": name, "namespace": self.namespace})
+            job["metadata"].setdefault("labels", {})["app.kubernetes.io/managed-by"] = "healer"
+            pod = job.setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+            if pin:
+                pod["nodeName"] = node
+                pod.setdefault("tolerations", []).extend(TOLERATE_ALL_HEALER)
+            env = [{"name": "HEALER_INCIDENT", "value": incident},
+                   {"name": "HEALER_NODE", "value": node},
+                   {"name": "HEALER_SLURM_NODE", "value": slurm_node},
+                   {"name": "HEALER_SIGNAL", "value": spec.signal}]
+            for c in pod.get("containers") or []:
+                c.setdefault("env", []).extend(env)
+            try:
+                await call(f"create Job {name}", lambda: self.batch.create_namespaced_job(
+                    self.namespace, job))  # type: ignore[arg-type]
+            except ConflictError:
+                pass
+            return HookResult(StepOutcome.PENDING, f"{purpose} Job {name} started")
+        status = raw.get("status") or {}
+        if status.get("succeeded"):
+            return HookResult(StepOutcome.DONE, "", {"job": name})
+        if status.get("failed"):
+            return HookResult(StepOutcome.FAILED, f"{purpose} Job {name} failed")
+        return HookResult(StepOutcome.PENDING, f"{purpose} Job {name} running")
+
+    async def checkpoint(self, incident: str, node: str, slurm_node: str,
+                         spec: HookSpec) -> HookResult:
+        return await self._run("checkpoint", incident, node, slurm_node, spec, pin=False)
+
+    async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
+        out = await self._run("repair", incident, node, "", spec, pin=True)
+        if out.outcome is StepOutcome.PENDING:
+            return out
+        # the Job's end is the repair's result: write it where the flow reads it
+        result = "passed" if out.outcome is StepOutcome.DONE else "failed"
+        await self.nodes.patch_metadata(node, annotations={REPAIR_RESULT: result})
+        return HookResult(StepOutcome.DONE, "", {"result": result})
+
+
+class RepairRouter:
+    """The repair hand-off: label the node (always), then call the policy's hook."""
+
+    def __init__(self, nodes: NodeAPI, hooks: Mapping[str, Any]) -> None:
+        self.nodes = nodes
+        self.hooks = dict(hooks)
+
+    async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
+        view = await self.nodes.get(node)
+        if view.annotations.get(REPAIR_INCIDENT) != incident:
+            await self.nodes.patch_metadata(node, labels={REPAIR_LABEL: "pending"},
+                                            annotations={REPAIR_INCIDENT: incident,
+                                                         REPAIR_RESULT: None})
+        if spec.kind in ("", "none"):
+            return HookResult(StepOutcome.DONE)
+        hook = self.hooks.get(spec.kind)
+        if hook is None:
+            raise PermanentError(f"no {spec.kind!r} repair hook is configured")
+        out: HookResult = await hook.hand_off(incident, node, spec)
+        return out
+
+
+class AckReceiver:
+    """``POST /v1/hooks/ack``: a webhook receiver's signed answer, written to the Node."""
+
+    def __init__(self, nodes: NodeAPI, secrets: Secrets,
+                 secret_for: Callable[[str], Awaitable[str]]) -> None:
+        self.nodes = nodes
+        self.secrets = secrets
+        self.secret_for = secret_for  # incident → secretRef of its policy's webhook
+
+    async def handle(self, body: bytes, signature: str) -> tuple[int, str]:
+        try:
+            msg = json.loads(body)
+            incident, node, kind = str(msg["incident"]), str(msg["node"]), str(msg["kind"])
+        except (ValueError, KeyError, TypeError):
+            return 400, "expected JSON with incident, node, kind and result"
+        ref = await self.secret_for(incident)
+        if not ref or not verify(await self.secrets.key(ref), body, signature):
+            return 403, "bad or missing signature"
+        if kind == "checkpoint":
+            await self.nodes.patch_metadata(node, annotations={CHECKPOINT_ACK: incident})
+        elif kind == "repair":
+            result = str(msg.get("result", "")).lower()
+            if result not in ("passed", "failed"):
+                return 400, "repair result must be passed or failed"
+            view = await self.nodes.get(node)
+            if view.annotations.get(REPAIR_INCIDENT) != incident:
+                return 409, "that node is not in repair for this incident"
+            await self.nodes.patch_metadata(node, annotations={REPAIR_RESULT: result})
+        else:
+            return 400, "kind must be checkpoint or repair"
+        return 200, "ok"
