@@ -24,6 +24,7 @@ checkpoint, or reports the repair ``passed`` (failure: ``failed``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -195,11 +196,9 @@ class JobHook:
                    {"name": "HEALER_SIGNAL", "value": spec.signal}]
             for c in pod.get("containers") or []:
                 c.setdefault("env", []).extend(env)
-            try:
+            with contextlib.suppress(ConflictError):
                 await call(f"create Job {name}", lambda: self.batch.create_namespaced_job(
                     self.namespace, job))  # type: ignore[arg-type]
-            except ConflictError:
-                pass
             return HookResult(StepOutcome.PENDING, f"{purpose} Job {name} started")
         status = raw.get("status") or {}
         if status.get("succeeded"):
