@@ -252,6 +252,12 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
             log.info("policies reloaded", digest=new.digest,
                      policies=[p.name for p in new.policies])
 
+    async def garbage() -> None:
+        while True:
+            await asyncio.sleep(3600)
+            with contextlib.suppress(HealerError):
+                await ctl.collect_garbage()
+
     async def leadership() -> None:
         if not settings.leader.enabled:
             await ctl.start_leading()
@@ -269,6 +275,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(watch_nodes(), name="node-watch"),
         asyncio.create_task(spare_depth(), name="spare-depth"),
         asyncio.create_task(reload_policies(), name="policy-reload"),
+        asyncio.create_task(garbage(), name="retention"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
     sources = list(o.telemetry or [])
@@ -314,6 +321,9 @@ class _WriteProbe:
         out = await self.store.save(record, previous)
         self.hook(record)
         return out
+
+    async def delete(self, name: str) -> None:
+        await self.store.delete(name)
 
 
 class _ActionProbe(Executor):

@@ -156,6 +156,10 @@ class StateStore(Protocol):
         """Create or update; ConflictError if ``previous`` is stale."""
         ...
 
+    async def delete(self, name: str) -> None:
+        """Remove a closed record (retention); a missing one is not an error."""
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # Spares, workload, topology, validation, hooks

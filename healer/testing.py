@@ -266,6 +266,10 @@ class FakeStore(Faulty):
     def record(self, incident: str) -> NodeRecord:
         return self.objects[incident][0]
 
+    async def delete(self, name: str) -> None:
+        self._enter("delete", name)
+        self.objects.pop(name, None)
+
 
 class FakeSlurm(Faulty):
     """SlurmDriver over an in-memory (optionally file-backed) cluster."""

@@ -33,6 +33,7 @@ from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalK
 from healer.core.phases import MAY_BE_CORDONED, Phase
 from healer.core.policy import PolicySet
 from healer.errors import ConflictError, HealerError
+from healer.obs.logging import OnceLogger
 from healer.ports import Clock, NodeEvent, StateStore, StoredRecord
 from healer.runtime.dispatcher import Dispatcher
 from healer.runtime.executor import Executor
@@ -103,6 +104,7 @@ class Controller:
         self._timers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._seen: dict[str, tuple[Any, ...]] = {}  # node → last derived-trigger state
         self._warm_until = 0.0
+        self._outage = OnceLogger("healer.controller")
 
     # -- leadership ------------------------------------------------------------------------------
 
@@ -250,13 +252,17 @@ class Controller:
     async def _handle(self, node: str, item: Item) -> None:
         if not self.leading:
             return
-        if isinstance(item, Evaluate):
-            trigger = self._evaluate(node)
-            if trigger is None:
-                return
-        else:
-            trigger = item
-        await self._step(node, trigger)
+        s = self.records.get(node)
+        with structlog.contextvars.bound_contextvars(
+                node=node, incident=s.record.incident.id if s else None,
+                phase=s.record.phase if s else "Healthy"):
+            if isinstance(item, Evaluate):
+                trigger = self._evaluate(node)
+                if trigger is None:
+                    return
+            else:
+                trigger = item
+            await self._step(node, trigger)
 
     def _evaluate(self, node: str) -> Trigger | None:
         now = self.clock.now()
@@ -308,9 +314,10 @@ class Controller:
                     self._schedule(node, "retry", 0.05, trigger)
                     return
                 except HealerError as e:
-                    log.warning("persist failed; will retry", node=node, error=str(e))
+                    self._outage.failed("state store", str(e))
                     self._schedule(node, "retry", self.settings.retry_delay, trigger)
                     return
+                self._outage.ok("state store")
                 self.stats.persisted += 1
             self._commit(node, decision, stored)
         self._observe(node, trigger, decision, record)
@@ -374,6 +381,23 @@ class Controller:
 
         if self.leading:
             self._timers[key] = asyncio.create_task(fire(), name=f"timer:{node}:{kind}")
+
+    async def collect_garbage(self) -> int:
+        """Delete closed records older than the retention period (they no longer count for the
+        breaker or the retry budgets). Returns how many were deleted."""
+        if not self.leading:
+            return 0
+        cutoff = self.clock.now() - self.settings.retention_seconds
+        gone = 0
+        for s in await self.store.list():
+            rec = s.record
+            if releases(rec) and rec.phase_since < cutoff and rec.incident.opened_at < cutoff:
+                await self.store.delete(s.name)
+                self.history.pop(rec.incident.id, None)
+                gone += 1
+        if gone:
+            log.info("deleted closed remediations past retention", count=gone)
+        return gone
 
     # -- introspection ----------------------------------------------------------------------------
 

@@ -281,3 +281,17 @@ async def test_restart_does_not_recover_an_incident_whose_signals_are_gone() -> 
     await b.run(90)
     assert b.phase("gpu-1") is Phase.SWAPPING
     await b.close()
+
+
+async def test_closed_records_are_deleted_after_retention() -> None:
+    h = await make()
+    await h.xid("gpu-1")
+    for _ in range(40):
+        await h.clock.advance(5)
+        _repair_when_asked(h)
+    assert h.phase("gpu-1") is Phase.DONE
+    assert await h.ctl.collect_garbage() == 0  # too young
+    await h.clock.advance(h.ctl.settings.retention_seconds + 1)
+    assert await h.ctl.collect_garbage() == 1
+    assert h.store.objects == {}
+    await h.close()
