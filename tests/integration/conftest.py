@@ -52,9 +52,10 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     config = session.config
     if config.option.collectonly or not config.stash.get(_NEEDS_KUBE, False):
         return
-    if binaries.missing():
+    needs_helm = any(item.path.name == "test_helm.py" for item in session.items)
+    if binaries.missing() or (needs_helm and binaries.missing(["helm"])):
         try:
-            binaries.ensure(echo=True)
+            binaries.ensure(helm=needs_helm, echo=True)
         except ConfigError as e:
             config.stash[_BUILD_ERROR] = str(e)
 
