@@ -213,6 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
 
+    from healer.agent.main import add_agent_flags, cmd_agent
+
+    ag = sub.add_parser("agent", help="the node agent (DaemonSet): GPUHealthy condition and "
+                                      "XID Events from NVML")
+    add_agent_flags(ag)
+    ag.set_defaults(fn=cmd_agent)
+
     from healer.devstack.cli import register as register_devstack
 
     register_devstack(sub)
