@@ -27,7 +27,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
-from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.nodes import CORDONED_BY, HEALER, KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
 from healer.errors import NotFoundError, PermanentError, TransientError
 from healer.ports import (
@@ -143,14 +143,16 @@ class SlinkyDriver:
         m = INCIDENT_IN_REASON.search(reason)
         incident = m.group(1) if m else reason
         k8s = await self.nodes.get(host)
+        if k8s.unschedulable and k8s.annotations.get(CORDONED_BY) != HEALER:
+            return False  # someone else's cordon: the operator drains with their reason
         current = k8s.annotations.get(CORDON_REASON)
         if current is None or current.startswith(SLURM_REASON_PREFIX):
             if current != reason:
                 await self.nodes.patch_metadata(host, annotations={CORDON_REASON: reason})
         elif not k8s.unschedulable:
             return False  # an admin's cordon reason is waiting there: do not replace it
-        await self.nodes.cordon(host, incident, reason)  # the operator drains on cordon
-        return True
+        # the operator drains on cordon; False: someone cordoned it in between (theirs)
+        return await self.nodes.cordon(host, incident, reason)
 
     async def undrain(self, node: str, incident: str = "") -> bool:
         pod = await self.pods.by_slurm_name(node)
@@ -235,7 +237,11 @@ class SlinkyWorkload:
                                                    "recreated")
         host = (pod.get("spec") or {}).get("nodeName")
         if host == spare:
+            await self._forget_reason(source, incident)
             return HookResult(StepOutcome.DONE, "", {"mode": mode})
+        if not host:
+            return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
+                                                   "scheduled yet")
         if host != source:
             return HookResult(StepOutcome.FAILED, f"slurmd pod of {slurm_node} runs on {host}, "
                                                   f"neither on {source} nor on {spare}")
@@ -252,6 +258,14 @@ class SlinkyWorkload:
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
                                                f"{spare}")
 
+    async def _forget_reason(self, source: str, incident: str) -> None:
+        """The slurmd left ``source``: take healer's cordon reason off it (it stays cordoned
+        for repair), so a later cordon of the repaired node cannot carry a stale reason."""
+        k8s = await self.nodes.get(source)
+        mine = k8s.annotations.get(CORDON_REASON, "")
+        if mine.startswith(SLURM_REASON_PREFIX) and incident in mine:
+            await self.nodes.patch_metadata(source, annotations={CORDON_REASON: None})
+
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult:
         try:
             pod = await self.pods.by_slurm_name(slurm_node)
@@ -260,7 +274,7 @@ class SlinkyWorkload:
         if (pod.get("spec") or {}).get("nodeName") != spare:
             return HookResult(StepOutcome.PENDING, f"{slurm_node} not on {spare} yet")
         st = pod_state(pod)
-        if not pod_ready(pod) or not st.registered:
-            return HookResult(StepOutcome.PENDING, f"{slurm_node} on {spare} not Ready or not "
-                                                   "registered in Slurm yet")
+        if not pod_ready(pod) or not st.registered or st.down:
+            return HookResult(StepOutcome.PENDING, f"{slurm_node} on {spare} not Ready, not "
+                                                   "registered or still DOWN in Slurm")
         return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_node})

@@ -376,9 +376,14 @@ UNDO_FINISHED = Guard("undo finished", lambda ctx: not ctx.open_steps())
 
 
 def _reason(rec: NodeRecord) -> str:
-    text = f"{REASON_PREFIX}{rec.incident.summary or ','.join(rec.incident.rules)}"
-    text += f" [{rec.incident.id}]"
-    return text[:250]
+    """The drain reason: what is wrong, then ``[incident-id]`` (always kept whole: undrain and
+    the Slinky driver find healer's incident in it)."""
+    tail = f" [{rec.incident.id}]"
+    summary = rec.incident.summary or ",".join(rec.incident.rules)
+    room = max(250 - len(REASON_PREFIX) - len(tail), 0)
+    if len(summary) > room:
+        summary = summary[:max(room - 1, 0)] + "…"
+    return f"{REASON_PREFIX}{summary}{tail}"
 
 
 def build_action(ctx: Ctx, ledger_name: str) -> Action:
@@ -1068,7 +1073,10 @@ def _policy_for(record: NodeRecord | None, node: str, view: BudgetView,
 
 def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     """Book-keeping every trigger does before the table: verdicts and step outcomes."""
-    if trigger.kind is TriggerKind.VERDICT and trigger.verdict is not None:
+    if trigger.kind is TriggerKind.VERDICT and trigger.verdict is not None \
+            and trigger.verdict.state.value != record.verdict:
+        # verdictAt: since when the verdict holds (a repeated verdict changes nothing, so it
+        # costs no write)
         record = replace(record, verdict=trigger.verdict.state.value, verdict_at=trigger.verdict.at)
     r = trigger.result
     if trigger.kind is TriggerKind.STEP and r is not None:

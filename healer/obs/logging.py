@@ -4,14 +4,29 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import structlog
 
 
-def setup(level: str = "info", json: bool | None = None) -> None:
+class _Stderr:
+    """Whatever ``sys.stderr`` is at the time of writing (test runners swap it per test)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
+def setup(level: str = "info", json: bool | None = None, stream: TextIO | None = None) -> None:
+    """Configure structlog: JSON off a TTY (or when asked), to ``stream`` (default stderr)."""
+    out: Any = stream if stream is not None else _Stderr()
     if json is None:
-        json = not sys.stderr.isatty()
+        json = not out.isatty()
     lvl = getattr(logging, level.upper(), logging.INFO)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -24,9 +39,9 @@ def setup(level: str = "info", json: bool | None = None) -> None:
         processors += [structlog.dev.ConsoleRenderer(colors=False)]
     structlog.configure(processors=processors,
                         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-                        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+                        logger_factory=structlog.PrintLoggerFactory(file=out),
                         cache_logger_on_first_use=False)
-    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr,
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=out,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
 

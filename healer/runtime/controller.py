@@ -328,8 +328,13 @@ class Controller:
             for t in await self.executor.run(act, decision.record):
                 self._submit(node, t)
         if decision.record is not None and decision.recheck_after is not None:
-            self._schedule(node, "tick", max(decision.recheck_after, 0.05),
-                           Trigger(TriggerKind.TICK, node, now + decision.recheck_after))
+            pending = self._timers.get((node, "tick"))
+            idle = decision.record == record and not decision.actions
+            if not (idle and pending is not None and not pending.done()):
+                # a decision that changed nothing keeps the pending tick: a stream of such
+                # triggers (telemetry every second) must not postpone a poll forever
+                self._schedule(node, "tick", max(decision.recheck_after, 0.05),
+                               Trigger(TriggerKind.TICK, node, now + decision.recheck_after))
 
     def _commit(self, node: str, decision: Decision, stored: StoredRecord | None) -> None:
         new = decision.record
