@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
@@ -155,19 +156,21 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from healer.app import run
 
     return asyncio.run(run(_settings(args)))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    import asyncio
-
     from healer.status import status
 
     return asyncio.run(status(args.kubeconfig, show_all=args.all, as_json=args.json))
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from healer.demo import run_demo
+
+    return asyncio.run(run_demo(args.scenario, keep=args.keep))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,6 +215,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--all", action="store_true", help="include closed remediations")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
+
+    from healer.backtest import add_backtest_flags, cmd_backtest
+
+    bt = sub.add_parser("backtest", help="replay historical telemetry from Prometheus through "
+                                         "the engine: what healer would have done, and when")
+    add_backtest_flags(bt)
+    bt.set_defaults(fn=cmd_backtest)
+
+    dm = sub.add_parser("demo", help="start the local real stack, inject a fault and watch "
+                                     "healer remediate it end to end")
+    dm.add_argument("--scenario", default="xid79", choices=["xid79", "storm", "degrading"],
+                    help="xid79 (default): XID 79 → warm spare; storm: the guardrails hold a "
+                         "fault storm; degrading: checkpoint a job before replacing its node")
+    dm.add_argument("--keep", action="store_true",
+                    help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
+    dm.set_defaults(fn=_cmd_demo)
 
     from healer.agent.main import add_agent_flags, cmd_agent
 

@@ -1,0 +1,1520 @@
+"""``healer backtest``: what healer would have done over a past time range, and when.
+
+The telemetry comes from Prometheus (:meth:`PrometheusSource.history`: the same queries the
+daemon sends, as range queries, one step apart) and goes through the **real** engine — health
+evaluation, the state machine, the guardrails — in :class:`healer.sim.engine.Replay`, against a
+simulated fleet. The report lists, per node, the incidents (time, severity, rules, GPUs), the
+disruptions (drain and cordon times), the spares used, every guardrail block (which guardrail,
+with its numbers), the escalations and the stretches of stale telemetry, plus a fleet summary.
+
+The world during a backtest is **optimistic**, and the report says so:
+
+* every action succeeds after a short latency (``api``: 1 s; a replacement slurmd is ready
+  ``pod_start`` = 45 s after the move; a validation passes after 2 min);
+* drains complete at once: Prometheus holds no job data, so no job delays a drain and no
+  checkpoint is waited for;
+* a pool of ``spares`` warm spares (default: unlimited, each a clone of the failed node's
+  topology labels, so always in its NVLink domain); the report says how many were needed;
+* repairs report no result unless ``repair_after`` is given (then every repair passes after
+  that long); a node sent to repair stays out of the fleet for the rest of the range.
+
+Guardrails stay **on**. Policies in ``observe`` or ``dryRun`` mode are evaluated as ``act``
+(the header lists the configured modes), so the operator sees what acting would have done;
+``as_configured`` keeps the modes.
+
+Nodes are selected by Kubernetes labels: every node seen in the telemetry gets ``node_labels``
+(default ``nvidia.com/gpu.present=true``), or, with a kubeconfig, the real Nodes' labels.
+
+Fidelity notes. Samples of a node at a step where it had no fresh heartbeat are dropped, like
+the daemon does (range functions keep answering from old samples while an exporter is down;
+stale telemetry is unknown, never a fault). A node's signal history is kept compact (per GPU
+and metric only the latest sample and the samples where a rule's condition started to hold),
+which gives the health evaluation exactly the same verdicts as the full history, and wake-ups
+that cannot change anything are skipped (see :class:`HistoryReplay`); the unit tests check
+that the timeline equals the plain :class:`Replay`'s. History is fetched a day at a time
+(:func:`fetch_history`). XID windows that began before ``start`` are not seen. A node that a
+spare replaced and that is repaired (``repair_after``) returns to the pool as a spare; if an
+XID of it is still inside its rule's window when it serves again, a new incident opens, as it
+would in the daemon.
+
+The same input gives a byte-identical :meth:`Report.to_json` (sorted keys, no wall-clock data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import sys
+import time
+from collections import defaultdict
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from healer.core import actions as a
+from healer.core.actions import StepStatus
+from healer.core.budget import BudgetView, breaker_status, population
+from healer.core.fleet import past_incident
+from healer.core.health import Verdict, evaluate_node
+from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
+from healer.core.model import (
+    GpuRef,
+    HealthState,
+    NodeRecord,
+    NodeView,
+    Outcome,
+    Signal,
+    SignalKind,
+    Taint,
+)
+from healer.core.phases import PENDING_ADMISSION, Phase
+from healer.core.policy import (
+    ConditionRule,
+    MetricRule,
+    Mode,
+    Op,
+    Policy,
+    PolicySet,
+    XidRule,
+)
+from healer.core.topology import DOMAIN_LABEL, TIER_PREFIX, match_level
+from healer.errors import ConfigError, HealerError
+from healer.policy.schema import parse_duration
+from healer.sim.engine import Replay
+from healer.sim.world import (
+    SPARE_LABEL,
+    SPARE_TAINT,
+    Latencies,
+    Result,
+    SimNode,
+    SimSlurmNode,
+    SimWorld,
+)
+
+#: Version of the JSON report format.
+REPORT_FORMAT_VERSION = 1
+DEFAULT_NODE_LABELS = "nvidia.com/gpu.present=true"
+#: Prefix of the simulated spares' names.
+SPARE_PREFIX = "backtest-spare-"
+_DISRUPTIVE_STEPS = ("drain", "cordon", "requeue")
+_GIVE_BACK_STEPS = ("undrain", "undo-drain")
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing (times, durations, labels)
+
+
+_RELATIVE = re.compile(r"^now\s*(?:([+-])\s*(\S+))?$")
+
+
+def parse_time(text: str, now: float) -> float:
+    """RFC3339 (``2026-01-05T09:00:00Z``; no offset means UTC), epoch seconds, ``now`` or
+    ``now-7d`` / ``now-90m`` / ``now+1h`` → seconds since the epoch."""
+    value = text.strip()
+    m = _RELATIVE.match(value)
+    if m is not None:
+        if m.group(1) is None:
+            return now
+        try:
+            delta = parse_duration(m.group(2))
+        except ValueError as e:
+            raise ConfigError(f"bad time {text!r}: {e}") from None
+        return now - delta if m.group(1) == "-" else now + delta
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        return float(value)
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(f"bad time {text!r}: expected RFC3339 (2026-01-05T09:00:00Z), epoch "
+                          "seconds, now or now-7d") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def parse_seconds(text: str, what: str) -> float:
+    """A duration (``60s``, ``5m``) or a bare number of seconds."""
+    value = text.strip()
+    try:
+        return float(value) if re.fullmatch(r"\d+(\.\d+)?", value) else parse_duration(value)
+    except ValueError as e:
+        raise ConfigError(f"{what}: {e}") from None
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` → a dict (empty text: no labels)."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"bad node label {part!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def rfc3339(t: float) -> str:
+    """UTC, whole seconds unless the time has a fraction (then milliseconds)."""
+    t = round(t, 3)
+    dt = datetime.fromtimestamp(t, UTC)
+    if t == int(t):
+        return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def human_duration(seconds: float) -> str:
+    s = round(seconds)
+    if s < 120:
+        return f"{s}s"
+    if s < 7200:
+        return f"{s // 60}m{s % 60:02d}s" if s % 60 else f"{s // 60}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _num(x: float) -> float | int:
+    return int(x) if float(x).is_integer() else x
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A guardrail (or the observe-only mode) held an incident back from ``since`` to
+    ``until`` (None: still held at the end of the range)."""
+
+    guardrail: str
+    message: str
+    current: float
+    limit: float
+    since: float
+    until: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"guardrail": self.guardrail, "message": self.message,
+                "current": _num(self.current), "limit": _num(self.limit),
+                "since": rfc3339(self.since),
+                "until": None if self.until is None else rfc3339(self.until)}
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseChange:
+    at: float
+    source: str
+    target: str
+    trigger: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": rfc3339(self.at), "from": self.source, "to": self.target,
+                "trigger": self.trigger}
+
+
+@dataclass(frozen=True, slots=True)
+class StepEntry:
+    """One ledger step: started (intent recorded), finished (the world answered)."""
+
+    step: str
+    started_at: float
+    finished_at: float | None
+    outcome: str
+    detail: str = ""
+    error: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step": self.step, "startedAt": rfc3339(self.started_at),
+                             "finishedAt": None if self.finished_at is None
+                             else rfc3339(self.finished_at), "outcome": self.outcome}
+        if self.detail:
+            d["detail"] = self.detail
+        if self.error:
+            d["error"] = self.error
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentReport:
+    id: str
+    node: str
+    policy: str
+    mode: str  # the mode the incident was evaluated in
+    severity: str
+    rules: tuple[str, ...]
+    gpus: tuple[GpuRef, ...]
+    summary: str
+    opened_at: float
+    phase: str  # at the end of the range
+    outcome: str
+    admitted_at: float | None = None
+    drained_at: float | None = None
+    cordoned_at: float | None = None
+    spare: str = ""
+    spare_match: str = ""  # domain | tier-N | any
+    replaced_at: float | None = None  # the replacement serves (undrained on the spare)
+    out_since: float | None = None  # Slurm capacity out (drain accepted) ...
+    out_until: float | None = None  # ... until given back (None: still out at the end)
+    blocks: tuple[Block, ...] = ()
+    escalated_at: float | None = None
+    escalation: str = ""
+    held_for_capacity: bool = False
+    phases: tuple[PhaseChange, ...] = ()
+    steps: tuple[StepEntry, ...] = ()
+
+    @property
+    def taken_out(self) -> bool:
+        return self.out_since is not None or self.cordoned_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        def t(x: float | None) -> str | None:
+            return None if x is None else rfc3339(x)
+
+        return {
+            "id": self.id, "node": self.node, "policy": self.policy, "mode": self.mode,
+            "severity": self.severity, "rules": list(self.rules),
+            "gpus": [g.to_dict() for g in self.gpus], "summary": self.summary,
+            "openedAt": rfc3339(self.opened_at), "phase": self.phase, "outcome": self.outcome,
+            "admittedAt": t(self.admitted_at), "drainedAt": t(self.drained_at),
+            "cordonedAt": t(self.cordoned_at), "spare": self.spare or None,
+            "spareMatch": self.spare_match or None, "replacedAt": t(self.replaced_at),
+            "outOfService": None if self.out_since is None else
+            {"since": rfc3339(self.out_since), "until": t(self.out_until)},
+            "blocks": [b.to_dict() for b in self.blocks],
+            "escalation": None if self.escalated_at is None else
+            {"at": rfc3339(self.escalated_at), "reason": self.escalation},
+            "heldForCapacity": self.held_for_capacity,
+            "phases": [p.to_dict() for p in self.phases],
+            "steps": [s.to_dict() for s in self.steps],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StalePeriod:
+    since: float
+    until: float | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since": rfc3339(self.since),
+                "until": None if self.until is None else rfc3339(self.until),
+                "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class Disruption:
+    at: float
+    action: str  # drain | cordon | requeue
+    incident: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": rfc3339(self.at), "action": self.action, "incident": self.incident}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    node: str
+    policies: tuple[str, ...]  # the policies that select it
+    telemetry: bool  # seen in the telemetry
+    incidents: tuple[IncidentReport, ...] = ()
+    disruptions: tuple[Disruption, ...] = ()
+    stale: tuple[StalePeriod, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policies": list(self.policies), "telemetry": self.telemetry,
+                "incidents": [i.to_dict() for i in self.incidents],
+                "disruptions": [d.to_dict() for d in self.disruptions],
+                "stale": [s.to_dict() for s in self.stale]}
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTrip:
+    at: float
+    scope: str  # "fleet" or "policy NAME"
+    node: str  # whose incident tripped it
+    count: int
+    threshold: int
+    closes_at: float | None  # if nothing else fails (later incidents in the cooldown extend it)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": rfc3339(self.at), "scope": self.scope, "node": self.node,
+                "count": self.count, "threshold": self.threshold,
+                "closesAt": None if self.closes_at is None else rfc3339(self.closes_at)}
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    nodes: int
+    governed: int
+    incidents: int
+    by_severity: Mapping[str, int]
+    nodes_taken_out: int
+    max_concurrently_out: int
+    max_out_at: float | None
+    spares_claimed: int
+    spares_needed: int
+    held_for_capacity: int
+    breaker_trips: tuple[BreakerTrip, ...]
+    blocks: Mapping[str, int]  # guardrail → incidents it held back
+    escalations: int
+    recovered: int
+    stale_nodes: int
+    dry_run_incidents: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes, "governedNodes": self.governed, "incidents": self.incidents,
+            "bySeverity": dict(self.by_severity), "nodesTakenOut": self.nodes_taken_out,
+            "maxConcurrentlyOut": self.max_concurrently_out,
+            "maxOutAt": None if self.max_out_at is None else rfc3339(self.max_out_at),
+            "sparesClaimed": self.spares_claimed, "sparesNeeded": self.spares_needed,
+            "heldForCapacity": self.held_for_capacity,
+            "breakerTrips": [b.to_dict() for b in self.breaker_trips],
+            "guardrailBlocks": dict(self.blocks), "escalations": self.escalations,
+            "recovered": self.recovered, "staleNodes": self.stale_nodes,
+            "dryRunIncidents": self.dry_run_incidents,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyMode:
+    name: str
+    configured: str
+    evaluated: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assumptions:
+    """The optimistic world the backtest ran against."""
+
+    latencies: Latencies
+    spares: int | None  # None: unlimited
+    repair_after: float | None  # None: no repair result arrives
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world": "optimistic",
+            "actionLatencySeconds": _num(self.latencies.api),
+            "replacementReadySeconds": _num(self.latencies.pod_start),
+            "validationSeconds": _num(self.latencies.validation),
+            "drains": "complete at once (no job data)",
+            "spares": "unlimited" if self.spares is None else self.spares,
+            "repairAfterSeconds": None if self.repair_after is None else _num(self.repair_after),
+            "guardrails": "on",
+        }
+
+    def describe(self) -> str:
+        lat = self.latencies
+        spares = "unlimited spares" if self.spares is None else f"{self.spares} spares"
+        repair = ("repairs report no result" if self.repair_after is None else
+                  f"repairs pass after {human_duration(self.repair_after)}")
+        return (f"optimistic world: actions succeed after {lat.api:g}s, a replacement serves "
+                f"{lat.pod_start:g}s after the move, validations pass after "
+                f"{human_duration(lat.validation)}; drains complete at once (no job data); "
+                f"{spares}; {repair}")
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    source: str
+    start: float
+    end: float
+    step: float
+    policies: tuple[PolicyMode, ...]
+    as_configured: bool
+    assumptions: Assumptions
+    nodes: tuple[NodeReport, ...]
+    summary: Summary
+    signals: int  # signals replayed (after dropping samples without a fresh heartbeat)
+    digest: str = ""  # of the policy set
+    label_source: str = ""  # where the node labels came from
+    #: wall seconds per phase (fetch, replay); never in the JSON, which must be reproducible
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)
+
+    def node(self, name: str) -> NodeReport:
+        for n in self.nodes:
+            if n.node == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def incidents(self) -> list[IncidentReport]:
+        return sorted((i for n in self.nodes for i in n.incidents),
+                      key=lambda i: (i.opened_at, i.node))
+
+    def header_lines(self) -> list[str]:
+        span = human_duration(self.end - self.start)
+        lines = [f"healer backtest of {self.source}: {rfc3339(self.start)} → {rfc3339(self.end)} "
+                 f"({span}, step {self.step:g}s), {self.summary.nodes} nodes "
+                 f"({self.label_source})"]
+        modes = ", ".join(f"{p.name}={p.configured}" for p in self.policies)
+        if self.as_configured:
+            lines.append(f"policies evaluated as configured: {modes}")
+        else:
+            lines.append(f"policies evaluated as act (configured: {modes}); --as-configured "
+                         "keeps the modes")
+        lines.append(self.assumptions.describe() + "; guardrails on")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "formatVersion": REPORT_FORMAT_VERSION,
+            "source": self.source,
+            "range": {"from": rfc3339(self.start), "to": rfc3339(self.end),
+                      "stepSeconds": _num(self.step)},
+            "policies": [{"name": p.name, "configuredMode": p.configured,
+                          "evaluatedMode": p.evaluated} for p in self.policies],
+            "policyDigest": self.digest,
+            "asConfigured": self.as_configured,
+            "nodeLabels": self.label_source,
+            "assumptions": self.assumptions.to_dict(),
+            "signals": self.signals,
+            "nodes": {n.node: n.to_dict() for n in self.nodes},
+            "summary": self.summary.to_dict(),
+            "header": self.header_lines(),
+        }
+
+    def to_json(self) -> str:
+        """Stable: the same input gives byte-identical output (sorted keys)."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+
+    def table(self) -> str:
+        return "\n".join(render_table(self)) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The world
+
+
+class BacktestWorld(SimWorld):
+    """:class:`SimWorld` with no jobs, a spare pool that may be unlimited, and repair results
+    after a fixed delay (or never)."""
+
+    def __init__(self, nodes: list[SimNode], *, latencies: Latencies, spares: int | None,
+                 spare_labels: Mapping[str, str], repair_after: float | None) -> None:
+        self.spare_labels = {**spare_labels, SPARE_LABEL: "spare"}
+        pool = [self._spare(i + 1, {}) for i in range(spares or 0)]
+        super().__init__([*nodes, *pool], [], latencies)
+        self.unlimited = spares is None
+        self.repair_after = repair_after
+        self._made = len(pool)
+        self._repairs: set[str] = set()
+        self.changes = 0  # actions executed (a node view may have changed)
+        #: (at, +1 claimed / -1 back in the pool, incident) for the spares-needed count
+        self.pool_changes: list[tuple[float, int, str]] = []
+
+    def add_node(self, node: SimNode) -> None:
+        """A node joins the fleet (with its Slurm node, named like it)."""
+        self.nodes[node.name] = node
+        self.slurm[node.name] = SimSlurmNode(node.name, node.name)
+        self.changes += 1
+
+    def _spare(self, n: int, like: Mapping[str, str]) -> SimNode:
+        labels = dict(self.spare_labels)
+        labels.update({k: v for k, v in like.items()
+                       if k == DOMAIN_LABEL or k.startswith(TIER_PREFIX)})
+        return SimNode(f"{SPARE_PREFIX}{n:03d}", labels, spare=True,
+                       taints=[Taint(SPARE_TAINT, "true", "NoSchedule")])
+
+    def _free_spares(self, node: str) -> list[SimNode]:
+        return [n for n in self.nodes.values()
+                if n.spare and not n.claimed_by and n.ready and n.name != node]
+
+    def _do_ClaimSpare(self, act: a.ClaimSpare, now: float) -> Result:
+        mine = any(n.claimed_by == act.incident for n in self.nodes.values())
+        if self.unlimited and not mine:
+            bad = self.nodes[act.node]
+            dom = bad.labels.get(DOMAIN_LABEL)
+            free = self._free_spares(act.node)
+            if not free or (dom and all(n.labels.get(DOMAIN_LABEL) != dom for n in free)):
+                self._made += 1
+                spare = self._spare(self._made, bad.labels)
+                self.nodes[spare.name] = spare
+        res = super()._do_ClaimSpare(act, now)
+        if not mine and res[0] is StepStatus.DONE:
+            self.pool_changes.append((now, 1, act.incident))
+        return res
+
+    def _do_ReleaseSpare(self, act: a.ReleaseSpare, now: float) -> Result:
+        n = self.nodes.get(act.spare)
+        if n is not None and n.claimed_by == act.incident and n.spare:
+            self.pool_changes.append((now, -1, act.incident))
+        return super()._do_ReleaseSpare(act, now)
+
+    def _do_ReturnToPool(self, act: a.ReturnToPool, now: float) -> Result:
+        if not self.nodes[act.node].spare:
+            self.pool_changes.append((now, -1, act.incident))
+        return super()._do_ReturnToPool(act, now)
+
+    def execute(self, action: a.Action, now: float) -> list[tuple[float, Trigger]]:
+        self.changes += 1
+        out = super().execute(action, now)
+        if (isinstance(action, a.MarkRepair) and self.repair_after is not None
+                and action.incident not in self._repairs):
+            self._repairs.add(action.incident)
+            t = now + self.repair_after
+            out.append((t, Trigger(TriggerKind.REPAIR, action.node, t, incident=action.incident,
+                                   repair_passed=True)))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A compact signal history per node (gives the health evaluation the same verdicts)
+
+
+class _Series:
+    __slots__ = ("latest", "runs")
+
+    def __init__(self, latest: Signal, runs: list[tuple[Signal | None, Signal] | None]) -> None:
+        self.latest = latest
+        # per threshold test: (the sample before the run, the run's first sample) while the
+        # latest sample passes the test; None while it does not
+        self.runs = runs
+
+
+class _NodeSignals:
+    """What :func:`healer.core.health.evaluate` can still look at, per node.
+
+    Metrics: per (key, GPU) the latest sample and, for every threshold on that key that the
+    latest sample passes, the first sample of its current run and the one before it (the
+    ``for:`` walk-back stops there). XIDs: those younger than the longest XID window, plus the
+    newest per source. Fresh and stale markers: the newest per source. Conditions: the newest
+    per type plus those younger than the longest condition window.
+    """
+
+    def __init__(self, tests: Mapping[str, tuple[tuple[Op, float], ...]], xid_window: float,
+                 condition_window: float, gap: float) -> None:
+        self.tests = tests
+        self.xid_window = xid_window
+        self.condition_window = condition_window
+        self.gap = gap
+        self.series: dict[tuple[str, GpuRef | None], _Series] = {}
+        self.xids: list[Signal] = []
+        self.newest: dict[tuple[SignalKind, str], Signal] = {}
+        self.conditions: dict[str, list[Signal]] = defaultdict(list)
+        self.fresh_at = -1.0  # the newest FRESH heartbeat
+        #: the newest XID per source: still fresh data after its window passed
+        self.last_xid: dict[str, Signal] = {}
+
+    def add(self, s: Signal) -> bool:
+        """Remember ``s``; False when it cannot change the verdict by itself."""
+        if s.kind is SignalKind.METRIC:
+            ser = self.series.get((s.key, s.gpu))
+            if ser is not None and s.value == ser.latest.value \
+                    and s.observed_at - ser.latest.observed_at <= self.gap:
+                ser.latest = s  # the same value again: every threshold test is unchanged
+                return False
+        match s.kind:
+            case SignalKind.METRIC:
+                return self._metric(s)
+            case SignalKind.XID:
+                self.xids.append(s)
+                old = self.last_xid.get(s.source)
+                if old is None or s.observed_at >= old.observed_at:
+                    self.last_xid[s.source] = s
+                return True
+            case SignalKind.CONDITION:
+                self.conditions[s.key].append(s)
+                return True
+            case SignalKind.FRESH:
+                self._newest(s)
+                self.fresh_at = max(self.fresh_at, s.observed_at)
+                return False
+            case _:  # STALE
+                self._newest(s)
+                return True
+
+    def _newest(self, s: Signal) -> None:
+        k = (s.kind, s.source)
+        old = self.newest.get(k)
+        if old is None or s.observed_at >= old.observed_at:
+            self.newest[k] = s
+
+    def _metric(self, s: Signal) -> bool:
+        tests = self.tests.get(s.key, ())
+        key = (s.key, s.gpu)
+        ser = self.series.get(key)
+        if ser is None:
+            self.series[key] = _Series(s, [(None, s) if op.test(s.value, thr) else None
+                                           for op, thr in tests])
+            return True
+        prev = ser.latest
+        changed = s.value != prev.value or s.observed_at - prev.observed_at > self.gap
+        for i, (op, thr) in enumerate(tests):
+            if not op.test(s.value, thr):
+                ser.runs[i] = None
+            elif ser.runs[i] is None:
+                ser.runs[i] = (prev, s)
+        ser.latest = s
+        return changed
+
+    def signals(self, now: float) -> list[Signal]:
+        self.xids = [x for x in self.xids if now - x.observed_at < self.xid_window]
+        out: list[Signal] = list(self.xids)
+        present = {id(x) for x in self.xids}
+        out.extend(x for x in self.last_xid.values() if id(x) not in present)
+        out.extend(self.newest.values())
+        for ser in self.series.values():
+            kept = {id(ser.latest): ser.latest}
+            for run in ser.runs:
+                if run is not None:
+                    before, first = run
+                    kept[id(first)] = first
+                    if before is not None:
+                        kept[id(before)] = before
+            out.extend(kept.values())
+        for key, obs in self.conditions.items():
+            recent = [o for o in obs[:-1] if now - o.value < self.condition_window]
+            self.conditions[key] = [*recent, obs[-1]]
+            out.extend(self.conditions[key])
+        return out
+
+
+def _rule_index(policies: PolicySet) -> tuple[dict[str, tuple[tuple[Op, float], ...]], float,
+                                              float]:
+    tests: dict[str, list[tuple[Op, float]]] = defaultdict(list)
+    xid_window = 0.0
+    condition_window = 0.0
+    for p in policies.policies:
+        for r in p.rules:
+            if isinstance(r, MetricRule):
+                if (r.op, r.threshold) not in tests[r.key]:
+                    tests[r.key].append((r.op, r.threshold))
+            elif isinstance(r, XidRule):
+                xid_window = max(xid_window, r.within)
+            elif isinstance(r, ConditionRule):
+                condition_window = max(condition_window, r.within)
+    return {k: tuple(v) for k, v in tests.items()}, xid_window, condition_window
+
+
+class HistoryReplay(Replay):
+    """:class:`Replay` for history: a compact signal history, fewer no-op wake-ups, a log of
+    verdict changes.
+
+    Call :meth:`attach` before running. What it skips, each exactly a no-op in the engine:
+
+    * an evaluation for an unchanged sample, unless the node waits for admission (a verdict
+      re-checks the guardrails then); a changed sample, an XID, a stale marker, a gap in a
+      series or the first fresh sample after stale telemetry still wakes it;
+    * the rechecks of a healthy node with no rule even half-matching while its telemetry is
+      fresh: only a changed sample can change that verdict; the rechecks resume as soon as the
+      node misses a heartbeat;
+    * the polls of a record in Repair with no step open (only its deadline matters) and of an
+      incident held by its observe-only mode (nothing but a new verdict changes it);
+    * rebuilding the guardrails' view of the fleet when no record and no node changed.
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.step = 60.0
+        self.backtest_world: BacktestWorld | None = None
+        self.verdict_log: dict[str, list[tuple[float, HealthState, str]]] = defaultdict(list)
+        self.evaluations = 0
+        self._tests, self._xid_window, self._condition_window = _rule_index(self.policies)
+        self._compact: dict[str, _NodeSignals] = {}
+        self._selecting: dict[tuple[tuple[str, str], ...], list[Policy]] = {}
+        self._quiet: set[str] = set()  # healthy, fresh nodes evaluated only on a change
+        self._version = 0
+        self._view_key: tuple[int, int] | None = None
+        self._view: BudgetView | None = None
+        self._user_on_step = self.on_step
+        self.on_step = self._stepped
+
+    def attach(self, world: BacktestWorld, step: float) -> None:
+        self.backtest_world = world
+        self.step = step
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def feeder(self, batch: Sequence[Signal]) -> Callable[[float], None]:
+        """A callback that delivers ``batch`` (signals of one instant) when it is due."""
+
+        def feed(now: float) -> None:
+            awaiting = {n for n, r in self.records.items() if Phase(r.phase) in
+                        PENDING_ADMISSION and not _observe_held(r)}
+            compact, last_state = self._compact, self._last_state
+            woken: set[str] = set()
+            for sig in batch:
+                node = sig.node
+                hist = compact.get(node)
+                if hist is None:
+                    hist = compact[node] = self._history()
+                changed = hist.add(sig)
+                if node in woken:
+                    continue
+                last = last_state.get(node)
+                if sig.kind is SignalKind.FRESH:
+                    wake = last is None or last is HealthState.STALE
+                else:
+                    wake = changed or last is None or node in awaiting
+                if wake:
+                    woken.add(node)
+                    self._schedule(self._eval_due, "eval", node, self.now)
+            if self._quiet:
+                late = now - 1.5 * self.step
+                for node in sorted(self._quiet):
+                    hist = compact.get(node)
+                    if hist is None or hist.fresh_at < late:
+                        self._quiet.discard(node)
+                        self._schedule(self._eval_due, "eval", node, self.now)
+
+        return feed
+
+    def _history(self) -> _NodeSignals:
+        return _NodeSignals(self._tests, self._xid_window, self._condition_window,
+                            1.5 * self.step)
+
+    def _on_signal(self, sig: Signal) -> None:
+        node = sig.node
+        hist = self._compact.get(node)
+        if hist is None:
+            hist = self._compact[node] = self._history()
+        changed = hist.add(sig)
+        last = self._last_state.get(node)
+        if sig.kind is SignalKind.FRESH:
+            wake = last is None or last is HealthState.STALE
+        else:
+            wake = changed or last is None or self._awaits_verdicts(node)
+        if wake:
+            self._schedule(self._eval_due, "eval", node, self.now)
+
+    def _awaits_verdicts(self, node: str) -> bool:
+        rec = self.records.get(node)
+        return rec is not None and Phase(rec.phase) in PENDING_ADMISSION \
+            and not _observe_held(rec)
+
+    # -- verdicts ------------------------------------------------------------------------
+
+    def verdict(self, node: str) -> Verdict:
+        self.evaluations += 1
+        world = self.backtest_world
+        sim = world.nodes.get(node) if world is not None else None
+        policies: list[Policy] = []
+        if sim is not None:
+            key = tuple(sorted(sim.labels.items()))
+            found = self._selecting.get(key)
+            if found is None:
+                found = self._selecting[key] = self.policies.policies_for(sim.view(self.now))
+            policies = found
+        hist = self._compact.get(node)
+        v = evaluate_node(node, hist.signals(self.now) if hist is not None else [], policies,
+                          self.now)
+        log = self.verdict_log[node]
+        if not log or log[-1][1] is not v.state:
+            log.append((self.now, v.state, v.summary()))
+        if (v.state is HealthState.HEALTHY and not v.matches and hist is not None
+                and hist.fresh_at >= self.now and not self._awaits_verdicts(node)):
+            self._quiet.add(node)
+            return replace(v, recheck_after=None)
+        self._quiet.discard(node)
+        return v
+
+    # -- steps ---------------------------------------------------------------------------
+
+    def _stepped(self, now: float, before: BudgetView, record: NodeRecord | None,
+                 trigger: Trigger, decision: Decision) -> None:
+        if decision.record is not record:
+            self._version += 1
+        if self._user_on_step is not None:
+            self._user_on_step(now, before, record, trigger, decision)
+
+    def view(self) -> BudgetView:
+        world = self.backtest_world
+        key = (self._version, world.changes if world is not None else -1)
+        if self._view is None or key != self._view_key:
+            self._view = super().view()
+            self._view_key = key
+        return self._view
+
+    def _schedule(self, due: dict[str, float], kind: str, node: str, t: float) -> None:
+        if kind == "tick":
+            rec = self.records.get(node)
+            if rec is not None and _observe_held(rec):
+                return
+            if rec is not None and Phase(rec.phase) is Phase.REPAIR \
+                    and all(s.done for s in rec.ledger) and not self.policies.fleet.paused:
+                deadline = phase_deadline(rec, self.policies.get(rec.policy))
+                if deadline is None:
+                    return
+                t = max(t, deadline)
+        super()._schedule(due, kind, node, t)
+
+
+def _observe_held(rec: NodeRecord) -> bool:
+    """An incident held back only because its policy observes."""
+    return Phase(rec.phase) in PENDING_ADMISSION and rec.blocked is not None \
+        and rec.blocked.guardrail == "observe-only"
+
+
+# ---------------------------------------------------------------------------------------------
+# Collecting what happened
+
+
+@dataclass
+class _Incident:
+    id: str
+    node: str
+    opened_at: float
+    record: NodeRecord
+    phases: list[PhaseChange] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    open_block: Block | None = None
+    escalated_at: float | None = None
+    held: bool = False
+
+
+class _Collector:
+    """The ``on_step`` hook: phase changes, blocks and breaker trips of every incident."""
+
+    def __init__(self) -> None:
+        self.incidents: dict[str, _Incident] = {}
+        self.trips: list[BreakerTrip] = []
+
+    def __call__(self, now: float, before: BudgetView, record: NodeRecord | None,
+                 trigger: Trigger, decision: Decision) -> None:
+        after = decision.record
+        rec = after if after is not None else record
+        if rec is None:
+            return
+        inc = self.incidents.get(rec.incident.id)
+        for src, dst, label in decision.transitions:
+            if inc is None and dst in PENDING_ADMISSION and after is not None:
+                inc = self.incidents[rec.incident.id] = _Incident(rec.incident.id, rec.node,
+                                                                  now, after)
+                self._breaker(now, before, after)
+            if inc is None:
+                continue
+            inc.phases.append(PhaseChange(now, src.value, dst.value, label))
+            if dst is Phase.ESCALATED and inc.escalated_at is None:
+                inc.escalated_at = now
+            if dst is Phase.HELD_FOR_CAPACITY:
+                inc.held = True
+        if inc is None:
+            return
+        if after is not None:
+            inc.record = after
+        blocked = after.blocked if after is not None else None
+        cur = inc.open_block
+        if blocked is None:
+            if cur is not None:
+                inc.blocks.append(replace(cur, until=now))
+                inc.open_block = None
+        elif cur is None or cur.guardrail != blocked.guardrail:
+            if cur is not None:
+                inc.blocks.append(replace(cur, until=now))
+            inc.open_block = Block(blocked.guardrail, blocked.message, blocked.current,
+                                   blocked.limit, now, None)
+
+    def _breaker(self, now: float, before: BudgetView, rec: NodeRecord) -> None:
+        ps = before.policies
+        policy = ps.get(rec.policy)
+        scopes: list[tuple[str, Policy | None]] = []
+        if policy is not None and policy.guardrails.breaker is not None:
+            scopes.append((f"policy {policy.name}", policy))
+        if ps.fleet.guardrails.breaker is not None:
+            scopes.append(("fleet", None))
+        new = past_incident(rec)
+        for scope, pol in scopes:
+            cfg = (pol.guardrails if pol is not None else ps.fleet.guardrails).breaker
+            assert cfg is not None
+            members = len(population(before, pol))
+            incidents = [i for i in before.incidents if pol is None or i.policy == pol.name]
+            was = breaker_status(cfg, incidents, members, now)
+            now_st = breaker_status(cfg, [*incidents, new], members, now)
+            if now_st.tripped and not was.tripped:
+                self.trips.append(BreakerTrip(now, scope, rec.node, now_st.count,
+                                              now_st.threshold, now_st.until))
+            elif now_st.tripped:
+                for i in range(len(self.trips) - 1, -1, -1):
+                    if self.trips[i].scope == scope:
+                        self.trips[i] = replace(self.trips[i], closes_at=now_st.until)
+                        break
+
+
+# ---------------------------------------------------------------------------------------------
+# The replay
+
+
+def evaluated_policies(policies: PolicySet, as_configured: bool) -> PolicySet:
+    """Every policy in ``act`` mode, unless ``as_configured``."""
+    if as_configured:
+        return policies
+    return replace(policies, policies=tuple(replace(p, mode=Mode.ACT)
+                                            for p in policies.policies))
+
+
+def instants(signals: Iterable[Signal], start: float, end: float) -> list[list[Signal]]:
+    """The signals within ``[start, end]``, grouped by instant in time order, without the
+    metric samples of a node (or GPU) at an instant where it had no fresh heartbeat.
+
+    That is what the daemon's poll does: range functions keep answering from old samples while
+    an exporter is down, but that is not fresh data (stale telemetry is never a fault).
+    """
+    sigs = [s for s in signals if start <= s.observed_at <= end]
+    times = [s.observed_at for s in sigs]
+    if times != sorted(times):
+        sigs.sort(key=lambda s: s.observed_at)  # stable: the order within an instant is kept
+    out: list[list[Signal]] = []
+    i, n = 0, len(sigs)
+    while i < n:
+        t = sigs[i].observed_at
+        j = i
+        while j < n and sigs[j].observed_at == t:
+            j += 1
+        batch = sigs[i:j]
+        i = j
+        fresh: set[str] = set()
+        stale: dict[str, set[GpuRef | None]] = {}
+        for s in batch:
+            if s.kind is SignalKind.FRESH:
+                fresh.add(s.node)
+            elif s.kind is SignalKind.STALE:
+                stale.setdefault(s.node, set()).add(s.gpu)
+        kept = [s for s in batch if s.kind is not SignalKind.METRIC or s.node in fresh
+                or ((gone := stale.get(s.node)) is not None and None not in gone
+                    and s.gpu not in gone)]
+        if kept:
+            out.append(kept)
+    return out
+
+
+class Backtest:
+    """An incremental backtest: :meth:`feed` signals in time order (a chunk at a time, so that
+    a long range never has to fit in memory), then :meth:`report`.
+
+    ``nodes`` maps node name → labels (from Kubernetes: every node is in the fleet from the
+    start); without it, a node joins the fleet when its telemetry is first seen and gets
+    ``node_labels`` (default ``nvidia.com/gpu.present=true``).
+    """
+
+    def __init__(self, policies: PolicySet, start: float, end: float, *, step: float = 60.0,
+                 node_labels: Mapping[str, str] | None = None,
+                 nodes: Mapping[str, Mapping[str, str]] | None = None,
+                 spares: int | None = None, as_configured: bool = False,
+                 latencies: Latencies | None = None, repair_after: float | None = None,
+                 source: str = "", label_source: str = "") -> None:
+        if end <= start:
+            raise ConfigError("the backtest range is empty: --from must be before --to")
+        if step <= 0:
+            raise ConfigError("--step must be positive")
+        if spares is not None and spares < 0:
+            raise ConfigError("--spares must not be negative")
+        self.policies = policies
+        self.start, self.end, self.step = start, end, step
+        self.spares, self.as_configured, self.repair_after = spares, as_configured, repair_after
+        self.latencies = latencies or Latencies()
+        self.source = source
+        self.evaluated = evaluated_policies(policies, as_configured)
+        self.default_labels = dict(node_labels) if node_labels is not None \
+            else parse_labels(DEFAULT_NODE_LABELS)
+        self.kube = nodes is not None
+        self.labels_of: dict[str, dict[str, str]] = {
+            n: dict(lb) for n, lb in (nodes or {}).items()}
+        if label_source:
+            self.label_source = label_source
+        elif self.kube:
+            self.label_source = "labels from Kubernetes"
+        else:
+            self.label_source = "labels " + (",".join(
+                f"{k}={v}" for k, v in sorted(self.default_labels.items())) or "(none)")
+        spare_labels = dict(self.default_labels)
+        spare_labels.update(self.evaluated.fleet.spare_selector.match_labels)
+        self.world = BacktestWorld([SimNode(n, dict(lb)) for n, lb in
+                                    sorted(self.labels_of.items())],
+                                   latencies=self.latencies, spares=spares,
+                                   spare_labels=spare_labels, repair_after=repair_after)
+        self.collector = _Collector()
+        self.replay = HistoryReplay(self.evaluated, self.world, start, on_step=self.collector)
+        self.replay.attach(self.world, step)
+        self.seen: set[str] = set()
+        self.signals = 0
+        self.seconds = 0.0  # spent replaying
+        self._last = -math.inf
+
+    def _joiner(self, nodes: Sequence[str]) -> Callable[[float], None]:
+        """Nodes join the fleet when their first signal is due (not when it is fed), so that
+        feeding in chunks or at once gives the same fleet at every instant."""
+
+        def join(_now: float) -> None:
+            for node in nodes:
+                if node in self.labels_of:
+                    continue
+                # not in Kubernetes: no policy selects it; else the labels every node gets
+                labels = {} if self.kube else dict(self.default_labels)
+                self.labels_of[node] = labels
+                self.world.add_node(SimNode(node, dict(labels)))
+
+        return join
+
+    def feed(self, signals: Iterable[Signal]) -> None:
+        """Replay ``signals``; every one must be later than those fed before."""
+        began = time.monotonic()
+        batches = instants(signals, self.start, self.end)
+        if batches and batches[0][0].observed_at <= self._last:
+            raise ValueError("backtest signals must be fed in time order")
+        for b in batches:
+            new = sorted({sig.node for sig in b} - self.seen)
+            if new:
+                self.seen.update(new)
+                self.replay.add_callback(b[0].observed_at, self._joiner(new))
+            self.replay.add_callback(b[0].observed_at, self.replay.feeder(b))
+            self.signals += len(b)
+        if batches:
+            self._last = batches[-1][0].observed_at
+            self.replay.run(self._last)
+        self.seconds += time.monotonic() - began
+
+    def report(self) -> Report:
+        """Run to the end of the range; the report."""
+        began = time.monotonic()
+        self.replay.run(self.end)
+        report = _build_report(
+            self.replay, self.world, self.collector, self.policies, self.evaluated,
+            self.signals, sorted(self.seen), self.labels_of, start=self.start, end=self.end,
+            step=self.step, spares=self.spares, as_configured=self.as_configured,
+            latencies=self.latencies, repair_after=self.repair_after, source=self.source,
+            label_source=self.label_source)
+        self.seconds += time.monotonic() - began
+        return report
+
+
+def replay_history(signals: Iterable[Signal], policies: PolicySet, start: float, end: float, *,
+                   step: float = 60.0, node_labels: Mapping[str, str] | None = None,
+                   nodes: Mapping[str, Mapping[str, str]] | None = None,
+                   spares: int | None = None, as_configured: bool = False,
+                   latencies: Latencies | None = None, repair_after: float | None = None,
+                   source: str = "", label_source: str = "") -> Report:
+    """Replay ``signals`` (a backtest's telemetry, in any order) through the engine; the
+    report. Pure (see :class:`Backtest` for the arguments)."""
+    bt = Backtest(policies, start, end, step=step, node_labels=node_labels, nodes=nodes,
+                  spares=spares, as_configured=as_configured, latencies=latencies,
+                  repair_after=repair_after, source=source, label_source=label_source)
+    bt.feed(signals)
+    return bt.report()
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the report
+
+
+def _steps(rec: NodeRecord) -> tuple[StepEntry, ...]:
+    return tuple(StepEntry(s.step, s.started_at, s.finished_at,
+                           s.outcome.value if s.outcome is not None else "open", s.detail,
+                           s.error) for s in rec.ledger)
+
+
+def _ok_at(rec: NodeRecord, *names: str) -> float | None:
+    times = [s.finished_at for s in rec.ledger
+             if s.step in names and s.outcome is Outcome.OK and s.finished_at is not None]
+    return min(times) if times else None
+
+
+def _incident_report(inc: _Incident, world: BacktestWorld, end: float) -> IncidentReport:
+    rec = inc.record
+    admitted = next((p.at for p in inc.phases if p.source in (Phase.DEGRADING.value,
+                                                              Phase.FAILED.value)
+                     and p.target in (Phase.CHECKPOINTING.value, Phase.DRAINING.value)), None)
+    drained = _ok_at(rec, "drain")
+    cordoned = _ok_at(rec, "cordon")
+    out_since = drained if drained is not None else cordoned
+    out_until = None
+    if out_since is not None:
+        back = [s.finished_at for s in rec.ledger if s.step in _GIVE_BACK_STEPS
+                and s.outcome is Outcome.OK and s.finished_at is not None
+                and s.finished_at >= out_since]
+        out_until = min(back) if back else None
+    spare_match = ""
+    replaced = None
+    if rec.spare and rec.spare in world.nodes and rec.node in world.nodes:
+        spare_match = match_level(world.nodes[rec.node].view(end), world.nodes[rec.spare].view(end))
+        replaced = _ok_at(rec, "undrain")
+    blocks = list(inc.blocks)
+    if inc.open_block is not None:
+        blocks.append(inc.open_block)
+    return IncidentReport(
+        id=inc.id, node=inc.node, policy=rec.policy, mode=rec.mode,
+        severity=rec.incident.severity.label, rules=rec.incident.rules, gpus=rec.incident.gpus,
+        summary=rec.incident.summary, opened_at=inc.opened_at, phase=rec.phase,
+        outcome=rec.outcome, admitted_at=admitted, drained_at=drained, cordoned_at=cordoned,
+        spare=rec.spare, spare_match=spare_match, replaced_at=replaced, out_since=out_since,
+        out_until=out_until, blocks=tuple(blocks), escalated_at=inc.escalated_at,
+        escalation=rec.outcome if inc.escalated_at is not None else "",
+        held_for_capacity=inc.held, phases=tuple(inc.phases), steps=_steps(rec))
+
+
+def _stale_periods(log: Sequence[tuple[float, HealthState, str]]) -> tuple[StalePeriod, ...]:
+    out: list[StalePeriod] = []
+    for i, (t, state, summary) in enumerate(log):
+        if state is HealthState.STALE:
+            until = log[i + 1][0] if i + 1 < len(log) else None
+            out.append(StalePeriod(t, until, summary))
+    return tuple(out)
+
+
+def _peak(changes: Iterable[tuple[float, int]]) -> tuple[int, float | None]:
+    cur = best = 0
+    at: float | None = None
+    for t, d in sorted(changes, key=lambda c: (c[0], c[1])):  # gives back before taking
+        cur += d
+        if cur > best:
+            best, at = cur, t
+    return best, at
+
+
+def _build_report(replay: HistoryReplay, world: BacktestWorld, collector: _Collector,
+                  configured: PolicySet, evaluated: PolicySet, n_signals: int,
+                  seen: Sequence[str], labels_of: Mapping[str, Mapping[str, str]], *,
+                  start: float, end: float, step: float,
+                  spares: int | None, as_configured: bool, latencies: Latencies,
+                  repair_after: float | None, source: str, label_source: str) -> Report:
+    incidents = [_incident_report(inc, world, end) for inc in collector.incidents.values()]
+    by_node: dict[str, list[IncidentReport]] = defaultdict(list)
+    for i in incidents:
+        by_node[i.node].append(i)
+    telemetry = set(seen)
+    node_reports: list[NodeReport] = []
+    governed = 0
+    spare_sel = evaluated.fleet.spare_selector
+    for name in sorted(labels_of):
+        view = NodeView(name, labels_of[name])
+        is_spare = bool(spare_sel.match_labels or spare_sel.match_expressions) \
+            and spare_sel.matches(view.labels)
+        selecting = tuple(p.name for p in evaluated.policies_for(view)) if not is_spare else ()
+        governed += 1 if selecting else 0
+        mine = sorted(by_node.get(name, []), key=lambda i: (i.opened_at, i.id))
+        disruptions = sorted(
+            (Disruption(s.finished_at, s.step, i.id) for i in mine for s in i.steps
+             if s.step in _DISRUPTIVE_STEPS and s.outcome == Outcome.OK.value
+             and s.finished_at is not None), key=lambda d: (d.at, d.action))
+        node_reports.append(NodeReport(name, selecting, name in telemetry, tuple(mine),
+                                       tuple(disruptions),
+                                       _stale_periods(replay.verdict_log.get(name, []))))
+    acting = [i for i in incidents if i.mode == Mode.ACT.value]
+    out_changes: list[tuple[float, int]] = []
+    for i in acting:
+        if i.out_since is not None:
+            out_changes.append((i.out_since, 1))
+            if i.out_until is not None:
+                out_changes.append((i.out_until, -1))
+    max_out, max_at = _peak(out_changes)
+    real = {i.id for i in acting}  # a dryRun incident only pretends to claim a spare
+    pool = [(t, d) for t, d, inc in world.pool_changes if inc in real]
+    needed, _ = _peak(pool)
+    sev: dict[str, int] = defaultdict(int)
+    blocks: dict[str, int] = defaultdict(int)
+    for i in incidents:
+        sev[i.severity] += 1
+        for b in {b.guardrail for b in i.blocks}:
+            blocks[b] += 1
+    summary = Summary(
+        nodes=len(node_reports), governed=governed, incidents=len(incidents),
+        by_severity=dict(sev),
+        nodes_taken_out=len({i.node for i in acting if i.taken_out}),
+        max_concurrently_out=max_out, max_out_at=max_at,
+        spares_claimed=sum(1 for _, d in pool if d > 0), spares_needed=needed,
+        held_for_capacity=sum(1 for i in incidents if i.held_for_capacity),
+        breaker_trips=tuple(collector.trips), blocks=dict(blocks),
+        escalations=sum(1 for i in incidents if i.escalated_at is not None),
+        recovered=sum(1 for i in incidents if i.outcome == "recovered"),
+        stale_nodes=sum(1 for n in node_reports if n.stale),
+        dry_run_incidents=sum(1 for i in incidents if i.mode == Mode.DRY_RUN.value))
+    modes = tuple(PolicyMode(p.name, p.mode.value, (evaluated.get(p.name) or p).mode.value)
+                  for p in configured.policies)
+    return Report(source=source, start=start, end=end, step=step, policies=modes,
+                  as_configured=as_configured,
+                  assumptions=Assumptions(latencies, spares, repair_after),
+                  nodes=tuple(node_reports), summary=summary, signals=n_signals,
+                  digest=configured.digest, label_source=label_source)
+
+
+# ---------------------------------------------------------------------------------------------
+# The human table
+
+
+def _short(t: float) -> str:
+    return datetime.fromtimestamp(round(t, 3), UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _after(t: float | None, since: float) -> str:
+    return "-" if t is None else f"+{human_duration(t - since)}"
+
+
+def _gpus(gpus: Sequence[GpuRef]) -> str:
+    return ",".join(str(g.index) if g.index >= 0 else "?" for g in gpus) or "-"
+
+
+def _held(b: Block, end: float) -> str:
+    until = b.until if b.until is not None else end
+    still = "" if b.until is not None else " (still at the end)"
+    span = human_duration(until - b.since)
+    return f"{b.guardrail} {_num(b.current)}/{_num(b.limit)} for {span}{still}"
+
+
+def render_table(report: Report) -> list[str]:
+    lines = list(report.header_lines())
+    lines.append("")
+    cols = ("NODE", "OPENED (UTC)", "SEVERITY", "RULES", "GPUS", "ADMITTED", "DRAINED",
+            "CORDONED", "SPARE", "PHASE AT END", "HELD BACK BY")
+    rows: list[tuple[str, ...]] = []
+    for i in report.incidents:
+        held = "; ".join(_held(b, report.end) for b in i.blocks) or "-"
+        spare = f"{i.spare} ({i.spare_match})" if i.spare else "-"
+        phase = i.phase + (f": {i.outcome}" if i.outcome and i.outcome not in (
+            "replaced", "repaired", "done") else "")
+        rows.append((i.node, _short(i.opened_at), i.severity, ",".join(i.rules),
+                     _gpus(i.gpus), _after(i.admitted_at, i.opened_at),
+                     _after(i.drained_at, i.opened_at), _after(i.cordoned_at, i.opened_at),
+                     spare, phase, held))
+    if rows:
+        widths = [max(len(c), *(len(r[k]) for r in rows)) for k, c in enumerate(cols)]
+        lines.append("  ".join(c.ljust(widths[k]) for k, c in enumerate(cols)).rstrip())
+        for r in rows:
+            lines.append("  ".join(v.ljust(widths[k]) for k, v in enumerate(r)).rstrip())
+    else:
+        lines.append("no incident: healer would have done nothing")
+    details: list[str] = []
+    for i in report.incidents:
+        for b in i.blocks:
+            details.append(f"  {i.node} {_short(b.since)}: held back by {b.guardrail}: "
+                           f"{b.message}")
+        if i.escalated_at is not None:
+            details.append(f"  {i.node} {_short(i.escalated_at)}: escalated: {i.escalation}")
+    if details:
+        lines += ["", "guardrail blocks and escalations:", *details]
+    stale = [(n.node, p) for n in report.nodes for p in n.stale]
+    if stale:
+        lines += ["", "telemetry stale (unknown: alerts only, never a disruption):"]
+        for node, p in stale:
+            until = report.end if p.until is None else p.until
+            end = "end of range" if p.until is None else _short(p.until)
+            lines.append(f"  {node} {_short(p.since)} → {end} ({human_duration(until - p.since)})"
+                         f": {p.reason}")
+    s = report.summary
+    if s.breaker_trips:
+        lines += ["", "breaker trips:"]
+        for trip in s.breaker_trips:
+            closes = "-" if trip.closes_at is None else _short(trip.closes_at)
+            lines.append(f"  {_short(trip.at)} {trip.scope}: {trip.count} nodes went bad within "
+                         f"the window (threshold {trip.threshold}), tripped by {trip.node}; "
+                         f"closes {closes}")
+    sev = ", ".join(f"{n} {k}" for k, n in sorted(s.by_severity.items())) or "none"
+    blocked = ", ".join(f"{k} {n}" for k, n in sorted(s.blocks.items())) or "none"
+    at = "" if s.max_out_at is None else f" (first at {_short(s.max_out_at)})"
+    lines += ["", f"summary: {s.incidents} incidents ({sev}) on {s.governed} governed of "
+                  f"{s.nodes} nodes; {s.nodes_taken_out} nodes taken out, at most "
+                  f"{s.max_concurrently_out} at once{at}; spares claimed {s.spares_claimed}, "
+                  f"needed {s.spares_needed}; held for capacity {s.held_for_capacity}; "
+                  f"breaker trips {len(s.breaker_trips)}; held back: {blocked}; escalations "
+                  f"{s.escalations}; recovered {s.recovered}; nodes with stale telemetry "
+                  f"{s.stale_nodes}"]
+    if s.dry_run_incidents:
+        lines.append(f"({s.dry_run_incidents} incidents are dryRun: healer would only have "
+                     "recorded the steps)")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetching and the command
+
+
+async def kube_node_labels(kubeconfig: str, context: str | None = None
+                           ) -> dict[str, dict[str, str]]:
+    """Every Node's labels, read once from the API server."""
+    from healer.adapters.kube.client import make_api_client
+    from healer.adapters.kube.nodes import KubeNodes
+
+    try:
+        api = await make_api_client(kubeconfig, context)
+    except Exception as e:  # kubernetes_asyncio's own errors: a bad kubeconfig
+        raise ConfigError(f"cannot use kubeconfig {kubeconfig}: {e}") from e
+    try:
+        views = await KubeNodes(api).list()
+    finally:
+        await api.close()
+    return {v.name: dict(v.labels) for v in views}
+
+
+#: History is fetched a day at a time: Prometheus 2.x evaluates ``timestamp()`` (the freshness
+#: query) in a range query in time that grows with the square of the range.
+HISTORY_CHUNK = 86400.0
+
+
+def history_chunks(start: float, end: float, step: float,
+                   chunk: float = HISTORY_CHUNK) -> list[tuple[float, float]]:
+    """``[start, end]`` cut into ranges of about ``chunk`` seconds (a multiple of ``step``);
+    neighbours share their boundary."""
+    span = step * max(1, round(chunk / step))
+    out: list[tuple[float, float]] = []
+    a = start
+    while a < end:
+        b = min(a + span, end)
+        out.append((a, b))
+        a = b
+    return out
+
+
+async def iter_history(source: Any, start: float, end: float, step: float, *,
+                       chunk: float = HISTORY_CHUNK) -> AsyncGenerator[list[Signal], None]:
+    """``source.history()`` over ``[start, end]``, a chunk at a time in time order, the next
+    chunk fetched while the caller works on this one.
+
+    Each chunk keeps what lies before the next chunk's start, so every sample and XID is
+    reported once. (Give the source an ``xid_overlap`` of at least one scrape interval: each
+    chunk takes its XID baseline from the sample before its start.)
+    """
+    import asyncio
+
+    bounds = history_chunks(start, end, step, chunk)
+
+    async def one(i: int) -> list[Signal]:
+        a, b = bounds[i]
+        last = i == len(bounds) - 1
+        got: list[Signal] = await source.history(a, b, step)
+        return [s for s in got if a <= s.observed_at and (last or s.observed_at < b)]
+
+    pending: asyncio.Future[list[Signal]] | None = None
+    try:
+        for i in range(len(bounds)):
+            current = await pending if pending is not None else await one(i)
+            pending = asyncio.ensure_future(one(i + 1)) if i + 1 < len(bounds) else None
+            yield current
+    finally:
+        if pending is not None:
+            if not pending.done():
+                pending.cancel()
+            elif not pending.cancelled():
+                pending.exception()  # the caller gave up: never "exception never retrieved"
+
+
+async def fetch_history(source: Any, start: float, end: float, step: float, *,
+                        chunk: float = HISTORY_CHUNK) -> list[Signal]:
+    """:func:`iter_history`, joined."""
+    return [s async for part in iter_history(source, start, end, step, chunk=chunk)
+            for s in part]
+
+
+async def backtest(prometheus: str, policies: PolicySet, start: float, end: float, *,
+                   step: float = 60.0, node_labels: Mapping[str, str] | None = None,
+                   kubeconfig: str | None = None, spares: int | None = None,
+                   as_configured: bool = False, latencies: Latencies | None = None,
+                   repair_after: float | None = None,
+                   source_options: Mapping[str, Any] | None = None) -> Report:
+    """Fetch ``[start, end]`` from Prometheus every ``step`` and replay it, a day at a time
+    (see the module).
+
+    ``source_options`` are passed to :class:`PrometheusSource` (``bearer_token_file``,
+    ``ca_file``, ``verify``, ``host_labels``, ``matchers``, ``stale_after``...). Raises
+    TransientError/PermanentError when Prometheus cannot answer.
+    """
+    from healer.adapters.prometheus import PrometheusSource
+
+    began = time.monotonic()
+    nodes = await kube_node_labels(kubeconfig) if kubeconfig else None
+    bt = Backtest(policies, start, end, step=step, node_labels=node_labels, nodes=nodes,
+                  spares=spares, as_configured=as_configured, latencies=latencies,
+                  repair_after=repair_after, source=prometheus,
+                  label_source=f"labels from Kubernetes ({kubeconfig})" if kubeconfig else "")
+    opts: dict[str, Any] = {"timeout": 60.0, "poll_interval": max(step, 60.0),
+                            "xid_overlap": max(120.0, 2 * step)}
+    opts.update(source_options or {})
+    src = PrometheusSource(prometheus, policies, **opts)
+    try:
+        async with contextlib.aclosing(iter_history(src, start, end, step)) as chunks:
+            async for part in chunks:
+                bt.feed(part)
+    finally:
+        src.close()
+    report = bt.report()
+    total = time.monotonic() - began
+    return replace(report, timings={"fetch": total - bt.seconds, "replay": bt.seconds})
+
+
+def add_backtest_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of ``healer backtest``."""
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="Prometheus (or Thanos/Mimir) URL holding the DCGM history")
+    p.add_argument("--policies", nargs="+", required=True, metavar="PATH",
+                   help="policy files or directories")
+    p.add_argument("--from", dest="start", required=True, metavar="TIME",
+                   help="start: RFC3339 (2026-01-05T09:00:00Z), epoch seconds or now-7d")
+    p.add_argument("--to", dest="end", default="now", metavar="TIME",
+                   help="end (default: now)")
+    p.add_argument("--step", default="60s", help="evaluation step (default: 60s)")
+    p.add_argument("--json", action="store_true", help="the report as JSON (stable, sorted)")
+    p.add_argument("--spares", type=int, default=None, metavar="N",
+                   help="warm spares in the pool (default: unlimited; the report says how many "
+                        "were needed)")
+    p.add_argument("--node-labels", default=DEFAULT_NODE_LABELS, metavar="K=V,...",
+                   help="labels of every node seen in the telemetry, when no --kubeconfig "
+                        f"(default: {DEFAULT_NODE_LABELS})")
+    p.add_argument("--kubeconfig", default=None,
+                   help="read the real Nodes' labels from this cluster")
+    p.add_argument("--as-configured", action="store_true",
+                   help="keep observe/dryRun modes (default: evaluate every policy as act)")
+    p.add_argument("--action-latency", default="1s",
+                   help="how long every simulated action takes (default: 1s)")
+    p.add_argument("--replacement-latency", default="45s",
+                   help="a moved slurmd serves on the spare after this long (default: 45s)")
+    p.add_argument("--validation-latency", default="2m",
+                   help="a validation passes after this long (default: 2m)")
+    p.add_argument("--repair-after", default=None, metavar="DURATION",
+                   help="repairs pass after this long (default: no repair result arrives)")
+    p.add_argument("--bearer-token-file", default=None, help="Prometheus bearer token file")
+    p.add_argument("--ca-file", default=None, help="CA bundle for Prometheus' TLS")
+    p.add_argument("--insecure-skip-verify", action="store_true",
+                   help="do not verify Prometheus' TLS certificate")
+
+
+def cmd_backtest(args: argparse.Namespace, *, out: Callable[[str], Any] | None = None) -> int:
+    """``healer backtest``: 0 on success, 2 on bad flags/policies or an unreachable Prometheus."""
+    import asyncio
+
+    from healer.errors import PolicyError
+    from healer.obs.logging import setup
+    from healer.policy.load import load_policy_set
+
+    write = out or (lambda text: sys.stdout.write(text))
+    try:
+        now = time.time()
+        start = parse_time(args.start, now)
+        end = parse_time(args.end, now)
+        step = parse_seconds(args.step, "--step")
+        lat = Latencies(parse_seconds(args.action_latency, "--action-latency"),
+                        parse_seconds(args.replacement_latency, "--replacement-latency"),
+                        parse_seconds(args.validation_latency, "--validation-latency"))
+        repair = None if args.repair_after is None else parse_seconds(args.repair_after,
+                                                                      "--repair-after")
+        labels = parse_labels(args.node_labels)
+        policies = load_policy_set(args.policies)
+        opts: dict[str, Any] = {}
+        if args.bearer_token_file:
+            opts["bearer_token_file"] = args.bearer_token_file
+        if args.ca_file:
+            opts["ca_file"] = args.ca_file
+        if args.insecure_skip_verify:
+            opts["verify"] = False
+        setup("warning")  # logs go to stderr: stdout is the report
+        report = asyncio.run(backtest(
+            args.prometheus, policies, start, end, step=step, node_labels=labels,
+            kubeconfig=args.kubeconfig, spares=args.spares, as_configured=args.as_configured,
+            latencies=lat, repair_after=repair, source_options=opts))
+    except PolicyError as e:
+        print(f"healer backtest: invalid policies:\n{e}", file=sys.stderr)
+        return 2
+    except HealerError as e:
+        print(f"healer backtest: {e}", file=sys.stderr)
+        return 2
+    write(report.to_json() if args.json else report.table())
+    if not report.signals:
+        print(f"healer backtest: no telemetry between {rfc3339(start)} and {rfc3339(end)} "
+              "(check the range, the Prometheus retention and the host labels)",
+              file=sys.stderr)
+    t = report.timings
+    print(f"healer backtest: {report.signals} signals fetched in {t.get('fetch', 0):.1f}s, "
+          f"replayed in {t.get('replay', 0):.1f}s", file=sys.stderr)
+    return 0
