@@ -42,8 +42,8 @@ stack: venv deps ## start the local control plane in .devstack/ (detached)
 stack-down: venv ## stop it
 	$(BIN)/healer devstack down
 
-demo: venv ## end-to-end demo on the embedded default scenario
-	$(BIN)/healer simulate scenarios/xid79-warm-spare.yaml
+demo: venv deps ## end to end on the local real stack: XID 79 → drain, swap to a warm spare, undrain
+	$(BIN)/healer demo
 
 schema: venv ## regenerate policies/schema.json
 	$(BIN)/healer schema > policies/schema.json

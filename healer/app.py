@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from kubernetes_asyncio import client
@@ -45,6 +46,9 @@ from healer.ports import (
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.executor import Executor, Ports, SlurmNames, same_name
 from healer.settings import Settings
+
+if TYPE_CHECKING:
+    from healer.adapters.prometheus import PrometheusSource
 
 log = structlog.get_logger("healer.app")
 
@@ -107,7 +111,7 @@ def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
     if s.driver == "scontrol":
         from healer.adapters.slurm.scontrol import ScontrolDriver
 
-        env = {"SLURM_CONF": s.slurm_conf} if s.slurm_conf else None
+        env = {**os.environ, "SLURM_CONF": s.slurm_conf} if s.slurm_conf else None
         return ScontrolDriver(env=env)
     if s.driver == "slurmrestd":
         from healer.adapters.kube.secrets import SecretToken
@@ -120,7 +124,17 @@ def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
     if s.driver == "slinky":
         from healer.adapters.slinky import SlinkyDriver
 
-        driver: SlurmDriver = SlinkyDriver(api, namespace=s.nodeset_namespace)
+        jobs: SlurmDriver | None = None  # job listing and signals need Slurm's own API
+        if s.slurmrestd_url and s.token_secret:
+            from healer.adapters.kube.secrets import SecretToken
+            from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
+
+            jobs = SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+        elif s.slurm_conf:
+            from healer.adapters.slurm.scontrol import ScontrolDriver
+
+            jobs = ScontrolDriver(env={**os.environ, "SLURM_CONF": s.slurm_conf})
+        driver: SlurmDriver = SlinkyDriver(api, namespace=s.nodeset_namespace, jobs=jobs)
         return driver
     raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
                       "slurmrestd)")
@@ -129,8 +143,19 @@ def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
 async def run(settings: Settings, overrides: Overrides | None = None,
               ready: Callable[[Controller], Awaitable[None]] | None = None) -> int:
     """Run the controller until SIGTERM/SIGINT. Returns the process exit code."""
-    o = overrides or Overrides()
-    hlog.setup(settings.log_level, settings.log_json)
+    with contextlib.ExitStack() as stack:
+        log_stream = (stack.enter_context(open(settings.log_file, "a", buffering=1))  # noqa: ASYNC230 (once, at start)
+                      if settings.log_file else None)
+        hlog.setup(settings.log_level, settings.log_json, log_stream)
+        try:
+            return await _start(settings, overrides or Overrides(), ready)
+        finally:
+            if log_stream is not None:
+                hlog.setup(settings.log_level, settings.log_json)  # the file is closing
+
+
+async def _start(settings: Settings, o: Overrides,
+                 ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     metrics = Metrics()
     try:
         policies = load_policies(settings)
@@ -195,10 +220,24 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
     depth: dict[str, int] = {}
+    sources = list(o.telemetry or [])
+    prom: list[PrometheusSource] = []
+    if settings.telemetry.prometheus_url:
+        from healer.adapters.prometheus import PrometheusSource
+
+        tel = settings.telemetry
+        prom.append(PrometheusSource(
+            tel.prometheus_url, policies, poll_interval=tel.poll_interval,
+            host_labels=tel.host_labels, bearer_token_file=tel.bearer_token_file or None,
+            ca_file=tel.ca_file or None, verify=not tel.insecure_skip_verify))
+        sources.extend(prom)
     metrics.attach_state(StateSource(
         records=lambda: {n: s.record for n, s in ctl.records.items()},
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
-        leading=lambda: ctl.leading))
+        leading=lambda: ctl.leading,
+        stale_nodes=lambda: {p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
+        last_poll=lambda: {p.name: p.last_success for p in prom
+                           if p.last_success is not None}))
     async def secret_for(incident: str) -> str:
         rec = ctl.history.get(incident)
         pol = ctl.policies.get(rec.policy) if rec is not None else None
@@ -278,15 +317,6 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(garbage(), name="retention"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
-    sources = list(o.telemetry or [])
-    if settings.telemetry.prometheus_url:
-        from healer.adapters.prometheus import PrometheusSource
-
-        tel = settings.telemetry
-        sources.append(PrometheusSource(
-            tel.prometheus_url, policies, poll_interval=tel.poll_interval,
-            host_labels=tel.host_labels, bearer_token_file=tel.bearer_token_file or None,
-            ca_file=tel.ca_file or None, verify=not tel.insecure_skip_verify))
     for src in sources:
         tasks.append(asyncio.create_task(src.run(ctl.on_signals), name=f"source:{src.name}"))
     log.info("started", identity=settings.leader.identity, dry_run=settings.dry_run,
@@ -294,20 +324,26 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
     if ready is not None:
         await ready(ctl)
     stopper = asyncio.create_task(stop.wait(), name="stop")
-    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    for t in done:
-        if t is not stopper and t.exception() is not None:
-            log.error("task failed", task=t.get_name(), error=repr(t.exception()))
-            code = 1
-    log.info("shutting down", grace=settings.shutdown_grace)
-    await ctl.drain(settings.shutdown_grace)
-    await ctl.stop_leading()
-    for t in [stopper, *tasks]:
-        t.cancel()
-    await asyncio.gather(stopper, *tasks, return_exceptions=True)
-    await runner.cleanup()
-    return code
+    try:
+        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        for t in done:
+            if t is not stopper and t.exception() is not None:
+                log.error("task failed", task=t.get_name(), error=repr(t.exception()))
+                code = 1
+        log.info("shutting down", grace=settings.shutdown_grace)
+        await ctl.drain(settings.shutdown_grace)
+        await ctl.stop_leading()
+        return code
+    finally:  # also when this coroutine is cancelled (embedded, as in the demo and tests)
+        for t in [stopper, *tasks]:
+            t.cancel()
+        await asyncio.gather(stopper, *tasks, return_exceptions=True)
+        if ctl.leading:  # cancelled: stop the workers before the API client closes
+            await ctl.stop_leading()
+        for p in prom:
+            p.close()
+        await runner.cleanup()
 
 
 class _WriteProbe:

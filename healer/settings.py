@@ -69,6 +69,7 @@ class Settings:
     policy_reload_seconds: float = 10.0
     log_level: str = "info"
     log_json: bool | None = None
+    log_file: str = ""  # append the log here instead of stderr (the demo keeps it in its workdir)
     shutdown_grace: float = 10.0
     """SIGTERM: in-flight actions get this long, then everything is cancelled."""
     callback_url: str = ""

@@ -40,6 +40,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -613,6 +614,10 @@ class PrometheusSource:
         self.xids = XidTracker()
         self._xid_last_eval: float | None = None
         self._sem = asyncio.Semaphore(max(1, max_concurrency))
+        # its own threads: a slow Prometheus never starves the process' default pool, and
+        # other threaded work in the process never delays a poll
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_concurrency) + 1,
+                                        thread_name_prefix="healer-prometheus")
         self._count_lock = threading.Lock()
         self._http_requests = 0
         self._logged: set[str] = set()
@@ -622,6 +627,7 @@ class PrometheusSource:
         self.outage = False
         self.outage_since: float | None = None
         self.last_poll: PollStats | None = None
+        self.last_success: float | None = None  # evaluation time of the last poll that answered
         self.totals: dict[str, float] = defaultdict(float)
 
         session = requests.Session()
@@ -660,6 +666,10 @@ class PrometheusSource:
 
     def close(self) -> None:
         self._client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def __aenter__(self) -> PrometheusSource:
         return self
@@ -723,7 +733,7 @@ class PrometheusSource:
         async with self._sem:
             async for attempt in retrying:
                 with attempt:
-                    return await asyncio.to_thread(self._call, fn, what)
+                    return await self._in_thread(self._call, fn, what)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def query(self, expr: str, at: float, what: str = "") -> list[dict[str, Any]]:
@@ -917,7 +927,7 @@ class PrometheusSource:
         plan = self.plan
         errors: list[str] = []
         try:
-            await asyncio.to_thread(self._headers_refresh)
+            await self._in_thread(self._headers_refresh)
         except PermanentError as e:
             return self._unreachable(now, started, requests_before, str(e), len(errors))
         xid_window, xid_since = self._xid_window(now)
@@ -1001,6 +1011,8 @@ class PrometheusSource:
 
     def _record(self, stats: PollStats) -> None:
         self.last_poll = stats
+        if not stats.outage:
+            self.last_success = stats.at
         t = self.totals
         t["polls"] += 1
         t["failed_polls"] += 1 if stats.outage else 0

@@ -103,6 +103,11 @@ class LocalPrometheus:
     def targets(self) -> list[str]:
         return list(self._targets)
 
+    @property
+    def labelled_targets(self) -> dict[str, dict[str, str]]:
+        """target → its extra labels (what ``reload`` takes back)."""
+        return {t: dict(lb) for t, lb in self._targets.items()}
+
     def config(self) -> dict[str, Any]:
         static = [{"targets": [t], **({"labels": dict(lb)} if lb else {})}
                   for t, lb in self._targets.items()]

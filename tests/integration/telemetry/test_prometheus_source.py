@@ -551,6 +551,7 @@ async def test_prometheus_outage_and_scrape_gap_are_stale_then_recover(
     STALE ``series-old`` until fresh scrapes arrive, then FRESH; the recovery is logged once."""
     nodes = ["n-calm", "n-503", "n-refused", "n-job"]  # nodes without a real fault
     source = make_source(prom, default_policies)
+    saved = prom.labelled_targets
     with structlog.testing.capture_logs() as logs:
         try:
             async with running(source, Sink()) as sink:
@@ -568,10 +569,14 @@ async def test_prometheus_outage_and_scrape_gap_are_stale_then_recover(
                 assert source.outage
                 assert source.last_poll is not None
                 assert source.last_poll.outage
+                # back, but not scraping yet (no targets): it holds only the old samples,
+                # whatever the machine's load does to the timing of the first scrape
+                await asyncio.to_thread(prom.reload, {})
                 t_start = time.time()
                 await asyncio.to_thread(prom.start)
                 gap, _ = await sink.wait(stale("n-calm", "series-old"), after=t_start,
                                          within=20)
+                await asyncio.to_thread(prom.reload, saved)
                 for n in nodes:
                     t, _ = await sink.wait(fresh(n), after=t_start, within=30)
                     assert verdict(n, sink.of(n), default_policies).state is \
@@ -582,6 +587,8 @@ async def test_prometheus_outage_and_scrape_gap_are_stale_then_recover(
         finally:
             if not prom.running:
                 prom.start()
+            if prom.labelled_targets != saved:
+                prom.reload(saved)
     events = [e["event"] for e in logs]
     assert sum(e.startswith("prometheus unreachable") for e in events) == 1
     assert sum(e.startswith("prometheus reachable again") for e in events) == 1
