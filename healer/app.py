@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kubernetes_asyncio import client
 
+from healer.adapters import calls
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
 from healer.adapters.hooks import AckReceiver, JobHook, RepairRouter, Secrets, WebhookHook
 from healer.adapters.kube.client import call, make_api_client
@@ -31,6 +32,7 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore
 from healer.core.policy import Mode, PolicySet
+from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError, ConflictError, HealerError, PolicyError
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
@@ -157,6 +159,7 @@ async def run(settings: Settings, overrides: Overrides | None = None,
 async def _start(settings: Settings, o: Overrides,
                  ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     metrics = Metrics()
+    calls.set_observer(metrics.observe_call)
     try:
         policies = load_policies(settings)
         metrics.policies_loaded(policies.digest, True)
@@ -263,9 +266,14 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
     async def spare_depth() -> None:
         while True:
             with contextlib.suppress(HealerError):
+                free = await spares.depth()
+                # every NVLink domain that has nodes gets a series, 0 when none is free, so
+                # "this domain has no spare left" can be alerted on
+                domains = {v.labels[DOMAIN_LABEL] for v in ctl.nodes.values()
+                           if DOMAIN_LABEL in v.labels}
                 depth.clear()
-                depth.update(await spares.depth())
-            await asyncio.sleep(30)
+                depth.update({d: free.get(d, 0) for d in domains | set(free)})
+            await asyncio.sleep(10)
 
     async def reload_policies() -> None:
         stamp = _stamp(settings.policies)

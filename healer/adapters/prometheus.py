@@ -59,6 +59,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from healer.adapters.calls import timed
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.policy import Aggregation, MetricRule, Op, PolicySet, XidRule
 from healer.errors import (
@@ -723,7 +724,7 @@ class PrometheusSource:
         except (KeyError, TypeError) as e:
             raise TransientError(f"{what}: malformed answer from {self.url}: {e!r}") from e
 
-    async def _retrying(self, fn: Callable[[], Any], what: str) -> Any:
+    async def _retrying(self, fn: Callable[[], Any], what: str, op: str = "query") -> Any:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.poll_interval),
             wait=wait_exponential(multiplier=0.1, max=1.0),
@@ -732,7 +733,7 @@ class PrometheusSource:
         )
         async with self._sem:
             async for attempt in retrying:
-                with attempt:
+                with attempt, timed("prometheus", op):
                     return await self._in_thread(self._call, fn, what)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -754,7 +755,7 @@ class PrometheusSource:
                 end_time=datetime.fromtimestamp(end, UTC), step=f"{step:g}",
                 timeout=self.timeout)
 
-        result = await self._retrying(run, what or f"query_range {expr[:120]!r}")
+        result = await self._retrying(run, what or f"query_range {expr[:120]!r}", "query_range")
         return list(result or [])
 
     # -- parsing --------------------------------------------------------------------------

@@ -21,6 +21,13 @@ from healer.core.budget import usage
 from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
 from healer.core.model import NodeRecord, Outcome
 from healer.core.phases import ACTIVE, Phase
+from healer.errors import (
+    ConflictError,
+    ForbiddenError,
+    NotFoundError,
+    PermanentError,
+    TransientError,
+)
 
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
@@ -62,6 +69,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_policy_last_reload_success": ("gauge", "1 if the last policy reload succeeded."),
     "healer_up": ("gauge", "1 while the daemon's event loop is alive."),
 }
+
+
+#: The error classes adapters map failures to (the ``kind`` label of call errors).
+ERROR_KINDS = tuple(c.__name__ for c in (TransientError, ConflictError, PermanentError,
+                                         NotFoundError, ForbiddenError))
 
 
 @dataclass
@@ -189,6 +201,7 @@ class Metrics:
         self.calls = Histogram("healer_api_call_duration_seconds",
                                METRICS["healer_api_call_duration_seconds"][1],
                                ["system", "operation"], buckets=CALL_BUCKETS, registry=r)
+        self._calls_seen: set[tuple[str, str]] = set()
         self.call_errors = Counter("healer_api_call_errors",
                                    METRICS["healer_api_call_errors_total"][1],
                                    ["system", "operation", "kind"], registry=r)
@@ -216,6 +229,12 @@ class Metrics:
     def observe_call(self, system: str, operation: str, seconds: float,
                      error: str | None = None) -> None:
         self.calls.labels(system, operation).observe(seconds)
+        if (system, operation) not in self._calls_seen:
+            # error counters start at 0 for every kind healer maps errors to, so rate() and
+            # the error-ratio alert see a series before the first failure
+            self._calls_seen.add((system, operation))
+            for kind in ERROR_KINDS:
+                self.call_errors.labels(system, operation, kind)
         if error is not None:
             self.call_errors.labels(system, operation, error).inc()
 

@@ -17,6 +17,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from healer.adapters.calls import timed
 from healer.errors import (
     ConflictError,
     ForbiddenError,
@@ -109,7 +110,7 @@ async def call(what: str, fn: Callable[[], Awaitable[T]], *, attempts: int = 4,
         retry=retry_if_exception(retryable),
         reraise=True,
     ):
-        with attempt:
+        with attempt, timed("kubernetes", what.split(" ", 1)[0]):
             try:
                 return await fn()
             except HealerError:

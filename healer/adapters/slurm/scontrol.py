@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from healer.adapters.calls import timed
 from healer.adapters.slurm.parse import (
     SQUEUE_FIELDS,
     parse_node_line,
@@ -154,6 +155,12 @@ class ScontrolDriver:
         return await self._run(argv)
 
     async def _run(self, argv: Sequence[str], *, check: bool = True) -> CommandResult:
+        # operation: the command and its verb (``scontrol update``, ``squeue``), never names
+        op = " ".join(a for a in argv[:2] if not a.startswith("-") and "=" not in a)
+        with timed("slurm", op):
+            return await self._exec(argv, check=check)
+
+    async def _exec(self, argv: Sequence[str], *, check: bool) -> CommandResult:
         args = list(argv)
         if self.bindir:
             args[0] = os.path.join(self.bindir, args[0])

@@ -54,6 +54,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from healer.adapters.calls import timed
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
 from healer.errors import (
@@ -353,8 +354,10 @@ class SlurmrestdDriver:
             stop=stop_after_attempt(self.attempts),
             wait=wait_random_exponential(multiplier=0.1, max=1.0),
             retry=retry_if_exception(retryable), reraise=True)
+        # operation: the method and the endpoint's kind (``GET nodes``), never a name
+        op = f"{method} {_endpoint(path)}"
         async for attempt in retrying:
-            with attempt:
+            with attempt, timed("slurmrestd", op):
                 return await self._send(method, path, params=params, json=json)
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
@@ -391,6 +394,15 @@ class SlurmrestdDriver:
                 self.tokens.invalidate()  # the next attempt (if any) fetches a fresh token
             return _check(where, status, text)
         raise AssertionError("unreachable")
+
+
+def _endpoint(path: str) -> str:
+    """``/slurm/v0.0.40/node/gpu-2`` → ``node``: the resource after the version, no name."""
+    parts = [p for p in path.split("/") if p]
+    for i, p in enumerate(parts[:-1]):
+        if re.fullmatch(r"v\d+\.\d+\.\d+", p):
+            return parts[i + 1]
+    return parts[-1] if parts else "/"
 
 
 def _decode(text: str) -> dict[str, Any]:
