@@ -108,6 +108,10 @@ async def ensure_crd(api: client.ApiClient, install: bool) -> None:
     raise ConfigError(f"{name} was created but is not served")
 
 
+#: A telemetry source that has not delivered a poll for this long makes /healthz fail.
+SOURCE_MAX_AGE = 300.0
+
+
 def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
     s = settings.slurm
     if s.driver == "scontrol":
@@ -326,7 +330,8 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(leadership(), name="leadership"),
     ]
     for src in sources:
-        tasks.append(asyncio.create_task(src.run(ctl.on_signals), name=f"source:{src.name}"))
+        tasks.append(asyncio.create_task(src.run(_beating(health, src.name, ctl)),
+                                         name=f"source:{src.name}"))
     log.info("started", identity=settings.leader.identity, dry_run=settings.dry_run,
              policies=[f"{p.name}({p.mode.value})" for p in policies.policies])
     if ready is not None:
@@ -352,6 +357,19 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         for p in prom:
             p.close()
         await runner.cleanup()
+
+
+def _beating(health: Health, name: str, ctl: Controller) -> Callable[[Any], Awaitable[None]]:
+    """The sink a source feeds: each delivery is that source's heartbeat for ``/healthz``
+    (a source delivers every poll, even when Prometheus is down), so a stuck poll loop makes
+    the controller unhealthy instead of silently blind."""
+    health.beat(f"source:{name}", SOURCE_MAX_AGE)
+
+    async def sink(signals: Any) -> None:
+        health.beat(f"source:{name}", SOURCE_MAX_AGE)
+        await ctl.on_signals(signals)
+
+    return sink
 
 
 class _WriteProbe:

@@ -561,8 +561,7 @@ class FileSignals:
             lines, offset = await asyncio.to_thread(self._read, offset)
             sigs = [Signal.from_dict(d["node"], d) for d in map(json.loads, lines)
                     if d.get("node")]
-            if sigs:
-                await sink(sigs)
+            await sink(sigs)  # every poll, like a real source (its heartbeat)
             await asyncio.sleep(self.poll)
 
 

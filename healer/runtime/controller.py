@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import structlog
 
-from healer.core.budget import BudgetView
+from healer.core.budget import BudgetView, usage
 from healer.core.fleet import budget_view, verdict_needs_step
 from healer.core.health import evaluate_node
 from healer.core.machine import EXCLUDE_LABEL, Decision, Trigger, TriggerKind, releases, step
@@ -414,6 +414,7 @@ class Controller:
                          "blocked": s.record.blocked.to_dict() if s.record.blocked else None,
                          "spare": s.record.spare} for n, s in self.records.items()},
             "timers": len(self._timers),
+            "guardrails": [asdict(u) for u in usage(self.view(), self.clock.now())],
             "stats": {"steps": self.stats.steps, "persisted": self.stats.persisted,
                       "conflicts": self.stats.conflicts, "actions": self.stats.actions},
         }

@@ -295,3 +295,35 @@ async def test_closed_records_are_deleted_after_retention() -> None:
     assert await h.ctl.collect_garbage() == 1
     assert h.store.objects == {}
     await h.close()
+
+
+async def test_debug_state_shows_open_remediations_and_guardrail_usage() -> None:
+    h = await make()
+    h.fakes["workload"].ready_after = 1000  # type: ignore[attr-defined]
+    await h.xid("gpu-0")
+    await h.run(20)
+    assert h.phase("gpu-0") is Phase.SWAPPING
+    state = h.ctl.debug_state()
+    assert state["leading"] is True
+    assert "gpu-0" in state["open"]
+    fleet_usage = next(u for u in state["guardrails"] if u["scope"] == "fleet")
+    assert fleet_usage["population"] > 0
+    assert fleet_usage["active"] == 1
+    await h.close()
+
+
+async def test_a_source_that_stops_delivering_makes_healthz_fail() -> None:
+    from healer.app import SOURCE_MAX_AGE, _beating
+    from healer.obs.http import Health
+
+    now = [1000.0]
+    health = Health(clock=lambda: now[0])
+    h = await make()
+    sink = _beating(health, "dcgm", h.ctl)
+    assert health.healthy()[0]
+    now[0] += SOURCE_MAX_AGE + 1
+    ok, detail = health.healthy()
+    assert not ok and detail["source:dcgm"]["ok"] is False
+    await sink([])
+    assert health.healthy()[0]
+    await h.close()
