@@ -4,6 +4,10 @@ are file-backed fakes (tests/integration/daemon/main.py); everything Kubernetes 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -52,6 +56,22 @@ async def test_daemon_remediates_a_node_end_to_end(fleet: Fleet) -> None:
     spare = await core.read_node(fleet.spares[0])
     assert spare.metadata.annotations["topology.slinky.slurm.net/spec"] == "default:a"
     assert d.terminate() == 0  # SIGTERM: clean, bounded shutdown
+    # `healer status` reads it back from the API: the table, and --json for scripts
+    kubeconfig = str(fleet.kubeconfig or fleet.stack.kubeconfig)
+
+    def healer_status(*flags: str) -> str:
+        return subprocess.run([sys.executable, "-m", "healer", "status", "--kubeconfig",
+                               kubeconfig, "--all", *flags], capture_output=True, text=True,
+                              check=True).stdout
+
+    table = await asyncio.to_thread(healer_status)
+    row = next(line for line in table.splitlines() if f" {bad} " in line)
+    assert items[0]["metadata"]["name"] in row
+    assert status["phase"] in row
+    assert table.splitlines()[0].split()[:4] == ["NAME", "NODE", "PHASE", "AGE"]
+    listed = json.loads(await asyncio.to_thread(healer_status, "--json"))
+    mine = [r for r in listed if r["node"] == bad]
+    assert [r["phase"] for r in mine] == [status["phase"]]
 
 
 @pytest.mark.timeout(400)
