@@ -110,49 +110,101 @@ def _settings(args: argparse.Namespace) -> Settings:
                             token_secret=args.slurmrestd_token_secret,
                             slurm_conf=args.slurm_conf, nodeset_namespace=args.slurm_namespace,
                             nodeset=args.nodeset),
-        telemetry=TelemetrySettings(prometheus_url=args.prometheus_url,
-                                    poll_interval=args.poll_interval),
+        telemetry=TelemetrySettings(
+            prometheus_url=args.prometheus_url, poll_interval=args.poll_interval,
+            bearer_token_file=args.prometheus_bearer_token_file,
+            ca_file=args.prometheus_ca_file,
+            insecure_skip_verify=args.prometheus_insecure_skip_verify,
+            host_labels=tuple(args.host_labels or ("Hostname", "hostname"))),
         http=HttpSettings(host=args.http_host, port=args.http_port),
     )
 
 
 def add_run_flags(r: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    r.add_argument("--kubeconfig", default=env("KUBECONFIG"),
-                   help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
-    r.add_argument("--context", default=None)
-    r.add_argument("--policies", nargs="+", default=[env("HEALER_POLICIES", "policies")],
-                   help="policy files or directories (reloaded on change)")
-    r.add_argument("--dry-run", action="store_true",
-                   help="cap every policy at dryRun: record intent, change nothing")
-    r.add_argument("--namespace", default=env("POD_NAMESPACE", "healer-system"),
-                   help="namespace of healer's Lease and Jobs")
-    r.add_argument("--events-namespace", default="default")
-    r.add_argument("--install-crd", action="store_true",
-                   help="create the NodeRemediation CRD if missing (development)")
-    r.add_argument("--no-leader-election", action="store_true")
-    r.add_argument("--lease-name", default="healer-leader")
-    r.add_argument("--identity", default="", help="leader-election identity (default: pod)")
-    r.add_argument("--lease-duration", type=float, default=15.0)
-    r.add_argument("--renew-deadline", type=float, default=10.0)
-    r.add_argument("--retry-period", type=float, default=2.0)
-    r.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
-                   default=env("HEALER_SLURM_DRIVER", "slinky"))
-    r.add_argument("--slurmrestd-url", default="")
-    r.add_argument("--slurmrestd-token-secret", default="",
-                   help="NAMESPACE/NAME[:KEY] of the Secret with the slurmrestd JWT")
-    r.add_argument("--slurm-conf", default="", help="SLURM_CONF for the scontrol driver")
-    r.add_argument("--slurm-namespace", default="slurm", help="namespace of the NodeSet")
-    r.add_argument("--nodeset", default="", help="the Slinky NodeSet healer remediates")
-    r.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""))
-    r.add_argument("--poll-interval", type=float, default=15.0)
-    r.add_argument("--http-host", default="0.0.0.0")
-    r.add_argument("--http-port", type=int, default=8080)
-    r.add_argument("--log-level", default="info")
-    r.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
-    r.add_argument("--shutdown-grace", type=float, default=10.0)
-    r.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""),
-                   help="this controller's /v1/hooks/ack URL as webhook receivers reach it")
+    k = r.add_argument_group("Kubernetes")
+    k.add_argument("--kubeconfig", default=env("KUBECONFIG"),
+                   help="kubeconfig file ($KUBECONFIG; default: the in-cluster ServiceAccount)")
+    k.add_argument("--context", default=None, help="kubeconfig context (default: current)")
+    k.add_argument("--namespace", default=env("POD_NAMESPACE", "healer-system"),
+                   help="namespace of healer's Lease and hook Jobs ($POD_NAMESPACE; default "
+                        "healer-system)")
+    k.add_argument("--events-namespace", default="default",
+                   help="namespace of the Events about Nodes (the API server accepts Node "
+                        "Events only in default)")
+    k.add_argument("--install-crd", action="store_true",
+                   help="create the NodeRemediation CRD if it is missing (development only; "
+                        "install it from deploy/crds/ in production)")
+    p = r.add_argument_group("policies")
+    p.add_argument("--policies", nargs="+", default=[env("HEALER_POLICIES", "policies")],
+                   help="policy files or directories, reloaded when they change "
+                        "($HEALER_POLICIES; default policies)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="cap every policy at dryRun: record every step as intent, change "
+                        "nothing")
+    le = r.add_argument_group("leader election (a coordination.k8s.io Lease)")
+    le.add_argument("--no-leader-election", action="store_true",
+                    help="act without a Lease (one replica only)")
+    le.add_argument("--lease-name", default="healer-leader", help="default healer-leader")
+    le.add_argument("--identity", default="",
+                    help="this replica's identity (default: $POD_NAME, else host-pid)")
+    le.add_argument("--lease-duration", type=float, default=15.0,
+                    help="seconds a lease is valid without renewal (default 15)")
+    le.add_argument("--renew-deadline", type=float, default=10.0,
+                    help="seconds the leader keeps trying to renew before it stops acting "
+                         "(default 10)")
+    le.add_argument("--retry-period", type=float, default=2.0,
+                    help="seconds between lease attempts (default 2)")
+    sl = r.add_argument_group("Slurm")
+    sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
+                    default=env("HEALER_SLURM_DRIVER", "slinky"),
+                    help="how healer drains and undrains ($HEALER_SLURM_DRIVER; default "
+                         "slinky: only Kubernetes RBAC, through the operator's cordon sync)")
+    sl.add_argument("--slurmrestd-url", default=env("HEALER_SLURMRESTD_URL", ""),
+                    help="slurmrestd base URL, e.g. http://slurm-restapi.slurm:6820 "
+                         "($HEALER_SLURMRESTD_URL); with the slinky driver it lists and "
+                         "signals jobs")
+    sl.add_argument("--slurmrestd-token-secret", default=env("HEALER_SLURMRESTD_TOKEN", ""),
+                    help="NAMESPACE/NAME[:KEY] of the Secret holding the slurmrestd JWT "
+                         "(Slinky's Token secret; $HEALER_SLURMRESTD_TOKEN)")
+    sl.add_argument("--slurm-conf", default=env("SLURM_CONF", ""),
+                    help="slurm.conf for the scontrol driver ($SLURM_CONF)")
+    sl.add_argument("--slurm-namespace", default=env("HEALER_SLURM_NAMESPACE", "slurm"),
+                    help="namespace of the Slinky NodeSet ($HEALER_SLURM_NAMESPACE; default "
+                         "slurm)")
+    sl.add_argument("--nodeset", default=env("HEALER_NODESET", ""),
+                    help="the Slinky NodeSet whose slurmd pods move to spares "
+                         "($HEALER_NODESET)")
+    t = r.add_argument_group("telemetry (DCGM through Prometheus)")
+    t.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""),
+                   help="Prometheus-compatible query URL (Prometheus, Thanos, Mimir; "
+                        "$HEALER_PROMETHEUS_URL); empty: node conditions only")
+    t.add_argument("--poll-interval", type=float, default=15.0,
+                   help="seconds between polls, one query per rule for the whole fleet "
+                        "(default 15)")
+    t.add_argument("--prometheus-bearer-token-file", default=env("HEALER_PROMETHEUS_TOKEN_FILE",
+                                                                 ""),
+                   help="file holding a bearer token, re-read every poll (managed "
+                        "Prometheus; $HEALER_PROMETHEUS_TOKEN_FILE)")
+    t.add_argument("--prometheus-ca-file", default="",
+                   help="CA bundle that signs Prometheus' serving certificate")
+    t.add_argument("--prometheus-insecure-skip-verify", action="store_true",
+                   help="do not verify Prometheus' TLS certificate (logged once)")
+    t.add_argument("--host-label", action="append", dest="host_labels", default=None,
+                   help="label naming the node in DCGM series; repeat for several "
+                        "(default: Hostname and hostname)")
+    h = r.add_argument_group("HTTP (/metrics, /healthz, /readyz, /debug/state, hook acks)")
+    h.add_argument("--http-host", default="0.0.0.0", help="default 0.0.0.0")
+    h.add_argument("--http-port", type=int, default=8080, help="default 8080")
+    h.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""),
+                   help="this controller's /v1/hooks/ack URL as webhook receivers reach it "
+                        "($HEALER_CALLBACK_URL)")
+    o = r.add_argument_group("process")
+    o.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    o.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
+                   help="auto: JSON unless stderr is a terminal")
+    o.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="seconds in-flight actions get after SIGTERM (default 10)")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -247,12 +247,50 @@ def metrics_markdown() -> str:
              "checks that they use nothing else.\n", "| metric | type | meaning |", "|---|---|---|"]
     for name, (kind, help_) in METRICS.items():
         lines.append(f"| `{name}` | {kind} | {help_} |")
+    from healer.agent.metrics import AGENT_METRICS
+
+    lines += ["", "## The node agent\n",
+              "`healer agent` exports its own metrics on `/metrics` (port 8081), defined in "
+              "`healer/agent/metrics.py`.\n", "| metric | type | meaning |", "|---|---|---|"]
+    for name, (kind, help_) in AGENT_METRICS.items():
+        lines.append(f"| `{name}` | {kind} | {help_} |")
     return "\n".join(lines) + "\n"
+
+
+def cli_markdown() -> str:
+    """Every subcommand's ``--help``, at a fixed width (the configuration reference)."""
+    import argparse
+    import os
+
+    from healer.cli import build_parser
+
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "100"
+    try:
+        parser = build_parser()
+        out = [GENERATED_NOTE.format(src="healer/cli.py"), "# Command-line reference\n",
+               "Every flag of `healer run` also reads an environment variable where one is "
+               "named (the Deployment and the Helm chart set them). Policies are documented in "
+               "[policy-reference.md](policy-reference.md).\n",
+               "```text", parser.format_help().rstrip(), "```\n"]
+        subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for name, sub in subs.choices.items():
+            out += [f"## healer {name}\n", "```text", sub.format_help().rstrip(), "```\n"]
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+    return "\n".join(out)
 
 
 def generated_files() -> dict[Path, str]:
     return {
         ROOT / "docs" / "metrics.md": metrics_markdown(),
+        ROOT / "docs" / "cli-reference.md": cli_markdown(),
+        # the chart ships the alert rules as a file of its own (Helm cannot read outside it)
+        ROOT / "deploy" / "helm" / "healer" / "files" / "healer-rules.yaml":
+            (ROOT / "deploy" / "prometheus" / "healer-rules.yaml").read_text("utf-8"),
         ROOT / "deploy" / "crds" / "noderemediations.healer.io.yaml": crd_yaml(),
         ROOT / "deploy" / "policies-configmap.yaml": policies_configmap_yaml(),
         ROOT / "docs" / "workflow.md": workflow_markdown(),
