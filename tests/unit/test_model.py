@@ -85,3 +85,17 @@ def test_severity_parse_rejects_unknown() -> None:
     assert Severity.parse("Failed") is Severity.FAILED
     with pytest.raises(ValueError, match="expected degrading or failed"):
         Severity.parse("fatal")
+
+
+def test_a_noderemediation_from_a_newer_healer_is_refused_by_name() -> None:
+    from healer.adapters.kube.crd import to_object
+    from healer.adapters.kube.store import _stored
+    from healer.errors import PermanentError
+
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    obj = to_object(rec, "n-20261122-0101")
+    obj["metadata"]["resourceVersion"] = "7"
+    assert _stored(obj).record == rec
+    obj["status"]["formatVersion"] = RECORD_FORMAT_VERSION + 1
+    with pytest.raises(PermanentError, match=r"NodeRemediation n-20261122-0101: .*formatVersion"):
+        _stored(obj)

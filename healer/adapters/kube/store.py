@@ -10,13 +10,19 @@ from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION, from_object, to_object
 from healer.adapters.kube.nodes import _ts
 from healer.core.model import NodeRecord
-from healer.errors import ConflictError, NotFoundError
+from healer.errors import ConflictError, NotFoundError, PermanentError
 from healer.ports import StoredRecord
 
 
 def _stored(raw: dict[str, Any]) -> StoredRecord:
     meta = raw["metadata"]
-    return StoredRecord(from_object(raw), str(meta["name"]), str(meta.get("resourceVersion", "")),
+    try:
+        record = from_object(raw)
+    except (ValueError, KeyError, TypeError) as e:
+        # e.g. written by a newer healer (formatVersion): never guess, never overwrite it
+        raise PermanentError(f"NodeRemediation {meta.get('name')}: cannot be read: "
+                             f"{e!s}") from e
+    return StoredRecord(record, str(meta["name"]), str(meta.get("resourceVersion", "")),
                         _ts(meta.get("creationTimestamp")))
 
 
