@@ -146,6 +146,31 @@ def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
                       "slurmrestd)")
 
 
+def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm: SlurmDriver,
+              *, slinky_pods: bool) -> KubeTopology:
+    """The topology step: the annotation from labels or from topograph, verified against the
+    slurmd pod (Slinky) and against Slurm where it reports a node's topology."""
+    from healer.adapters.slinky import SlinkyDriver, SlinkyPods
+
+    t = settings.topology
+    topograph = None
+    if t.source == "topograph":
+        from healer.adapters.topograph import TopographClient, load_request
+
+        if not t.topograph_url or not t.topograph_request:
+            raise ConfigError("--topology-source topograph needs --topograph-url and "
+                              "--topograph-request FILE (the /v1/generate body)")
+        topograph = TopographClient(t.topograph_url, load_request(t.topograph_request))
+    elif t.source != "labels":
+        raise ConfigError(f"unknown topology source {t.source!r} (expected labels or "
+                          "topograph)")
+    # Slurm's own view of the node's topology: on Slinky the pod conditions do not carry it,
+    # the job backend (slurmrestd) does
+    reader = slurm.jobs if isinstance(slurm, SlinkyDriver) else slurm
+    pods = SlinkyPods(api, settings.slurm.nodeset_namespace) if slinky_pods else None
+    return KubeTopology(nodes, pods=pods, slurm=reader, topograph=topograph)
+
+
 async def run(settings: Settings, overrides: Overrides | None = None,
               ready: Callable[[Controller], Awaitable[None]] | None = None) -> int:
     """Run the controller until SIGTERM/SIGINT. Returns the process exit code."""
@@ -212,7 +237,9 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
                                              "webhook": webhook, "job": jobhook})
     ports = Ports(nodes=nodes, events=events, slurm=slurm, spares=spares, workload=workload,
-                  topology=KubeTopology(nodes), validator=validator, checkpoint=checkpoint,
+                  topology=_topology(settings, api, nodes, slurm,
+                                     slinky_pods=o.workload is None),
+                  validator=validator, checkpoint=checkpoint,
                   repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
                   slurm_names=slurm_names or same_name)
     clock = RealClock()

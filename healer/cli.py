@@ -75,7 +75,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_docs(args: argparse.Namespace) -> int:
     from healer.docs import write_generated
 
-    changed = write_generated(check=not args.write)
+    changed = write_generated(not args.write, build_parser)
     if changed and not args.write:
         print("stale: " + ", ".join(changed), file=sys.stderr)
         return 1
@@ -91,6 +91,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         LeaderSettings,
         SlurmSettings,
         TelemetrySettings,
+        TopologySettings,
     )
 
     leader = LeaderSettings(enabled=not args.no_leader_election, lease_name=args.lease_name,
@@ -110,6 +111,9 @@ def _settings(args: argparse.Namespace) -> Settings:
                             token_secret=args.slurmrestd_token_secret,
                             slurm_conf=args.slurm_conf, nodeset_namespace=args.slurm_namespace,
                             nodeset=args.nodeset),
+        topology=TopologySettings(source=args.topology_source,
+                                  topograph_url=args.topograph_url,
+                                  topograph_request=args.topograph_request),
         telemetry=TelemetrySettings(
             prometheus_url=args.prometheus_url, poll_interval=args.poll_interval,
             bearer_token_file=args.prometheus_bearer_token_file,
@@ -175,6 +179,20 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     sl.add_argument("--nodeset", default=env("HEALER_NODESET", ""),
                     help="the Slinky NodeSet whose slurmd pods move to spares "
                          "($HEALER_NODESET)")
+    tp = r.add_argument_group("topology (the replacement's topology.slinky.slurm.net/spec)")
+    tp.add_argument("--topology-source", choices=["labels", "topograph"],
+                    default=env("HEALER_TOPOLOGY_SOURCE", "labels"),
+                    help="labels: computed from the Node's topograph fabric labels; topograph: "
+                         "POST topograph's /v1/generate once per incident and wait until it "
+                         "annotates the Node ($HEALER_TOPOLOGY_SOURCE; default labels)")
+    tp.add_argument("--topograph-url", default=env("HEALER_TOPOGRAPH_URL", ""),
+                    help="topograph's API, e.g. http://topograph.topograph:49021 "
+                         "($HEALER_TOPOGRAPH_URL)")
+    tp.add_argument("--topograph-request", default=env("HEALER_TOPOGRAPH_REQUEST", ""),
+                    metavar="FILE",
+                    help="JSON body of /v1/generate: provider, engine (slinky with "
+                         "useDynamicNodes: true), nodes; mount it from a Secret when it holds "
+                         "provider credentials ($HEALER_TOPOGRAPH_REQUEST)")
     t = r.add_argument_group("telemetry (DCGM through Prometheus)")
     t.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""),
                    help="Prometheus-compatible query URL (Prometheus, Thanos, Mimir; "

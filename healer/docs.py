@@ -6,9 +6,11 @@ is stale, so the docs never drift from the transition table, the catalog or the 
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,13 +259,9 @@ def metrics_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def cli_markdown() -> str:
-    """Every subcommand's ``--help``, at a fixed width (the configuration reference)."""
-    import argparse
-    import os
-
-    from healer.cli import build_parser
-
+def cli_markdown(build_parser: Callable[[], argparse.ArgumentParser]) -> str:
+    """Every subcommand's ``--help``, at a fixed width (the configuration reference). The CLI
+    passes its own parser factory (the CLI sits above this module)."""
     old = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"
     try:
@@ -284,10 +282,10 @@ def cli_markdown() -> str:
     return "\n".join(out)
 
 
-def generated_files() -> dict[Path, str]:
+def generated_files(build_parser: Callable[[], argparse.ArgumentParser]) -> dict[Path, str]:
     return {
         ROOT / "docs" / "metrics.md": metrics_markdown(),
-        ROOT / "docs" / "cli-reference.md": cli_markdown(),
+        ROOT / "docs" / "cli-reference.md": cli_markdown(build_parser),
         # the chart ships the alert rules as a file of its own (Helm cannot read outside it)
         ROOT / "deploy" / "helm" / "healer" / "files" / "healer-rules.yaml":
             (ROOT / "deploy" / "prometheus" / "healer-rules.yaml").read_text("utf-8"),
@@ -301,10 +299,11 @@ def generated_files() -> dict[Path, str]:
     }
 
 
-def write_generated(check: bool) -> list[str]:
+def write_generated(check: bool,
+                    build_parser: Callable[[], argparse.ArgumentParser]) -> list[str]:
     """Write (or with ``check``, only compare) every generated file; return those that differ."""
     changed: list[str] = []
-    for path, text in generated_files().items():
+    for path, text in generated_files(build_parser).items():
         current = path.read_text("utf-8") if path.exists() else None
         if current != text:
             changed.append(str(path.relative_to(ROOT)))

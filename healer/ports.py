@@ -37,6 +37,7 @@ class SlurmNodeState:
     reason: str = ""
     reason_user: str = ""
     registered: bool = True  # slurmd responding (not NOT_RESPONDING / not DOWN for that reason)
+    topology: str = ""  # node "topology" (slurmrestd v0.0.44, Slurm >= 25.05); "" = not reported
 
     @property
     def drain(self) -> bool:

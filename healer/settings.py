@@ -46,6 +46,17 @@ class SlurmSettings:
 
 
 @dataclass(frozen=True)
+class TopologySettings:
+    source: str = "labels"
+    """labels | topograph: where the replacement Node's ``topology.slinky.slurm.net/spec``
+    comes from (its topograph fabric labels, or topograph itself through /v1/generate)."""
+    topograph_url: str = ""
+    """topograph's API, e.g. ``http://topograph.topograph:49021`` (topograph source)."""
+    topograph_request: str = ""
+    """JSON file with the /v1/generate body (provider, engine, nodes) the operator mounts."""
+
+
+@dataclass(frozen=True)
 class TelemetrySettings:
     prometheus_url: str = ""
     poll_interval: float = 15.0
@@ -78,5 +89,6 @@ class Settings:
     kube: KubeSettings = field(default_factory=KubeSettings)
     leader: LeaderSettings = field(default_factory=LeaderSettings)
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    topology: TopologySettings = field(default_factory=TopologySettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     http: HttpSettings = field(default_factory=HttpSettings)

@@ -1,31 +1,238 @@
-"""Topology: the Slinky annotation on a replacement node."""
+"""Topology: the Slinky annotation on a replacement node, and the proof that Slurm got it.
+
+The step ends DONE only when the replacement is placed and annotated the way Slurm will see it:
+
+1. **The annotation** ``topology.slinky.slurm.net/spec`` on the replacement Node, from one of two
+   sources:
+
+   * ``labels`` (default): computed from the Node's topograph fabric labels
+     (:func:`healer.core.topology.slinky_topology_spec`), written, and read back. A Node without
+     such labels gets nothing written; what it carries (maybe nothing) is verified as is.
+   * ``topograph``: healer does not compute it. It POSTs the operator's ``/v1/generate`` request
+     once per incident (kept in memory: a repeat after a restart is harmless, topograph merges
+     requests), waits while topograph reports the request in progress, then waits until the
+     annotation is on the Node (topograph's slinky engine with ``useDynamicNodes`` writes it).
+     A request topograph refuses (4xx) fails the step with topograph's answer; an unreachable
+     topograph is a TransientError (retried by the executor within the step's attempt budget).
+
+2. **Verification** of that annotation (the spec) before undrain:
+
+   a. placement: the slurmd pod of the Slurm node runs on the replacement Node;
+   b. the Slinky operator has copied the Node's annotation to that pod (it does so on every
+      reconcile and pushes the same string to Slurm as ``topology_str``), with the same value;
+   c. where Slurm reports the node's topology (slurmrestd v0.0.44 node ``topology``, Slurm >=
+      25.05), it equals the annotation. Empty = not reported (scontrol, older Slurm): skipped.
+
+   Without Slinky (no slurmd pods in the NodeSet namespace, or no pod finder) a and b are
+   skipped, and the result says so. Anything not yet true is PENDING with a message naming what
+   is awaited; the policy's step deadline escalates a wait that never ends.
+
+DONE's data: ``topology`` (the verified spec, "" if none), ``source``, ``slurmNode`` and
+``checks`` (the checks that passed, comma-separated).
+"""
 
 from __future__ import annotations
 
-from healer.adapters.kube.nodes import KubeNodes
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from healer.adapters.slinky import slurm_name
+from healer.adapters.topograph import RequestState, RequestStatus
 from healer.core.topology import slinky_topology_spec
-from healer.ports import HookResult, StepOutcome
+from healer.errors import NotFoundError, PermanentError, TransientError
+from healer.ports import HookResult, NodeAPI, SlurmNodeState, StepOutcome
 
 TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
+SOURCES = ("labels", "topograph")
+
+
+class SlurmdPods(Protocol):
+    """The live (not terminating) slurmd pods of the Slinky cluster, as dicts
+    (:class:`healer.adapters.slinky.SlinkyPods`)."""
+
+    async def pods(self) -> list[dict[str, Any]]: ...
+
+
+class SlurmNodeReader(Protocol):
+    """Slurm's own view of a node (any :class:`~healer.ports.SlurmDriver`)."""
+
+    async def state(self, node: str) -> SlurmNodeState: ...
+
+
+class TopographAPI(Protocol):
+    """:class:`healer.adapters.topograph.TopographClient`."""
+
+    async def generate(self) -> str: ...
+
+    async def status(self, uid: str) -> RequestStatus: ...
+
+
+def same_topology(reported: str, spec: str) -> bool:
+    """Slurm's topology string against the annotation: the same comma-separated entries
+    (``<topology>:<block>`` or ``<topology>:<sw_top>:...:<sw_0>``), order and blanks aside."""
+    def entries(s: str) -> frozenset[str]:
+        return frozenset(e.strip() for e in s.split(",") if e.strip())
+
+    return entries(reported) == entries(spec)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> str:
+    meta = _meta(pod)
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 class KubeTopology:
-    """Writes ``topology.slinky.slurm.net/spec`` from the node's topograph labels, then reads
-    it back; the Slinky operator copies it into the Slurm node's topology."""
+    """The Topology port on Kubernetes (see the module doc).
 
-    def __init__(self, nodes: KubeNodes, topology_name: str = "default") -> None:
+    ``nodes``: the Node API; ``topology_name``: the Slurm topology the labels source names
+    (``default`` without ``topology.yaml`` topologies); ``pods``: where the slurmd pods are
+    (None: not on Slinky, placement and pod checks skipped); ``slurm``: Slurm's view of the node
+    for the topology check (None: skipped); ``topograph``: a client for topograph mode (None:
+    the labels source).
+    """
+
+    def __init__(self, nodes: NodeAPI, topology_name: str = "default", *,
+                 pods: SlurmdPods | None = None, slurm: SlurmNodeReader | None = None,
+                 topograph: TopographAPI | None = None) -> None:
         self.nodes = nodes
         self.topology_name = topology_name
+        self.pods = pods
+        self.slurm = slurm
+        self.topograph = topograph
+        self.source = "topograph" if topograph is not None else "labels"
+        #: incident → the id of the /v1/generate request sent for it (this process only)
+        self.requests: dict[str, str] = {}
 
     async def annotate(self, incident: str, node: str, slurm_node: str) -> HookResult:
+        if self.topograph is None:
+            got = await self._from_labels(node)
+        else:
+            got = await self._from_topograph(self.topograph, incident, node)
+        if isinstance(got, HookResult):
+            return got
+        spec, notes = got
+        result = await self._verify(node, slurm_node, spec, notes)
+        if result.outcome is StepOutcome.DONE:
+            self.requests.pop(incident, None)  # a re-run asks topograph again: harmless
+        return result
+
+    # -- the annotation --------------------------------------------------------------------
+
+    async def _from_labels(self, node: str) -> HookResult | tuple[str, list[str]]:
         view = await self.nodes.get(node)
         spec = slinky_topology_spec(view, self.topology_name)
         if not spec:
-            return HookResult(StepOutcome.DONE, "node has no topology labels",
-                              {"topology": ""})
+            current = view.annotations.get(TOPOLOGY_ANNOTATION, "")
+            note = "node has no topology labels" + (
+                f"; verifying the annotation it carries ({current})" if current else "")
+            return current, [note]
         if view.annotations.get(TOPOLOGY_ANNOTATION) != spec:
             await self.nodes.patch_metadata(node, annotations={TOPOLOGY_ANNOTATION: spec})
         back = await self.nodes.get(node)
         if back.annotations.get(TOPOLOGY_ANNOTATION) != spec:
-            return HookResult(StepOutcome.PENDING, "topology annotation not visible yet")
-        return HookResult(StepOutcome.DONE, "", {"topology": spec})
+            return HookResult(StepOutcome.PENDING, f"the {TOPOLOGY_ANNOTATION} annotation "
+                                                   f"({spec}) is not visible on {node} yet")
+        return spec, []
+
+    async def _from_topograph(self, topograph: TopographAPI, incident: str,
+                              node: str) -> HookResult | tuple[str, list[str]]:
+        uid = self.requests.get(incident)
+        if uid is None:
+            try:
+                uid = await topograph.generate()
+            except PermanentError as e:
+                return HookResult(StepOutcome.FAILED, str(e))
+            self.requests[incident] = uid
+        status: RequestStatus | None = None
+        unavailable = ""
+        if uid:
+            try:
+                status = await topograph.status(uid)
+            except TransientError as e:
+                unavailable = f" (its status is unavailable: {e})"
+        state = status.state if status is not None else None
+        if state is RequestState.RUNNING:
+            return HookResult(StepOutcome.PENDING,
+                              f"waiting for topograph request {uid} (topograph merges requests "
+                              "for its requestAggregationDelay, then generates) before "
+                              f"reading {TOPOLOGY_ANNOTATION} on {node}")
+        if state is RequestState.FAILED:
+            assert status is not None
+            self.requests.pop(incident, None)  # send it again on the next poll
+            return HookResult(StepOutcome.PENDING,
+                              f"topograph request {uid} failed: {status.detail}; it will be "
+                              "sent again")
+        spec = (await self.nodes.get(node)).annotations.get(TOPOLOGY_ANNOTATION, "")
+        if spec:
+            return spec, [f"written by topograph (request {uid or '?'})"]
+        why = f"waiting for topograph to write {TOPOLOGY_ANNOTATION} on {node}"
+        if state is RequestState.DONE:
+            why += (f": request {uid} completed without annotating it; check that the "
+                    "request's slinky engine has useDynamicNodes: true and that the node "
+                    "hosts a Ready slurmd pod its podSelector and nodeSelector select")
+        elif state is RequestState.UNKNOWN:
+            self.requests.pop(incident, None)  # send it again on the next poll
+            why += f": topograph does not know request {uid} (restarted?); it will be sent again"
+        else:
+            why += f" (request {uid or 'without an id'}{unavailable})"
+        return HookResult(StepOutcome.PENDING, why)
+
+    # -- verification ----------------------------------------------------------------------
+
+    async def _verify(self, node: str, slurm_node: str, spec: str,
+                      notes: Sequence[str]) -> HookResult:
+        notes = list(notes)
+        checks: list[str] = []
+        name = slurm_node
+        pods = await self.pods.pods() if self.pods is not None else []
+        if not pods:
+            notes.append("no Slinky slurmd pods (no NodeSet): placement and the operator's "
+                         "copy of the annotation not checked")
+        else:
+            if slurm_node:
+                pod = next((p for p in pods if slurm_name(p) == slurm_node), None)
+                missing = f"no slurmd pod for Slurm node {slurm_node} yet"
+            else:
+                pod = next((p for p in pods
+                            if (p.get("spec") or {}).get("nodeName") == node), None)
+                missing = f"no slurmd pod on {node} yet"
+            if pod is None:
+                return HookResult(StepOutcome.PENDING, missing)
+            name = slurm_name(pod)
+            host = str((pod.get("spec") or {}).get("nodeName") or "")
+            if host != node:
+                where = f"runs on {host}" if host else "is not scheduled yet"
+                return HookResult(StepOutcome.PENDING,
+                                  f"placement: the slurmd pod {_pod_ref(pod)} of Slurm node "
+                                  f"{name} {where}, not on {node}")
+            checks.append("placement")
+            copied = (_meta(pod).get("annotations") or {}).get(TOPOLOGY_ANNOTATION, "")
+            if copied != spec:
+                return HookResult(
+                    StepOutcome.PENDING,
+                    f"the Slinky operator has not propagated {TOPOLOGY_ANNOTATION}="
+                    f"{spec or '(none)'} from {node} to pod {_pod_ref(pod)} yet (it has "
+                    f"{copied or 'none'})")
+            checks.append("pod")
+        if spec and self.slurm is not None and name:
+            try:
+                st = await self.slurm.state(name)
+            except NotFoundError:
+                return HookResult(StepOutcome.PENDING, f"Slurm does not know node {name} yet")
+            if not st.topology:
+                notes.append(f"Slurm does not report the topology of {name} (Slurm < 25.05 or "
+                             "the scontrol driver): not checked")
+            elif not same_topology(st.topology, spec):
+                return HookResult(StepOutcome.PENDING,
+                                  f"Slurm reports topology {st.topology} for {name}, the "
+                                  f"annotation on {node} says {spec}: waiting for the operator "
+                                  "to push it")
+            else:
+                checks.append("slurm")
+        return HookResult(StepOutcome.DONE, "; ".join(notes),
+                          {"topology": spec, "source": self.source, "slurmNode": name,
+                           "checks": ",".join(checks)})

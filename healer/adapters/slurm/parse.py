@@ -9,7 +9,8 @@ No I/O here: the drivers run the commands and hand the text (or decoded JSON) in
 * ``squeue -h -O SQUEUE_FIELDS``: fields separated by the ASCII unit separator (0x1f), so a
   ``|`` or a blank in a job name or comment is just text.
 * slurmrestd JSON, v0.0.38 (``"state": "idle"`` + ``"state_flags": ["DRAIN"]``) through v0.0.44
-  (``"state": ["IDLE", "DRAIN"]``); jobs with ``job_state`` as a string or an array.
+  (``"state": ["IDLE", "DRAIN"]``, and the node's ``topology`` string); jobs with ``job_state``
+  as a string or an array.
 """
 
 from __future__ import annotations
@@ -115,10 +116,11 @@ def parse_state(state: str | Iterable[str],
     return base or "UNKNOWN", frozenset(out)
 
 
-def _node(name: str, base: str, flags: frozenset[str], reason: str, user: str) -> SlurmNodeState:
+def _node(name: str, base: str, flags: frozenset[str], reason: str, user: str,
+          topology: str = "") -> SlurmNodeState:
     registered = "NOT_RESPONDING" not in flags and base not in ("FUTURE", "UNKNOWN")
     return SlurmNodeState(name=name, base=base, flags=flags, reason=reason, reason_user=user,
-                          registered=registered)
+                          registered=registered, topology=topology)
 
 
 def parse_node_line(line: str) -> SlurmNodeState:
@@ -216,7 +218,9 @@ def _text(value: Any) -> str:
 
 def parse_node_json(obj: Mapping[str, Any]) -> SlurmNodeState:
     """A node object of ``GET /slurm/v0.0.XX/node(s)``: ``state`` as a string (v0.0.38) or an
-    array (v0.0.39+), ``state_flags`` (v0.0.38), ``reason``, ``reason_set_by_user``."""
+    array (v0.0.39+), ``state_flags`` (v0.0.38), ``reason``, ``reason_set_by_user``, and
+    ``topology`` (v0.0.44, Slurm >= 25.05: the node's dynamic topology string, as set by
+    ``topology_str``; absent, null or not a string → "" = not reported)."""
     name = _text(obj.get("name"))
     if not name:
         raise ValueError("slurmrestd node object without a name")
@@ -224,7 +228,9 @@ def parse_node_json(obj: Mapping[str, Any]) -> SlurmNodeState:
     state: str | list[str] = raw if isinstance(raw, str) else [str(x) for x in raw or ()]
     extra = [str(x) for x in obj.get("state_flags") or ()]
     base, flags = parse_state(state, extra)
-    return _node(name, base, flags, _text(obj.get("reason")), _text(obj.get("reason_set_by_user")))
+    topo = obj.get("topology")
+    return _node(name, base, flags, _text(obj.get("reason")), _text(obj.get("reason_set_by_user")),
+                 topo.strip() if isinstance(topo, str) else "")
 
 
 def _job_id(obj: Mapping[str, Any]) -> int:

@@ -10,7 +10,9 @@ Contract followed (SchedMD's OpenAPI for v0.0.40 .. v0.0.44; ``gpu-slurm-facts.m
 * Auth headers ``X-SLURM-USER-NAME`` and ``X-SLURM-USER-TOKEN`` on every request; a 401 makes
   the token provider forget its token and the request is sent once more with a fresh one.
 * Reads: ``GET /slurm/V/node/{name}``, ``GET /slurm/V/jobs/`` (filtered here by node). Node
-  ``state`` is a string plus ``state_flags`` (v0.0.38) or an array (v0.0.39+).
+  ``state`` is a string plus ``state_flags`` (v0.0.38) or an array (v0.0.39+); the node's
+  ``topology`` string (v0.0.44, Slurm >= 25.05) is reported as ``SlurmNodeState.topology``
+  (empty where the version has no such field).
 * Drain / undrain: ``POST /slurm/V/node/{name}`` with ``{"state": ["DRAIN"], "reason": ...}`` /
   ``{"state": ["UNDRAIN"]}`` (UNDRAIN, not RESUME: a DOWN node stays DOWN, as in the scontrol
   driver and Slinky's operator).
