@@ -395,15 +395,12 @@ class FakeSlurm(Faulty):
         self._save()
         return ids
 
-    def append_log(self, entry: list[Any]) -> None:
-        self._sync()
-        self._state["log"].append(entry)
-        self._save()
-
-    def move_node(self, slurm_node: str, host: str) -> None:
+    def move_node(self, slurm_node: str, host: str, log: list[Any] | None = None) -> None:
         """The Slurm node's slurmd now runs on ``host`` (StatefulSet-mode swap)."""
         self._sync()
         self._state["nodes"][slurm_node]["host"] = host
+        if log is not None:
+            self._state["log"].append(log)
         self._save()
 
 
@@ -463,8 +460,8 @@ class FakeWorkload(Faulty):
             return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
-        self.slurm.move_node(slurm_node, spare)
-        self.slurm.append_log(["move", slurm_node, spare, incident])
+        # one write: a daemon killed in between must not leave a move without its log entry
+        self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
         self.moves[incident] += 1
         return HookResult(StepOutcome.DONE)
 
