@@ -1,0 +1,784 @@
+"""The real stack for the end-to-end flow tests (issue 5), as pytest fixtures.
+
+* ``kube_stack`` (session, shared with the other integration tests): kube-apiserver, etcd,
+  controller-manager, scheduler and kwok. Each test works in its own namespace and on its own
+  Nodes, labelled ``healer-flow=<test id>``, deleted afterwards.
+* ``flow_slurm`` (session): a real Slurm 22.05 whose node names are the Slurm names of this
+  folder's NodeSets: ``fs-0..fs-3`` (StatefulSet mode, NodeSet ``fs``: Slurm name = pod name)
+  and ``fd-n0..fd-n3`` (DaemonSet mode, NodeSet ``fd``: Slurm name = the Node's name, so
+  DaemonSet-mode Nodes always carry these names; the scontrol and slurmrestd drivers address
+  Slurm by the Kubernetes node's name) plus the DaemonSet-mode spares ``fd-sa``,
+  ``fd-sb`` and the decoy ``fd-s0``: defined in slurm.conf but FUTURE with no slurmd until a
+  spare is claimed and the operator starts a slurmd on it (Slurm 22.05 cannot add nodes).
+* ``flows`` (function): a factory ``await flows(mode, driver)`` → :class:`Flow`: Slurm reset,
+  the fleet (4 GPU Nodes in two NVLink domains, a warm spare in each domain and a decoy spare
+  in a third domain that shares the bad node's leaf switch), the NodeSet, a running Slinky
+  emulator (``healer.sim.slinky``) whose ``on_slurmd`` starts/kills the real slurmds, the
+  policy, the slurmrestd bridge for ``driver="slurmrestd"``, recorders of pods, Nodes and Slurm
+  states, and :meth:`Flow.start_daemon` for the real daemon process (``daemon_main.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
+from healer.adapters.slinky import SlinkyPods, pod_state, slurm_name
+from healer.adapters.slurm.parse import parse_node_line
+from healer.app import ensure_crd
+from healer.core.model import GpuRef, Signal, SignalKind
+from healer.devstack.kube import KubeStack, fake_node
+from healer.devstack.slurm import LocalSlurm
+from healer.errors import ConfigError, NotFoundError
+from healer.ports import SlurmNodeState
+from healer.sim.slinky import SlinkyEmulator, install
+from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
+from tests.integration.flows.slurmrestd_bridge import SlurmrestdBridge
+from tests.integration.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+DOMAIN = "accelerator.topograph.run/domain"
+TIER0 = "fabric.topograph.run/tier-0"
+TIER1 = "fabric.topograph.run/tier-1"
+TOPOLOGY = "topology.slinky.slurm.net/spec"
+TEST_LABEL = "healer-flow"
+POOL = "healer-flow/pool"  # the NodeSets' nodeSelector: which Nodes may run this test's slurmd
+CLUSTER = "slurm"
+SPARE_TAINT = {"key": "healer.io/spare", "value": "true", "effect": "NoSchedule"}
+
+SS_NODESET = "fs"
+SS_SLURM = tuple(f"{SS_NODESET}-{i}" for i in range(4))
+DS_NODESET = "fd"
+DS_GPUS = ("fd-n0", "fd-n1", "fd-n2", "fd-n3")
+DS_SPARES = ("fd-sa", "fd-sb", "fd-s0")  # same domain as n0/n1, as n2/n3, the decoy
+FUTURE = DS_SPARES
+SLURM_NODES = SS_SLURM + DS_GPUS + DS_SPARES
+
+TERMINAL = ("Done", "Escalated", "Cancelled")
+
+#: Runs until ``$OUTDIR/release-<id>`` exists (at most 5 min). On USR1 it writes its checkpoint
+#: and exits (``checkpointing``) or only notes the signal and carries on. Either way the moment
+#: it ended lands in ``$OUTDIR/end-<id>`` (a killed job never writes it).
+JOB = """
+on_usr1() {{
+  echo "USR1 $(date +%s.%N)" >> "$OUTDIR/usr1-$SLURM_JOB_ID"
+  if [ {exit_on_usr1} = 1 ]; then
+    echo "checkpoint written $(date +%s.%N)" >> "$OUTDIR/ckpt-$SLURM_JOB_ID"
+    echo "$(date +%s.%N) checkpointed" >> "$OUTDIR/end-$SLURM_JOB_ID"
+    exit 0
+  fi
+}}
+trap on_usr1 USR1
+for _ in $(seq 1 1500); do
+  if [ -e "$OUTDIR/release-$SLURM_JOB_ID" ]; then
+    echo "$(date +%s.%N) released" >> "$OUTDIR/end-$SLURM_JOB_ID"
+    exit 0
+  fi
+  sleep 0.2
+done
+"""
+
+POLICY = """\
+apiVersion: healer.io/v1alpha1
+kind: FleetGuardrails
+metadata: {{name: fleet}}
+spec:
+  spareSelector:
+    matchLabels: {{healer.io/role: spare, {label}: "{tid}"}}
+---
+apiVersion: healer.io/v1alpha1
+kind: RemediationPolicy
+metadata: {{name: flow-{tid}}}
+spec:
+  mode: act
+  nodeSelector:
+    matchLabels: {{nvidia.com/gpu.present: "true", {label}: "{tid}"}}
+  rules:
+    - name: fatal-xid
+      severity: failed
+      xid: {{groups: [fatal]}}
+    - name: row-remap-failure
+      severity: failed
+      metric: {{field: DCGM_FI_DEV_ROW_REMAP_FAILURE, op: ">", threshold: 0}}
+    - name: row-remap-pending
+      severity: degrading
+      metric: {{field: DCGM_FI_DEV_ROW_REMAP_PENDING, op: ">", threshold: 0}}
+  steps:
+    pollInterval: 1s
+    checkpoint:
+      enabled: true
+      hook: slurm-signal
+      signal: USR1
+      deadline: 5m
+      onTimeout: continue
+      severities: [degrading]
+    drain: {{deadline: 10m}}
+    swap: {{enabled: true}}
+    repair: {{hook: none}}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------- Slurm
+
+
+@pytest.fixture(scope="session")
+def flow_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    cluster = LocalSlurm(tmp_path_factory.mktemp("flow-slurm"), nodes=SLURM_NODES,
+                         gpus_per_node=2, cpus_per_node=2, start_timeout=60)
+    try:
+        cluster.start()
+    except ConfigError as e:
+        pytest.fail(f"the local Slurm cluster did not start:\n{e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def reset_slurm(s: LocalSlurm) -> None:
+    """No jobs, every node idle with no comment; the DaemonSet-mode spares FUTURE again."""
+    for node in FUTURE:  # registered again so reset() can see every node idle
+        s.start_slurmd(node, wait=True)
+    s.reset(timeout=60)
+    for node in SLURM_NODES:
+        s.run(["scontrol", "update", f"nodename={node}", "comment="])
+    for node in FUTURE:
+        s.kill_slurmd(node)
+        s.run(["scontrol", "update", f"nodename={node}", "state=future"])
+
+
+# ------------------------------------------------------------------------------- daemon
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    started: float
+
+    def kill9(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def terminate(self, timeout: float = 30) -> int:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill9()
+            return -9
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+    async def get(self, path: str) -> tuple[int, str]:
+        try:
+            async with aiohttp.ClientSession() as s, s.get(
+                    f"http://127.0.0.1:{self.port}{path}",
+                    timeout=aiohttp.ClientTimeout(total=10)) as r:
+                return r.status, await r.text()
+        except (aiohttp.ClientError, TimeoutError):
+            return 0, ""
+
+    async def metric(self, name: str, **labels: str) -> float | None:
+        """The value of a series on /metrics: ``name`` with exactly ``labels`` (None when
+        absent)."""
+        status, text = await self.get("/metrics")
+        if status != 200:
+            return None
+        for m in re.finditer(rf"^{re.escape(name)}(?:{{(.*)}})? (\S+)$", text, re.MULTILINE):
+            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+            if got == labels:
+                return float(m.group(2))
+        return None
+
+
+# ------------------------------------------------------------------------------- the rig
+
+
+@dataclass
+class Layout:
+    gpus: list[str]  # gpus[0], gpus[1] in nvl-a (leaf-1); gpus[2], gpus[3] in nvl-b (leaf-2)
+    spare_a: str  # nvl-a
+    spare_b: str  # nvl-b
+    decoy: str  # nvl-c, on leaf-1 like gpus[0..1]: a leaf-first or name-first choice takes it
+
+    @property
+    def spares(self) -> list[str]:
+        return [self.spare_a, self.spare_b, self.decoy]
+
+
+def layout(mode: str, tid: str) -> Layout:
+    if mode == "DaemonSet":  # Slurm names are the Nodes' names: fixed, defined in slurm.conf
+        return Layout(list(DS_GPUS), DS_SPARES[0], DS_SPARES[1], DS_SPARES[2])
+    return Layout([f"f{tid}-n{i}" for i in range(4)], f"f{tid}-sa", f"f{tid}-sb",
+                  f"f{tid}-s0")
+
+
+@dataclass
+class Flow:
+    """One test's world: namespace, Nodes, NodeSet, emulator, bridge, daemons, recorders."""
+
+    stack: KubeStack
+    api: client.ApiClient
+    slurm: LocalSlurm
+    namespace: str
+    mode: str
+    driver: str
+    tid: str
+    dir: Path
+    lay: Layout
+    slurm_lock: threading.Lock
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    emu: SlinkyEmulator | None = None
+    emu_task: asyncio.Task[None] | None = None
+    bridge: SlurmrestdBridge | None = None
+    daemons: list[Daemon] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)  # every Node this test created
+    recorders: Recorders = field(default_factory=Recorders)
+    pods_log: PodLog | None = None
+    nodes_log: NodeLog | None = None
+    slurm_log: SlurmLog | None = None
+    ctld_offset: int = 0
+    slurmd_calls: list[tuple[str, bool, float]] = field(default_factory=list)
+    #: where the daemon writes Events: Events about a Node (cluster-scoped) are only accepted
+    #: in "default" (see test_failures.py::test_an_event_that_cannot_be_written_...)
+    events_namespace: str = "default"
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def nodeset(self) -> str:
+        return SS_NODESET if self.mode == "StatefulSet" else DS_NODESET
+
+    @property
+    def signals(self) -> Path:
+        return self.dir / "signals.jsonl"
+
+    @property
+    def policies(self) -> Path:
+        return self.dir / "policies"
+
+    @property
+    def pods(self) -> PodLog:
+        assert self.pods_log is not None
+        return self.pods_log
+
+    @property
+    def node_history(self) -> NodeLog:
+        assert self.nodes_log is not None
+        return self.nodes_log
+
+    @property
+    def slurm_history(self) -> SlurmLog:
+        assert self.slurm_log is not None
+        return self.slurm_log
+
+    # -- setup -----------------------------------------------------------------------------
+
+    async def setup(self, *, spares: bool) -> None:
+        t0 = time.monotonic()
+        await ensure_crd(self.api, install=True)
+        await install(self.api)
+        await asyncio.to_thread(self._reset_slurm)
+        self.ctld_offset = len(self.slurm.log())
+        await self._wait_names_free(self.lay.gpus + self.lay.spares)
+        self.policies.mkdir(parents=True, exist_ok=True)
+        (self.policies / "policy.yaml").write_text(POLICY.format(tid=self.tid,
+                                                                 label=TEST_LABEL))
+        self.signals.touch()
+        self.nodes_log = NodeLog(self.api, set(self.lay.gpus + self.lay.spares))
+        self.pods_log = PodLog(self.api, self.namespace)
+        self.slurm_log = SlurmLog(self.slurm.env(), SLURM_NODES)
+        self.recorders.start(self.nodes_log, self.pods_log, self.slurm_log)
+        for i, n in enumerate(self.lay.gpus):
+            dom, leaf = ("nvl-a", "leaf-1") if i < 2 else ("nvl-b", "leaf-2")
+            await self.create_node(n, dom, leaf, spare=False)
+        if spares:
+            await self.create_node(self.lay.spare_a, "nvl-a", "leaf-1", spare=True)
+            await self.create_node(self.lay.spare_b, "nvl-b", "leaf-2", spare=True)
+            await self.create_node(self.lay.decoy, "nvl-c", "leaf-1", spare=True)
+        if self.driver == "slurmrestd":
+            token = secrets.token_urlsafe(24)
+            self.bridge = SlurmrestdBridge(self.slurm.env(), token)
+            await self.bridge.start()
+            await self.core.create_namespaced_secret(self.namespace, {  # type: ignore[arg-type]
+                "metadata": {"name": "slurm-token"},
+                "data": {"SLURM_JWT": base64.b64encode(token.encode()).decode()}})
+        self.gate.set()
+        self.emu = SlinkyEmulator(self.api, namespace=self.namespace,
+                                  slurm_env=self.slurm.env(), cluster=CLUSTER, resync=1.0,
+                                  on_slurmd=self._on_slurmd)
+        self.emu_task = asyncio.create_task(self.emu.run(), name="slinky-emulator")
+        await self._create_nodeset()
+        await self.wait_pods_idle(self.lay.gpus)
+        print(f"\n[{self.mode}/{self.driver}] fleet ready in {time.monotonic() - t0:.1f}s "
+              f"(namespace {self.namespace})")
+
+    def _reset_slurm(self) -> None:
+        with self.slurm_lock:
+            try:
+                reset_slurm(self.slurm)
+            except ConfigError as e:
+                pytest.fail(f"the local Slurm cluster could not be reset:\n{e}", pytrace=False)
+
+    async def _wait_names_free(self, names: list[str]) -> None:
+        async def free() -> bool:
+            got = {n.metadata.name for n in (await self.core.list_node()).items}
+            return not (got & set(names))
+
+        await wait_for(free, timeout=60, description=f"Nodes {names} gone from an earlier test")
+
+    async def create_node(self, name: str, domain: str, leaf: str, *, spare: bool,
+                          pool: bool = True) -> None:
+        """A kwok GPU Node: a warm spare (labelled and tainted), or a worker that may run this
+        test's slurmd (``pool``), or neither."""
+        labels = {"nvidia.com/gpu.present": "true", TEST_LABEL: self.tid, DOMAIN: domain,
+                  TIER0: leaf, TIER1: "spine-1"}
+        taints: list[dict[str, str]] = []
+        if spare:
+            labels["healer.io/role"] = "spare"
+            taints.append(SPARE_TAINT)
+        elif pool:
+            labels[POOL] = self.tid
+        self.nodes.append(name)
+        self.node_history.names.add(name)
+        await self.core.create_node(fake_node(name, labels=labels,  # type: ignore[arg-type]
+                                              taints=taints))
+
+    async def _create_nodeset(self) -> None:
+        body = {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "metadata": {"name": self.nodeset},
+                "spec": {"controllerRef": {"name": CLUSTER}, "replicas": len(self.lay.gpus),
+                         "scalingMode": self.mode,
+                         "template": {"spec": {"nodeSelector": {POOL: self.tid}}}}}
+        await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
+            "slinky.slurm.net", "v1beta1", self.namespace, "nodesets", body)
+        assert self.emu is not None
+        self.emu.kick()
+
+    async def _on_slurmd(self, node: str, running: bool) -> None:
+        if running:
+            await self.gate.wait()
+
+        def act() -> None:
+            with self.slurm_lock:
+                if running:
+                    self.slurm.start_slurmd(node, wait=True)
+                else:
+                    self.slurm.kill_slurmd(node)
+
+        await asyncio.to_thread(act)
+        self.slurmd_calls.append((node, running, time.time()))
+
+    async def live_pods(self) -> list[dict[str, Any]]:
+        return await SlinkyPods(self.api, self.namespace).pods()
+
+    async def wait_pods_idle(self, hosts: list[str], within: float = 120) -> dict[str, str]:
+        """Wait until a slurmd pod runs on each of ``hosts`` with Slurm idle; host → name."""
+        async def ready() -> dict[str, str] | None:
+            on: dict[str, str] = {}
+            for p in await self.live_pods():
+                st = pod_state(p)
+                host = (p.get("spec") or {}).get("nodeName")
+                if host and (p.get("status") or {}).get("phase") == "Running" and \
+                        st.base == "IDLE" and st.registered and not st.drain:
+                    on[host] = slurm_name(p)
+            return on if all(h in on for h in hosts) else None
+
+        got = await wait_for(ready, timeout=within, interval=0.3,
+                             description=f"slurmd pods idle on {hosts}")
+        assert got is not None
+        return got
+
+    async def slurm_name_on(self, host: str) -> str:
+        for p in await self.live_pods():
+            if (p.get("spec") or {}).get("nodeName") == host:
+                return slurm_name(p)
+        raise NotFoundError(f"no slurmd pod on {host}")
+
+    async def pod_of(self, slurm_node: str) -> dict[str, Any] | None:
+        with contextlib.suppress(NotFoundError):
+            return await SlinkyPods(self.api, self.namespace).by_slurm_name(slurm_node)
+        return None
+
+    async def wait_pod(self, slurm_node: str, check: Callable[[SlurmNodeState], bool],
+                       within: float = 60) -> None:
+        """Wait until the Slurm state the operator mirrored into the pod passes ``check``."""
+        async def probe() -> bool:
+            pod = await self.pod_of(slurm_node)
+            return pod is not None and check(pod_state(pod))
+
+        await wait_for(probe, timeout=within, description=f"pod conditions of {slurm_node}")
+
+    # -- the daemon ------------------------------------------------------------------------
+
+    def start_daemon(self, *extra: str, crash_log: Path | None = None) -> Daemon:
+        port = free_port()
+        n = len(self.daemons)
+        log = self.dir / f"daemon-{n}.log"
+        argv = [sys.executable, "-m", "tests.integration.flows.daemon_main",
+                "--kubeconfig", str(self.stack.kubeconfig), "--install-crd",
+                "--policies", str(self.policies), "--signals", str(self.signals),
+                "--http-host", "127.0.0.1", "--http-port", str(port),
+                "--namespace", self.namespace, "--events-namespace", self.events_namespace,
+                "--no-leader-election", "--identity", f"flow-{self.tid}-{n}",
+                "--log-format", "json", "--shutdown-grace", "2",
+                "--slurm-driver", self.driver, "--slurm-namespace", self.namespace,
+                "--nodeset", self.nodeset]
+        if self.driver in ("slinky", "scontrol"):
+            argv += ["--slurm-conf", str(self.slurm.conf)]
+        if self.driver == "slurmrestd":
+            assert self.bridge is not None
+            argv += ["--slurmrestd-url", self.bridge.url, "--slurmrestd-token-secret",
+                     f"{self.namespace}/slurm-token:SLURM_JWT"]
+        if crash_log is not None:
+            argv += ["--crash-log", str(crash_log)]
+        argv += list(extra)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMRESTD_"))}
+        env["PYTHONPATH"] = str(ROOT)
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+        d = Daemon(proc, port, log, time.monotonic())
+        self.daemons.append(d)
+        return d
+
+    async def ready(self, d: Daemon, within: float = 90) -> float:
+        """Wait for /readyz; returns the seconds since the daemon was started."""
+        async def ok() -> bool:
+            if d.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {d.proc.returncode}:\n{d.tail()}")
+            return (await d.get("/readyz"))[0] == 200
+
+        await wait_for(ok, timeout=within, interval=0.2, description="daemon /readyz")
+        return time.monotonic() - d.started
+
+    # -- telemetry -------------------------------------------------------------------------
+
+    def gpu(self, node: str, index: int = 3) -> GpuRef:
+        return GpuRef(index, f"GPU-{self.tid}-{node}-{index}", f"SN-{self.tid}-{node}-{index}")
+
+    def _signal(self, sig: Signal) -> None:
+        with open(self.signals, "a") as f:
+            f.write(json.dumps({"node": sig.node, **sig.to_dict()}) + "\n")
+
+    def xid(self, node: str, code: int = 79, gpu: int = 3) -> None:
+        self._signal(Signal(node, "file", SignalKind.XID, "DCGM_FI_DEV_XID_ERRORS",
+                            float(code), time.time(), self.gpu(node, gpu)))
+
+    def metric(self, node: str, field_name: str, value: float, gpu: int = 3) -> None:
+        self._signal(Signal(node, "file", SignalKind.METRIC, field_name, value, time.time(),
+                            self.gpu(node, gpu)))
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def submit(self, slurm_node: str, *, exit_on_usr1: bool) -> int:
+        script = JOB.format(exit_on_usr1=1 if exit_on_usr1 else 0)
+        job = await asyncio.to_thread(self.slurm.submit, script, slurm_node,
+                                      name=f"train-{self.tid}")
+        await asyncio.to_thread(self.slurm.wait_job, job, ("RUNNING",), 60)
+        await self.wait_slurm(slurm_node, lambda s: s.busy, what="busy with the job")
+        return job
+
+    def release(self, job: int) -> None:
+        (self.slurm.jobdir / f"release-{job}").touch()
+
+    def job_file(self, kind: str, job: int) -> str:
+        p = self.slurm.jobdir / f"{kind}-{job}"
+        return p.read_text() if p.exists() else ""
+
+    def job_end(self, job: int) -> float | None:
+        text = self.job_file("end", job).strip()
+        return float(text.split()[0]) if text else None
+
+    async def job_state(self, job: int) -> str:
+        return await asyncio.to_thread(self.slurm.job_state, job)
+
+    # -- Slurm -----------------------------------------------------------------------------
+
+    async def slurm_state(self, node: str) -> SlurmNodeState | None:
+        r = await asyncio.to_thread(self.slurm.run, ["scontrol", "show", "node", node, "-o"],
+                                    check=False)
+        if r.returncode != 0 or "NodeName=" not in r.stdout:
+            return None
+        return parse_node_line(r.stdout.strip().splitlines()[0])
+
+    async def wait_slurm(self, node: str, check: Callable[[SlurmNodeState], bool], *,
+                         within: float = 60, what: str = "",
+                         remediated: str = "") -> SlurmNodeState:
+        """Wait until Slurm node ``node`` passes ``check``; with ``remediated`` (a Kubernetes
+        node), fail at once when that node's remediation ends (Escalated, Cancelled)."""
+        async def probe() -> SlurmNodeState | None:
+            if remediated:
+                await self.not_ended(remediated)
+            st = await self.slurm_state(node)
+            return st if st is not None and check(st) else None
+
+        got = await wait_for(probe, timeout=within, interval=0.2,
+                             description=f"Slurm node {node} {what}".strip())
+        assert got is not None
+        return got
+
+    async def sinfo(self, node: str) -> str:
+        r = await asyncio.to_thread(self.slurm.run, ["sinfo", "-h", "-N", "-n", node, "-o",
+                                                     "%N %T"], check=False)
+        return r.stdout.strip()
+
+    def ctld_log(self) -> str:
+        return self.slurm.log()[self.ctld_offset:]
+
+    def ctld_reasons(self, node: str) -> list[str]:
+        """Every reason slurmctld set on ``node`` during this test (its log)."""
+        pat = re.compile(rf"update_node: node {re.escape(node)} reason set to: (.*)$",
+                         re.MULTILINE)
+        return pat.findall(self.ctld_log())
+
+    def healer_drains(self, node: str) -> list[str]:
+        return [r for r in self.ctld_reasons(node) if "healer: " in r]
+
+    def ctld_returns_to_service(self, node: str) -> list[str]:
+        """slurmctld's log lines that put ``node`` back in service after healer drained it
+        (an undrain or resume shows as ``state set to IDLE/ALLOCATED/MIXED``)."""
+        log = self.ctld_log()
+        drained = re.search(rf"update_node: node {re.escape(node)} reason set to: .*healer: ",
+                            log)
+        if drained is None:
+            return []
+        pat = re.compile(rf"update_node: node {re.escape(node)} state set to "
+                         r"(?:IDLE|ALLOCATED|MIXED)\b.*$", re.MULTILINE)
+        return pat.findall(log, drained.end())
+
+    # -- remediations ----------------------------------------------------------------------
+
+    async def remediations(self, node: str) -> list[dict[str, Any]]:
+        co = client.CustomObjectsApi(self.api)
+        raw = await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        items = [i for i in raw["items"] if i["spec"]["node"] == node]
+        return sorted(items, key=lambda i: i["spec"]["incident"]["openedAt"])
+
+    async def record(self, node: str) -> dict[str, Any]:
+        items = await self.remediations(node)
+        assert items, f"no NodeRemediation for {node}"
+        return items[-1]
+
+    async def phase(self, node: str) -> str:
+        items = await self.remediations(node)
+        return str((items[-1].get("status") or {}).get("phase", "")) if items else "Healthy"
+
+    async def not_ended(self, node: str, ok: tuple[str, ...] = ()) -> None:
+        """Fail at once (with the story) when ``node``'s remediation ended unexpectedly."""
+        phase = await self.phase(node)
+        if phase in TERMINAL and phase not in ok:
+            raise AssertionError(f"{node} ended {phase}:\n{await self.diagnose(node)}")
+
+    async def wait_job_end(self, job: int, node: str, within: float = 120,
+                           ok: tuple[str, ...] = ()) -> float:
+        """Wait until the job wrote its end marker (checkpointed or released); fails at once
+        when ``node``'s remediation ends in a terminal phase not in ``ok``."""
+        async def ended() -> float | None:
+            await self.not_ended(node, ok)
+            return self.job_end(job)
+
+        try:
+            got = await wait_for(ended, timeout=within, description=f"job {job} ended")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{await self.diagnose(node)}") from None
+        assert got is not None
+        return got
+
+    async def diagnose(self, node: str) -> str:
+        parts = []
+        with contextlib.suppress(Exception):
+            for item in await self.remediations(node):
+                st = item.get("status") or {}
+                parts.append(f"remediation {item['metadata']['name']}: phase {st.get('phase')}"
+                             f" blocked={st.get('blocked')}")
+                parts += [f"  {h['from']} -> {h['to']} [{h['trigger']}]"
+                          for h in st.get("history") or []]
+                parts += [f"  step {s['step']}: {s.get('outcome')} attempts="
+                          f"{s.get('attempts')} {s.get('detail', '')} {s.get('error', '')}"
+                          for s in st.get("ledger") or []]
+        with contextlib.suppress(Exception):
+            parts += [f"  event {e.get('reason')}: {e.get('note')}"
+                      for e in await self.events(node)]
+        if self.emu is not None and self.emu.errors:
+            parts.append("emulator errors: " + " | ".join(self.emu.errors[-5:]))
+        for d in self.daemons[-1:]:
+            parts.append(f"--- daemon log ({d.log.name}) ---\n{d.tail(25)}")
+        return "\n".join(parts)
+
+    def step_done(self, node: str, step: str) -> Callable[[], Awaitable[bool]]:
+        """A predicate: ``step`` of ``node``'s remediation has its outcome persisted."""
+        async def done() -> bool:
+            rec = await self.record(node)
+            return any(s["step"] == step and s.get("finishedAt")
+                       for s in (rec.get("status") or {}).get("ledger") or [])
+        return done
+
+    async def wait_phase(self, node: str, *phases: str, within: float = 120,
+                         also: Callable[[], Awaitable[bool]] | None = None) -> dict[str, Any]:
+        """Wait until ``node``'s remediation is in one of ``phases`` (and ``also()``); fails
+        at once when it ends in another terminal phase."""
+        async def probe() -> dict[str, Any] | None:
+            items = await self.remediations(node)
+            if not items:
+                return None
+            rec = items[-1]
+            phase = (rec.get("status") or {}).get("phase", "")
+            if phase in phases:
+                if also is None:
+                    return rec
+                if await also():  # read again: ``also`` saw a newer version than ``rec``
+                    fresh = await self.record(node)
+                    if (fresh.get("status") or {}).get("phase") in phases:
+                        return fresh
+                return None
+            if phase in TERMINAL:
+                raise AssertionError(f"{node} ended {phase}, expected {phases}:\n"
+                                     f"{await self.diagnose(node)}")
+            return None
+
+        try:
+            got = await wait_for(probe, timeout=within, interval=0.25,
+                                 description=f"{node} in {phases}")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{await self.diagnose(node)}") from None
+        assert got is not None
+        return got
+
+    async def play_repair(self, node: str) -> bool:
+        """Report the node repaired once healer handed it over; True once Done."""
+        n = await self.core.read_node(node)
+        labels = n.metadata.labels or {}
+        ann = n.metadata.annotations or {}
+        if labels.get("healer.io/repair") == "pending" and "healer.io/repair-result" not in \
+                ann and await self.phase(node) == "Repair":
+            await self.core.patch_node(node, {"metadata": {"annotations": {
+                "healer.io/repair-result": "passed"}}})
+        return await self.phase(node) == "Done"
+
+    async def finish_repair(self, node: str, within: float = 60) -> dict[str, Any]:
+        async def done() -> bool:
+            return await self.play_repair(node)
+
+        try:
+            await wait_for(done, timeout=within, description=f"{node} repaired and Done")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}\n{await self.diagnose(node)}") from None
+        return await self.record(node)
+
+    async def events(self, node: str) -> list[dict[str, Any]]:
+        """healer's Events about ``node`` from this test's incidents."""
+        incidents = {i["spec"]["incident"]["id"] for i in await self.remediations(node)}
+        evs = await client.EventsV1Api(self.api).list_namespaced_event(
+            self.events_namespace, label_selector=f"healer.io/node={node}")
+        out = [self.api.sanitize_for_serialization(e) for e in evs.items]
+        return [e for e in out if (e.get("regarding") or {}).get("name") == node
+                and _event_key(e).split("/", 1)[0] in incidents]
+
+    async def event_reasons(self, node: str) -> Counter[str]:
+        return Counter(str(e.get("reason")) for e in await self.events(node))
+
+    async def event_keys(self, node: str) -> Counter[str]:
+        return Counter(_event_key(e) for e in await self.events(node))
+
+    async def claimed_by(self, incident: str) -> list[str]:
+        """Nodes that carry (or ever carried) this incident's spare claim."""
+        return sorted({s.name for s in self.node_history.samples
+                       if s.annotations.get("healer.io/claimed-by") == incident})
+
+    # -- teardown --------------------------------------------------------------------------
+
+    async def teardown(self) -> None:
+        for d in self.daemons:
+            with contextlib.suppress(Exception):
+                d.kill9()
+        self.gate.set()
+        if self.emu_task is not None:
+            for _ in range(3):  # cancel until it is really gone (never hang the teardown)
+                self.emu_task.cancel()
+                done, _ = await asyncio.wait({self.emu_task}, timeout=15)
+                if done:
+                    break
+        await self.recorders.stop()
+        if self.bridge is not None:
+            await self.bridge.close()
+        await asyncio.to_thread(self.slurm_lock.acquire)  # a slurmd start still in a thread
+        self.slurm_lock.release()
+        co = client.CustomObjectsApi(self.api)
+        with contextlib.suppress(Exception):
+            raw = await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            for item in raw["items"]:
+                if item["spec"]["node"] in self.nodes:
+                    with contextlib.suppress(client.exceptions.ApiException):
+                        await co.delete_cluster_custom_object(GROUP, VERSION, PLURAL,
+                                                              item["metadata"]["name"])
+        for n in self.nodes:
+            with contextlib.suppress(client.exceptions.ApiException):
+                await self.core.delete_node(n)
+
+
+def _event_key(e: dict[str, Any]) -> str:
+    return str(((e.get("metadata") or {}).get("annotations") or {}).get("healer.io/key", ""))
+
+
+FlowFactory = Callable[..., Awaitable[Flow]]
+
+
+@pytest.fixture
+async def flows(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: str,
+                flow_slurm: LocalSlurm, tmp_path: Path) -> AsyncIterator[FlowFactory]:
+    made: list[Flow] = []
+    lock = threading.Lock()  # one LocalSlurm daemon operation at a time (they run in threads)
+
+    async def make(mode: str, driver: str, *, spares: bool = True) -> Flow:
+        assert not made, "one flow per test"
+        tid = secrets.token_hex(3)
+        f = Flow(kube_stack, kube_api, flow_slurm, namespace, mode, driver, tid, tmp_path,
+                 layout(mode, tid), lock)
+        made.append(f)
+        await f.setup(spares=spares)
+        return f
+
+    try:
+        yield make
+    finally:
+        for f in made:
+            await f.teardown()

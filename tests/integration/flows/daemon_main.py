@@ -1,0 +1,69 @@
+"""The real daemon (``healer.app.run``, exactly as ``healer run`` builds it) for the flow tests.
+
+Only the telemetry input and the runtime's timing are replaced: signals come from a JSON-lines
+file (:class:`healer.testing.FileSignals`) instead of Prometheus, and the warm-up is short.
+The Slurm driver (slinky, scontrol or slurmrestd), the workload move, the spare pool, the
+topology annotation, the checkpoint and repair hooks are the real adapters ``healer.app``
+builds from the ``healer run`` flags.
+
+    python -m tests.integration.flows.daemon_main <healer run flags> --signals F.jsonl
+        [--warmup SECONDS] [--crash-log FILE]
+
+``--crash-log FILE``: kill -9 this very process at the first step boundary not yet listed in
+FILE (and list it): right after a write that advanced the remediation, or right after a
+step's action ran, before its outcome was persisted. Started again and again, the daemon
+visits every boundary once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from healer.app import Overrides, run
+from healer.cli import _settings, add_run_flags
+from healer.runtime.controller import RuntimeSettings
+from healer.testing import FileSignals
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    add_run_flags(p)
+    p.add_argument("--signals", required=True, help="JSON lines of signals to feed")
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--crash-log", default=None,
+                   help="kill -9 this process at the first step boundary not listed here")
+    args = p.parse_args()
+    crash_log = Path(args.crash_log) if args.crash_log else None
+
+    def crash_once(point: str) -> None:
+        assert crash_log is not None
+        seen = set(crash_log.read_text().splitlines()) if crash_log.exists() else set()
+        if point in seen:
+            return
+        with open(crash_log, "a") as f:
+            f.write(point + "\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def after_write(record: Any) -> None:
+        steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
+                         for s in record.ledger)
+        crash_once(f"write {record.phase} {steps}")
+
+    def after_action(action: Any) -> None:
+        if action.ledgered:
+            crash_once(f"action {action.key}")
+
+    overrides = Overrides(telemetry=[FileSignals(Path(args.signals))],
+                          runtime=RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0),
+                          after_write=after_write if crash_log else None,
+                          after_action=after_action if crash_log else None)
+    return asyncio.run(run(_settings(args), overrides))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
