@@ -209,7 +209,7 @@ async def _start(settings: Settings, o: Overrides,
 async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies: PolicySet,
                metrics: Metrics, ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     nodes = KubeNodes(api)
-    events = KubeEvents(api, namespace=settings.kube.events_namespace,
+    events = KubeEvents(api,  # Events about Nodes: the API server takes them only in default
                         instance=settings.leader.identity)
     store = CRStateStore(api)
     slurm = o.slurm or _slurm_driver(settings, api)
@@ -222,10 +222,13 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
                             nodeset=settings.slurm.nodeset)
         workload, labels_provider = sw, sw.node_selector
-        if slurm_names is None and settings.slurm.driver == "slinky":
+        if slurm_names is None and (settings.slurm.driver == "slinky" or settings.slurm.nodeset):
+            # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
             slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
     spares = KubeSparePool(nodes, policies.fleet.spare_selector,
-                           labels_provider=labels_provider)
+                           labels_provider=labels_provider,
+                           topology_name="default" if settings.topology.source == "labels"
+                           else None)
     validator = o.validator
     if validator is None:
         from healer.adapters.kube.jobs import JobValidator

@@ -104,7 +104,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         log_json=None if args.log_format == "auto" else args.log_format == "json",
         shutdown_grace=args.shutdown_grace, callback_url=args.callback_url,
         kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
-                          namespace=args.namespace, events_namespace=args.events_namespace,
+                          namespace=args.namespace,
                           install_crd=args.install_crd),
         leader=leader,
         slurm=SlurmSettings(driver=args.slurm_driver, slurmrestd_url=args.slurmrestd_url,
@@ -133,9 +133,6 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     k.add_argument("--namespace", default=env("POD_NAMESPACE", "healer-system"),
                    help="namespace of healer's Lease and hook Jobs ($POD_NAMESPACE; default "
                         "healer-system)")
-    k.add_argument("--events-namespace", default="default",
-                   help="namespace of the Events about Nodes (the API server accepts Node "
-                        "Events only in default)")
     k.add_argument("--install-crd", action="store_true",
                    help="create the NodeRemediation CRD if it is missing (development only; "
                         "install it from deploy/crds/ in production)")

@@ -290,6 +290,8 @@ def generated_files(build_parser: Callable[[], argparse.ArgumentParser]) -> dict
         ROOT / "deploy" / "helm" / "healer" / "files" / "healer-rules.yaml":
             (ROOT / "deploy" / "prometheus" / "healer-rules.yaml").read_text("utf-8"),
         ROOT / "deploy" / "crds" / "noderemediations.healer.io.yaml": crd_yaml(),
+        ROOT / "deploy" / "helm" / "healer" / "crds" / "noderemediations.healer.io.yaml":
+            crd_yaml(),
         ROOT / "deploy" / "policies-configmap.yaml": policies_configmap_yaml(),
         ROOT / "docs" / "workflow.md": workflow_markdown(),
         ROOT / "docs" / "xid-catalog.md": xid_markdown(),

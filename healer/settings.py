@@ -14,8 +14,6 @@ class KubeSettings:
     context: str | None = None
     namespace: str = "healer-system"
     """Where healer's Lease lives."""
-    events_namespace: str = "default"
-    """Events about Nodes (cluster-scoped) are written here, like kubectl's."""
     install_crd: bool = False
     """Create the NodeRemediation CRD if it is missing (development only)."""
 

@@ -73,8 +73,11 @@ def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
                 reason = str(c.get("message") or "")
     if reason.startswith(OPERATOR_PREFIX + SLURM_REASON_PREFIX):
         reason = reason[len(OPERATOR_PREFIX):]  # healer's reason, carried by the operator
+    # FUTURE and UNKNOWN (e.g. just after a slurmctld restart, before the slurmd answers) are
+    # not a registered, serving node
     return SlurmNodeState(slurm_name(pod), base, frozenset(flags), reason,
-                          registered=registered and "NOT_RESPONDING" not in flags)
+                          registered=registered and "NOT_RESPONDING" not in flags
+                          and base not in ("FUTURE", "UNKNOWN"))
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:

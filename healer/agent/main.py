@@ -76,7 +76,6 @@ class AgentSettings:
     kubeconfig: str | None = None
     """None: the in-cluster service account."""
     context: str | None = None
-    events_namespace: str = "default"
     """Events about Nodes (cluster-scoped) are written here, like the controller's. The API
     server refuses them anywhere but ``default`` (involvedObject.namespace must match)."""
     instance: str = ""
@@ -350,7 +349,7 @@ async def _run(settings: AgentSettings, reader: NvmlReader, api: client.ApiClien
     node = settings.node_name
     instance = settings.instance or os.environ.get("POD_NAME") or socket.gethostname()
     writer = ConditionWriter(api, node, request_timeout=settings.api_timeout)
-    sink = EventSink(KubeEvents(api, namespace=settings.events_namespace, instance=instance),
+    sink = EventSink(KubeEvents(api, instance=instance),  # Node Events: only in default
                      node, catalog)
     health = Health()
     agent = Agent(settings, reader, writer, sink, catalog, health)
@@ -374,7 +373,7 @@ async def _run(settings: AgentSettings, reader: NvmlReader, api: client.ApiClien
              asyncio.create_task(agent.publish_loop(), name="publish")]
     log.info("started", node=node, driver=reader.driver_version,
              gpus=[f"{g.index}:{g.uuid}" for g in reader.gpus], interval=settings.interval,
-             heartbeat=settings.heartbeat, events_namespace=settings.events_namespace,
+             heartbeat=settings.heartbeat,
              http=f"{settings.http_host}:{settings.http_port}")
     stopper = asyncio.create_task(stop.wait(), name="stop")
     done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -410,9 +409,6 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                    help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
     p.add_argument("--context", default=None)
-    p.add_argument("--events-namespace", default="default",
-                   help="namespace of the Events about this node (default: default; "
-                        "kube-apiserver takes Events about a Node in no other namespace)")
     p.add_argument("--interval", type=float, default=10.0,
                    help="seconds between two reads of the NVML counters (default: 10)")
     p.add_argument("--heartbeat", type=float, default=30.0,
@@ -447,7 +443,7 @@ def agent_settings(args: argparse.Namespace) -> AgentSettings:
         raise ConfigError(str(e)) from e
     settings = AgentSettings(
         node_name=args.node_name or "", kubeconfig=args.kubeconfig or None, context=args.context,
-        events_namespace=args.events_namespace, interval=args.interval,
+        interval=args.interval,
         heartbeat=args.heartbeat, thresholds=thresholds, nvml_wait_ms=args.nvml_wait_ms,
         api_timeout=args.api_timeout, http_host=args.http_host, http_port=args.http_port,
         log_level=args.log_level,

@@ -48,6 +48,7 @@ from healer.core.health import Verdict
 from healer.core.model import (
     EVIDENCE_LIMIT,
     HISTORY_LIMIT,
+    EventRecord,
     GuardrailBlock,
     HealthState,
     Incident,
@@ -692,6 +693,17 @@ def _checkpoint_timeout(ctx: Ctx) -> None:
 CHECKPOINT_TIMEOUT = Effect("give up on checkpoint, issue drain", _checkpoint_timeout)
 
 
+def _checkpoint_failed(ctx: Ctx) -> None:
+    s = ctx.rec.step("checkpoint")
+    why = (s.error if s is not None and s.error else "the checkpoint hook failed")
+    ctx.event("checkpoint-failed", "CheckpointFailed",
+              f"the checkpoint request failed ({why}); draining anyway", warning=True)
+    ctx.issue(build_action(ctx, "drain"))
+
+
+CHECKPOINT_FAILED = Effect("checkpoint failed, issue drain", _checkpoint_failed)
+
+
 def _seq(*effects: Effect) -> Effect:
     def apply(ctx: Ctx) -> None:
         for e in effects:
@@ -805,7 +817,7 @@ def _build_table() -> tuple[Transition, ...]:
             _T(P.CHECKPOINTING, K.STEP, Guard("checkpoint failed, policy continues", lambda c: (
                 (r := _result(c)) is not None and r.step == "checkpoint"
                 and r.status in (StepStatus.FAILED, StepStatus.UNAVAILABLE)
-                and CHECKPOINT_CONTINUES(c))), P.DRAINING, CHECKPOINT_TIMEOUT),
+                and CHECKPOINT_CONTINUES(c))), P.DRAINING, CHECKPOINT_FAILED),
         ], tick=[
             _T(P.CHECKPOINTING, K.TICK, Guard("deadline passed, policy continues", lambda c:
                                               DEADLINE_PASSED(c) and CHECKPOINT_CONTINUES(c)),
@@ -1040,9 +1052,27 @@ def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetVi
     if (ctx.record is not None and Phase(ctx.record.phase) is Phase.DONE
             and not ctx.record.outcome):
         ctx.record = replace(ctx.record, outcome="done")
+    _keep_events(ctx, trigger)
     return Decision(ctx.record, tuple(ctx.actions),
                     _recheck(ctx) if ctx.record is not None else None,
                     tuple(transitions))
+
+
+def _keep_events(ctx: Ctx, trigger: Trigger) -> None:
+    """Events ride with the intent: the record keeps the latest decision's Events, and a
+    RESUME re-emits them (a leader that died between the write and the Events loses none;
+    Events are idempotent by key, so a repeat is a no-op)."""
+    if ctx.record is None:
+        return
+    rec = ctx.record
+    emits = [a for a in ctx.actions if isinstance(a, EmitEvent)]
+    if emits:
+        kept = tuple(EventRecord(a.reason, a.note, a.type, a.name) for a in emits)
+        if kept != rec.events:
+            ctx.record = replace(rec, events=kept)
+    elif trigger.kind is TriggerKind.RESUME and rec.events:
+        ctx.actions.extend(EmitEvent(rec.incident.id, rec.node, reason=e.reason, note=e.note,
+                                     type=e.type, name=e.name) for e in rec.events)
 
 
 def _select(phase: Phase, kind: TriggerKind, ctx: Ctx) -> Transition | None:

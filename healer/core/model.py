@@ -306,6 +306,25 @@ class TransitionRecord:
                    trigger=str(d["trigger"]))
 
 
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """An Event a decision emitted, kept with the intent so a restarted leader re-emits it
+    (Events are idempotent by key: a repeat is a no-op)."""
+
+    reason: str
+    note: str = ""
+    type: str = "Normal"
+    name: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reason": self.reason, "note": self.note, "type": self.type, "name": self.name}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EventRecord:
+        return cls(reason=str(d["reason"]), note=str(d.get("note", "")),
+                   type=str(d.get("type", "Normal")), name=str(d.get("name", "")))
+
+
 #: How many phase changes a record keeps (older ones are dropped; the ledger keeps every step).
 HISTORY_LIMIT = 50
 
@@ -335,6 +354,8 @@ class NodeRecord:
     repaired: bool = False
     outcome: str = ""  # set when the record reaches a terminal phase: done|recovered|...
     history: tuple[TransitionRecord, ...] = ()
+    events: tuple[EventRecord, ...] = ()
+    """The Events of the latest decision that emitted any (re-emitted on resume)."""
 
     @property
     def last_transition(self) -> float:
@@ -389,6 +410,7 @@ class NodeRecord:
             "repaired": self.repaired,
             "outcome": self.outcome,
             "history": [h.to_dict() for h in self.history],
+            "events": [e.to_dict() for e in self.events],
         }
         if self.blocked is not None:
             d["blocked"] = self.blocked.to_dict()
@@ -420,4 +442,5 @@ class NodeRecord:
             repaired=bool(d.get("repaired", False)),
             outcome=str(d.get("outcome", "")),
             history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
+            events=tuple(EventRecord.from_dict(e) for e in d.get("events", ())),
         )

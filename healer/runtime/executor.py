@@ -86,9 +86,7 @@ class Executor:
         node = action.node
         try:
             if isinstance(action, a.EmitEvent):
-                await self.p.events.emit(key=action.key, node=node, reason=action.reason,
-                                         note=action.note, type=action.type,
-                                         action=action.reason, remediation=action.incident)
+                await self._emit(action)
                 return []
             if isinstance(action, a.ObserveSlurm):
                 return [await self._observe(action, dry)]
@@ -107,6 +105,16 @@ class Executor:
         data = tuple(sorted((out.data or {}).items()))
         return [Trigger(TriggerKind.STEP, node, now, incident=action.incident,
                         result=StepResult(action.ledger_name, out.status, out.error, data))]
+
+    async def _emit(self, act: a.EmitEvent) -> None:
+        """An Event that cannot be written is logged, never a reason to stop a remediation
+        (the NodeRemediation and the metrics still say what happened)."""
+        try:
+            await self.p.events.emit(key=act.key, node=act.node, reason=act.reason,
+                                     note=act.note, type=act.type, action=act.reason,
+                                     remediation=act.incident)
+        except HealerError as e:
+            log.warning("event not written", reason=act.reason, key=act.key, error=str(e))
 
     async def _observe(self, act: a.ObserveSlurm, dry: bool) -> Trigger:
         now = self.clock()

@@ -13,7 +13,7 @@ from healer.core import policy as cp
 from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, NodeView, Signal, SignalKind, Taint
 from healer.core.phases import Phase
-from healer.errors import ConflictError, TransientError
+from healer.errors import ConflictError, PermanentError, TransientError
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Executor, Ports
 from healer.testing import FakeStore, ManualClock, fake_ports, settle
@@ -327,4 +327,15 @@ async def test_a_source_that_stops_delivering_makes_healthz_fail() -> None:
     assert detail["source:dcgm"]["ok"] is False
     await sink([])
     assert health.healthy()[0]
+    await h.close()
+
+
+async def test_an_event_that_cannot_be_written_does_not_stop_the_remediation() -> None:
+    h = await make()
+    events = h.fakes["events"]
+    events.inject_error("emit", PermanentError("events are forbidden"), times=1000)  # type: ignore[attr-defined]
+    await h.xid("gpu-0")
+    await h.run(60)
+    assert h.phase("gpu-0") is Phase.REPAIR
+    assert events.reasons() == []  # type: ignore[attr-defined]
     await h.close()

@@ -323,7 +323,6 @@ def test_template_default_is_observe_only_least_privilege(helm: Helm) -> None:
     assert args.slurm_namespace == "slurm"
     assert args.slurmrestd_url == ""
     assert args.slurmrestd_token_secret == ""
-    assert args.events_namespace == "default"
     assert args.lease_name == "healer-leader"
     assert args.http_port == 8080
     assert args.log_format == "json"

@@ -341,7 +341,7 @@ def test_flags_defaults_and_node_name_from_the_environment(
     monkeypatch.delenv("KUBECONFIG", raising=False)
     s = agent_settings(parse([]))
     assert (s.node_name, s.kubeconfig, s.interval, s.heartbeat) == ("gpu-7", None, 10.0, 30.0)
-    assert (s.http_port, s.events_namespace, s.thresholds) == (8081, "default", Thresholds())
+    assert (s.http_port, s.thresholds) == (8081, Thresholds())
     s = agent_settings(parse(["--node-name", "gpu-8", "--interval", "2", "--heartbeat", "5",
                               "--pcie-replays-max", "7", "--log-format", "json"]))
     assert (s.node_name, s.interval, s.heartbeat, s.thresholds.pcie_replays_max,

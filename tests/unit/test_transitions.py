@@ -133,7 +133,9 @@ CASES: list[Case] = [
     Case("checkpointing/hook-failed-continue",
          record(P.CHECKPOINTING, ledger=(open_step("checkpoint"),)),
          s_trigger("checkpoint", S.FAILED, error="webhook 500"), P.DRAINING, ("drain",),
-         ("CheckpointTimeout",), view=_policy_view(steps=CHECKPOINT_ON)),
+         ("CheckpointFailed",), view=_policy_view(steps=CHECKPOINT_ON),
+         check=lambda d: "webhook 500" in next(a.note for a in d.actions
+                                                if isinstance(a, EmitEvent))),
     Case("checkpointing/deadline-continue", record(P.CHECKPOINTING,
                                                    ledger=(open_step("checkpoint"),)),
          trigger(K.TICK, at=LATE), P.DRAINING, ("drain",), now=LATE,
@@ -442,3 +444,23 @@ def test_recovered_undoes_only_started_steps() -> None:
 def test_decision_is_deterministic() -> None:
     for case in CASES[:40]:
         assert _run(case) == _run(case)
+
+
+def test_events_ride_with_the_intent_and_are_re_emitted_on_resume() -> None:
+    """A leader that died after persisting a transition but before its Events re-emits them
+    when it resumes (Events are idempotent by key, so a repeat is a no-op)."""
+    v = view(policies(policy()))
+    opened = step(None, v_trigger(H.FAILED), T0, v)
+    assert opened.record is not None
+    emitted = [a for a in opened.actions if isinstance(a, EmitEvent)]
+    assert {a.reason for a in emitted} >= {"IncidentOpened", "RemediationStarted"}
+    assert [e.reason for e in opened.record.events] == [a.reason for a in emitted]
+    resumed = step(opened.record, trigger(TriggerKind.RESUME, at=T0 + 1), T0 + 1, v)
+    again = [a for a in resumed.actions if isinstance(a, EmitEvent)]
+    assert [a.key for a in again] == [a.key for a in emitted]
+    assert resumed.record is not None
+    assert resumed.record.events == opened.record.events
+    # a decision without Events keeps the last ones (no extra write for them)
+    polled = step(opened.record, trigger(TriggerKind.TICK, at=T0 + 2), T0 + 2, v)
+    assert polled.record is not None
+    assert polled.record.events == opened.record.events

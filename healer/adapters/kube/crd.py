@@ -76,6 +76,9 @@ _STATUS = {
             "guardrail": _s(), "message": _s(), "current": _n(), "limit": _n()}},
         "history": {"type": "array", "items": {"type": "object", "properties": {
             "at": _n(), "from": _s(), "to": _s(), "trigger": _s()}}},
+        "events": {"type": "array", "description": "the latest decision's Events (re-emitted "
+                   "after a restart; idempotent)", "items": {"type": "object", "properties": {
+                       "reason": _s(), "note": _s(), "type": _s(), "name": _s()}}},
         "reason": _s("derived: why the remediation is where it is"),
         "lastTransitionTime": {"type": "string", "format": "date-time"},
         "conditions": {"type": "array", "items": {

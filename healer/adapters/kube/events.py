@@ -28,12 +28,14 @@ def _micro(t: float) -> str:
 
 
 class KubeEvents:
-    """The EventRecorder port. Events about cluster-scoped objects live in ``namespace``."""
+    """The EventRecorder port. Events about Nodes (cluster-scoped) are written to ``default``:
+    the API server accepts an Event about a cluster-scoped object in no other namespace."""
 
-    def __init__(self, api: client.ApiClient, *, namespace: str = "default",
-                 instance: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    namespace = "default"
+
+    def __init__(self, api: client.ApiClient, *, instance: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.events = client.EventsV1Api(api)
-        self.namespace = namespace
         self.instance = (instance or socket.gethostname())[:128]
         self._clock = clock
 

@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.core.model import NodeView
 from healer.core.policy import LabelSelector
-from healer.core.topology import DOMAIN_LABEL, rank_spares
+from healer.core.topology import DOMAIN_LABEL, rank_spares, slinky_topology_spec
 from healer.errors import ConflictError
 
 CLAIMED_BY = "healer.io/claimed-by"
@@ -31,12 +32,16 @@ REPAIR_RESULT = "healer.io/repair-result"
 class KubeSparePool:
     def __init__(self, nodes: KubeNodes, selector: LabelSelector,
                  claim_labels: Mapping[str, str] | None = None,
-                 labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None
-                 ) -> None:
+                 labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
+                 *, topology_name: str | None = None) -> None:
         self.nodes = nodes
         self.selector = selector
         self.claim_labels = dict(claim_labels or {})
         self._provider = labels_provider
+        # with a topology name, the claim itself writes the spare's topology annotation (from
+        # its fabric labels): the operator may start serving the replacement as soon as its
+        # slurmd registers, so the topology must already be right by then
+        self.topology_name = topology_name
 
     async def _free(self) -> list[tuple[NodeView, dict[str, Any]]]:
         items, _ = await self.nodes.list_raw(self.selector.to_query())
@@ -80,9 +85,13 @@ class KubeSparePool:
         labels.update(self.claim_labels)
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
+        annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
+        if self.topology_name is not None:
+            spec = slinky_topology_spec(node_view(raw), self.topology_name)
+            if spec:
+                annotations[TOPOLOGY_ANNOTATION] = spec
         return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
-                             "labels": labels,
-                             "annotations": {CLAIMED_BY: incident, CLAIMED_AT: _now()}},
+                             "labels": labels, "annotations": annotations},
                 "spec": {"taints": taints or None}}
 
     async def release(self, spare: str, incident: str) -> None:

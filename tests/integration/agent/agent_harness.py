@@ -129,7 +129,7 @@ class AgentProcess:
 
 
 def spawn_agent(*, lib_dir: Path, scenario_path: Path, kubeconfig: Path, node: str,
-                workdir: Path, events_namespace: str, interval: float = 0.5,
+                workdir: Path, interval: float = 0.5,
                 heartbeat: float = 1.0, extra: tuple[str, ...] = (),
                 env: Mapping[str, str] | None = None) -> AgentProcess:
     port = free_port()
@@ -137,7 +137,7 @@ def spawn_agent(*, lib_dir: Path, scenario_path: Path, kubeconfig: Path, node: s
     base = {**os.environ, "PYTHONPATH": str(ROOT), "KUBECONFIG": str(kubeconfig),
             "NODE_NAME": node, **(env or {})}
     argv = [sys.executable, "-m", "healer.agent.main", "--interval", str(interval),
-            "--heartbeat", str(heartbeat), "--events-namespace", events_namespace,
+            "--heartbeat", str(heartbeat),
             "--http-host", "127.0.0.1", "--http-port", str(port), "--log-format", "json",
             *extra]
     with open(log, "ab") as out:

@@ -72,11 +72,10 @@ class Agents:
         self.fake, self.stack, self.workdir = fake, stack, workdir
         self.started: list[AgentProcess] = []
 
-    def start(self, node: str, events_namespace: str, *, kubeconfig: Path | None = None,
-              **kw: Any) -> AgentProcess:
+    def start(self, node: str, *, kubeconfig: Path | None = None, **kw: Any) -> AgentProcess:
         a = spawn_agent(lib_dir=self.fake.lib_dir, scenario_path=self.fake.scenario_path,
                         kubeconfig=kubeconfig or self.stack.kubeconfig, node=node,
-                        workdir=self.workdir, events_namespace=events_namespace, **kw)
+                        workdir=self.workdir, **kw)
         self.started.append(a)
         return a
 
@@ -151,7 +150,7 @@ async def test_xid79_sets_gpuhealthy_false_at_once_with_an_event(
     assert before["Ready"]["status"] == "True"
 
     fake_nvml.write(scenario())
-    agent = agents.start(gpu_node, EVENTS)
+    agent = agents.start(gpu_node)
     healthy = await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
     assert healthy["message"] == f"{N_GPUS} GPUs healthy"
     await agent.ready()
@@ -239,7 +238,7 @@ async def test_xid79_sets_gpuhealthy_false_at_once_with_an_event(
 async def test_gpu_lost_is_gpu_lost(kube_api: client.ApiClient, fake_nvml: FakeNvml,
                                     agents: Agents, gpu_node: str) -> None:
     fake_nvml.write(scenario())
-    agent = agents.start(gpu_node, EVENTS)
+    agent = agents.start(gpu_node)
     await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
     # GPU 1's calls answer GPU_IS_LOST, and so does the event wait once
     t0 = fake_nvml.write(scenario(g1={"lost": 1}, events=[{"gpu": 1, "lost": True}]))
@@ -262,7 +261,7 @@ async def test_gpu_lost_is_gpu_lost(kube_api: client.ApiClient, fake_nvml: FakeN
 async def test_counters_over_thresholds_are_reported_per_gpu(
         kube_api: client.ApiClient, fake_nvml: FakeNvml, agents: Agents, gpu_node: str) -> None:
     fake_nvml.write(scenario())
-    agent = agents.start(gpu_node, EVENTS)
+    agent = agents.start(gpu_node)
     healthy = await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
     # a row remap pending on GPU 2 and PCIe replays over the limit on GPU 3, read by polling
     fake_nvml.write(scenario(g2={"remap": {"pending": 1, "uncorrectable": 1}},
@@ -311,7 +310,7 @@ def test_nvml_failing_to_start_exits_2_with_the_reason(fake_nvml: FakeNvml, tmp_
         expected = "NVML initialisation failed: cannot load libnvidia-ml.so.1: "
     agent = spawn_agent(lib_dir=lib_dir, scenario_path=fake_nvml.scenario_path,
                         kubeconfig=tmp_path / "no-kubeconfig-needed", node="gpu-x",
-                        workdir=tmp_path, events_namespace="default")
+                        workdir=tmp_path)
     try:
         rc = agent.proc.wait(timeout=60)
     finally:
@@ -338,7 +337,7 @@ async def test_api_server_outage_is_logged_once_and_nothing_is_lost(
     try:
         kubeconfig = kubeconfig_via(kube_stack.kubeconfig, proxy.port, tmp_path / "proxy.kcfg")
         fake_nvml.write(scenario())
-        agent = agents.start(gpu_node, EVENTS, kubeconfig=kubeconfig)
+        agent = agents.start(gpu_node, kubeconfig=kubeconfig)
         await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
 
         await proxy.stop()  # the API server is away for this agent
@@ -421,7 +420,7 @@ async def test_deploy_agent_applies_and_is_all_the_agent_needs(
 
     kubeconfig = await _sa_kubeconfig(kube_stack, kube_api, tmp_path / "agent.kubeconfig")
     fake_nvml.write(scenario())
-    agent = agents.start(gpu_node, EVENTS, kubeconfig=kubeconfig)
+    agent = agents.start(gpu_node, kubeconfig=kubeconfig)
     await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
     fake_nvml.write(scenario(events=[{"gpu": 3, "xid": 79}]))
     await wait_condition(kube_api, gpu_node, agent, status="False", reason="XidFatal")

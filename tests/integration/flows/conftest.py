@@ -276,7 +276,7 @@ class Flow:
     ctld_offset: int = 0
     slurmd_calls: list[tuple[str, bool, float]] = field(default_factory=list)
     #: where the daemon writes Events: Events about a Node (cluster-scoped) are only accepted
-    #: in "default" (see test_failures.py::test_an_event_that_cannot_be_written_...)
+    #: in "default"
     events_namespace: str = "default"
 
     @property
@@ -457,7 +457,7 @@ class Flow:
                 "--kubeconfig", str(self.stack.kubeconfig), "--install-crd",
                 "--policies", str(self.policies), "--signals", str(self.signals),
                 "--http-host", "127.0.0.1", "--http-port", str(port),
-                "--namespace", self.namespace, "--events-namespace", self.events_namespace,
+                "--namespace", self.namespace,
                 "--no-leader-election", "--identity", f"flow-{self.tid}-{n}",
                 "--log-format", "json", "--shutdown-grace", "2",
                 "--slurm-driver", self.driver, "--slurm-namespace", self.namespace,

@@ -29,10 +29,9 @@ PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
 FLOW_EVENTS = ("IncidentOpened", "RemediationStarted")
 
 
-async def _exactly_once(f: Flow, bad: str, sn: str, rec: dict[str, Any], *,
-                        all_events: bool = True) -> None:
-    """One Slurm drain with healer's reason, one spare claimed, no Event twice; with
-    ``all_events`` also every Event of the flow there (see the last test of this file)."""
+async def _exactly_once(f: Flow, bad: str, sn: str, rec: dict[str, Any]) -> None:
+    """One Slurm drain with healer's reason, one spare claimed, every Event of the flow there
+    exactly once."""
     inc = incident_of(rec)
     assert len(f.healer_drains(sn)) == 1, f.ctld_reasons(sn)
     assert len(f.ctld_returns_to_service(sn)) <= 1, f.ctld_returns_to_service(sn)
@@ -42,9 +41,8 @@ async def _exactly_once(f: Flow, bad: str, sn: str, rec: dict[str, Any], *,
     print(f"Events about {bad}: {dict(reasons)}")
     assert all(n == 1 for n in reasons.values()), reasons
     assert all(n == 1 for n in keys.values()), keys
-    if all_events:
-        for reason in FLOW_EVENTS:
-            assert reasons[reason] == 1, (reason, reasons)
+    for reason in FLOW_EVENTS:
+        assert reasons[reason] == 1, (reason, reasons)
 
 
 async def _restart_slurmctld(f: Flow) -> float:
@@ -88,7 +86,7 @@ async def test_slurmctld_restarted_mid_flow(flows: FlowFactory, mode: str, drive
     """slurmctld is restarted while healer waits for the job in Draining (scontrol driver:
     healer polls slurmctld itself; slinky: through the operator's pod conditions and the
     scontrol job backend) and, in StatefulSet mode, again while the replacement's slurmd is
-    held back (Swapping). (The DaemonSet-mode restart while Swapping is the xfail below.)"""
+    held back (Swapping)."""
     f = await flows(mode, driver)
     lay = f.lay
     bad = lay.gpus[1]
@@ -142,13 +140,6 @@ async def test_slurmctld_restarted_mid_flow(flows: FlowFactory, mode: str, drive
     await f.finish_repair(bad)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "healer bug (healer/adapters/slinky.py pod_state): every SlurmNodeState* condition counts "
-    "as 'registered', UNKNOWN and FUTURE included (healer/adapters/slurm/parse.py excludes "
-    "them). After a slurmctld restart a DaemonSet-mode spare that has no slurmd yet is "
-    "UNKNOWN, and SlinkyWorkload.replacement_ready reports it ready: healer annotates, "
-    "'undrains' and hands the bad node to repair while the replacement does not serve"))
-@pytest.mark.timeout(240)
 async def test_slurmctld_restart_while_swapping_daemonset_waits_for_the_new_slurmd(
         flows: FlowFactory) -> None:
     f = await flows("DaemonSet", "slinky")
@@ -294,39 +285,13 @@ async def test_daemon_killed_at_every_step_boundary_finishes_exactly_once(
     pods = f.pods.of(sn)
     assert [p.host for p in pods] == [bad, f.lay.spare_a], pods  # evicted exactly once
     assert_no_busy_pod_deleted(f, end)
-    # Events: never one twice; those of a transition whose daemon died right after persisting
-    # it are lost (healer bug, see test_events_of_a_transition_survive_...): not checked here
-    await _exactly_once(f, bad, sn, rec, all_events=False)
+    # Events: every one exactly once, also those of a transition whose daemon died right after
+    # persisting it (they ride with the intent and are re-emitted on resume)
+    await _exactly_once(f, bad, sn, rec)
     assert len(await f.remediations(bad)) == 1
     assert await f.sinfo(sn) == f"{sn} idle"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "healer bugs: (1) healer/adapters/kube/events.py KubeEvents writes Events about Nodes "
-    "(cluster-scoped) into --events-namespace, but the API server accepts an Event about a "
-    "cluster-scoped object only in 'default' (422 'involvedObject.namespace ... does not match "
-    "event.namespace'); (2) healer/runtime/executor.py Executor.run turns the failed "
-    "EmitEvent into a FAILED step result, and the machine escalates the remediation: an "
-    "Event that cannot be written stops a remediation"))
-@pytest.mark.timeout(180)
-async def test_an_event_that_cannot_be_written_does_not_stop_the_remediation(
-        flows: FlowFactory) -> None:
-    f = await flows("StatefulSet", "slinky")
-    f.events_namespace = f.namespace  # `healer run --events-namespace <namespace>`
-    bad = f.lay.gpus[1]
-    d = f.start_daemon()
-    await f.ready(d)
-    f.xid(bad)
-    rec = await f.wait_phase(bad, "Repair", within=120, also=f.step_done(bad, "mark-repair"))
-    assert rec["status"]["spare"] == f.lay.spare_a
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "healer bug (healer/runtime/controller.py Controller._step): a decision's Events "
-    "(EmitEvent, not ledgered) run only after the record was persisted, and RESUME re-issues "
-    "open ledger steps only: a daemon that dies between the write and the Events loses them "
-    "for good (here IncidentOpened and RemediationStarted). Events are idempotent by key, so "
-    "persisting them with the intent and re-emitting them on RESUME would be safe"))
 @pytest.mark.timeout(180)
 async def test_events_of_a_transition_survive_a_crash_right_after_its_intent_was_written(
         flows: FlowFactory, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ slurmrestd through the v0.0.44 bridge), for both NodeSet modes.
   drained with healer's reason; StatefulSet: the same Slurm name now on the spare); one drain,
   one eviction, one claim, one Event per action, every step once; repaired → Done.
 * ``test_replacement_never_serves_before_its_topology_is_set``: the same promise in Slurm's
-  terms (xfail: healer bug).
+  terms: the claim itself writes the spare's topology annotation, before any slurmd there.
 * ``test_no_spare_holds_for_capacity_...``: HeldForCapacity, ``healer_held_for_capacity``
   and the HealerNodesHeldForCapacity expression true in a real Prometheus; a spare labelled
   later resumes the flow to the end, and both go quiet again.
@@ -43,20 +43,10 @@ from tests.integration.waiting import wait_for
 PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"  # degrading: checkpoint first
 FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"  # failed, and clears when the sample goes back to 0
 
-#: healer bug: the Slurm node name is the Kubernetes node name unless --slurm-driver slinky
-SLURM_NAME_BUG = pytest.mark.xfail(strict=True, reason=(
-    "healer bug (healer/app.py _run: `settings.slurm.driver == \"slinky\"`): with the scontrol "
-    "or slurmrestd driver on a Slinky NodeSet the Slurm node is looked up by the Kubernetes "
-    "node's name (same_name) instead of from the slurmd pod; in StatefulSet mode that is not "
-    "the Slurm name (pod fs-1 runs on node f...-n1): drain/checkpoint fail with 'Invalid node "
-    "name' and the remediation escalates"))
-
 CASES = [
     pytest.param("StatefulSet", "slinky", "fatal", id="StatefulSet-slinky-xid79"),
-    pytest.param("StatefulSet", "scontrol", "checkpoint", id="StatefulSet-scontrol-ckpt",
-                 marks=SLURM_NAME_BUG),
-    pytest.param("StatefulSet", "slurmrestd", "fatal", id="StatefulSet-slurmrestd-xid79",
-                 marks=SLURM_NAME_BUG),
+    pytest.param("StatefulSet", "scontrol", "checkpoint", id="StatefulSet-scontrol-ckpt"),
+    pytest.param("StatefulSet", "slurmrestd", "fatal", id="StatefulSet-slurmrestd-xid79"),
     pytest.param("DaemonSet", "slinky", "checkpoint", id="DaemonSet-slinky-ckpt"),
     pytest.param("DaemonSet", "scontrol", "fatal", id="DaemonSet-scontrol-xid79"),
     pytest.param("DaemonSet", "slurmrestd", "checkpoint", id="DaemonSet-slurmrestd-ckpt"),
@@ -175,15 +165,6 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
 # ------------------------------------------------------------------------------ topology
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "healer bug: the topology annotation is written by the annotate-topology step, after "
-    "await-replacement, i.e. after the replacement slurmd registered; by then Slurm already "
-    "serves the node (StatefulSet: the pod's preStop set it DOWN, the operator undrains it "
-    "as the new pod's Node is not cordoned, and the slurmd's registration returns it to "
-    "service; DaemonSet: a new Slurm node registers idle), so jobs can land on it before its "
-    "topology is known. Fix: put topology.slinky.slurm.net/spec on the spare when it is "
-    "claimed (healer/adapters/kube/spares.py KubeSparePool._claim_patch), keep "
-    "annotate-topology as the check"))
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["StatefulSet", "DaemonSet"])
 async def test_replacement_never_serves_before_its_topology_is_set(

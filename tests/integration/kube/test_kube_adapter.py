@@ -203,7 +203,7 @@ async def test_crd_is_structural_and_has_printer_columns(kube_api: client.ApiCli
 
 
 async def test_events_are_emitted_once_per_key(kube_api: client.ApiClient) -> None:
-    ev = KubeEvents(kube_api, namespace="default", instance="test")
+    ev = KubeEvents(kube_api, instance="test")  # Node Events live in default
     for _ in range(3):
         await ev.emit(key="inc-9/event-opened", node="some-node", reason="IncidentOpened",
                       note="hello", type="Warning", remediation="inc-9")

@@ -120,7 +120,6 @@ missing (values.schema.json says the same). */}}
 - {{ printf "--prometheus-url=%s" . | quote }}
 {{- end }}
 - {{ printf "--poll-interval=%v" .Values.prometheus.pollInterval | quote }}
-- {{ printf "--events-namespace=%s" .Values.eventsNamespace | quote }}
 - {{ printf "--lease-name=%s" (include "healer.leaseName" .) | quote }}
 - {{ printf "--http-port=%v" (int .Values.httpPort) | quote }}
 - {{ printf "--log-level=%s" .Values.log.level | quote }}
