@@ -1071,8 +1071,13 @@ def _keep_events(ctx: Ctx, trigger: Trigger) -> None:
         if kept != rec.events:
             ctx.record = replace(rec, events=kept)
     elif trigger.kind is TriggerKind.RESUME and rec.events:
-        ctx.actions.extend(EmitEvent(rec.incident.id, rec.node, reason=e.reason, note=e.note,
-                                     type=e.type, name=e.name) for e in rec.events)
+        ctx.actions.extend(recorded_events(rec))
+
+
+def recorded_events(record: NodeRecord) -> tuple[EmitEvent, ...]:
+    """The Events ``record`` keeps (its latest decision's), as actions to emit again."""
+    return tuple(EmitEvent(record.incident.id, record.node, reason=e.reason, note=e.note,
+                           type=e.type, name=e.name) for e in record.events)
 
 
 def _select(phase: Phase, kind: TriggerKind, ctx: Ctx) -> Transition | None:

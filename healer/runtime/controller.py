@@ -28,7 +28,15 @@ import structlog
 from healer.core.budget import BudgetView, usage
 from healer.core.fleet import budget_view, verdict_needs_step
 from healer.core.health import evaluate_node
-from healer.core.machine import EXCLUDE_LABEL, Decision, Trigger, TriggerKind, releases, step
+from healer.core.machine import (
+    EXCLUDE_LABEL,
+    Decision,
+    Trigger,
+    TriggerKind,
+    recorded_events,
+    releases,
+    step,
+)
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import MAY_BE_CORDONED, Phase
 from healer.core.policy import PolicySet
@@ -41,6 +49,8 @@ from healer.runtime.executor import Executor
 log = structlog.get_logger("healer.controller")
 
 PAUSE_ANNOTATION = "healer.io/paused"
+#: On taking the lead, the Events of remediations closed this recently are written again.
+RECENTLY_CLOSED = 3600.0
 REPAIR_RESULT = "healer.io/repair-result"
 INCIDENT_ANNOTATION = "healer.io/incident"
 CORDONED_BY = "healer.io/cordoned-by"
@@ -124,6 +134,12 @@ class Controller:
                 self._derive_triggers(self.nodes[node], now)
         for node in sorted(set(self.nodes) | set(self.signals)):
             self._submit(node, Evaluate(now))
+        # a remediation closed just before the previous leader died may not have had its
+        # last Events written: write them again (idempotent by key; open ones do it on RESUME)
+        for rec in list(self.history.values()):
+            if releases(rec) and rec.events and now - rec.phase_since < RECENTLY_CLOSED:
+                for act in recorded_events(rec):
+                    await self.executor.run(act, rec)
 
     async def stop_leading(self) -> None:
         """Stop acting at once: no queued item is handled, timers are cancelled."""
