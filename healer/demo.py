@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.app import run as run_healer
 from healer.devstack.kube import KubeStack, fake_node
+from healer.devstack.net import free_port
 from healer.devstack.prometheus import LocalPrometheus
 from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError
@@ -63,12 +63,6 @@ TRAP_JOB = """
 trap 'echo "checkpoint written $(date +%s)" >> "$OUTDIR/ckpt-$SLURM_JOB_ID"; exit 0' USR1
 for _ in $(seq 1 {ticks}); do sleep 0.2; done
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -115,7 +109,7 @@ class DemoStack:
         self.tasks: list[asyncio.Task[Any]] = []
         self.gpu_nodes = [f"node-{i:02d}" for i in range(8)]
         self.spares = ["spare-a", "spare-b"]
-        self.port = _free_port()
+        self.port = free_port()
 
     async def start(self) -> None:
         t0 = time.monotonic()

@@ -31,7 +31,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -43,11 +42,11 @@ from typing import Any, Self, TypeVar
 
 from healer.devstack import binaries as bins
 from healer.devstack.certs import PKI, CertificateAuthority, KeyPair, write_kubeconfig
+from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
 
 T = TypeVar("T")
 
-LOOPBACK = "127.0.0.1"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
 
@@ -191,14 +190,6 @@ spec:
   next:
     delete: true
 """
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (another process may still take it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def log_tail(path: Path, lines: int = _LOG_TAIL) -> str:

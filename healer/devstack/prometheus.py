@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -32,16 +31,10 @@ from typing import IO, Any
 
 import yaml
 
+from healer.devstack.net import free_port
 from healer.errors import ConfigError
 
 Targets = Sequence[str] | Mapping[str, Mapping[str, str]]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class LocalPrometheus:

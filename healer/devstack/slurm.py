@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from healer.adapters.slurm.parse import parse_node_line
+from healer.devstack.net import free_ports
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 
@@ -101,20 +102,6 @@ class _Daemon:
 def _killpg(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now."""
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -486,7 +473,7 @@ class LocalSlurm:
         key.write_bytes(os.urandom(32))
         key.chmod(0o600)
 
-        ports = _free_ports(3 + len(self.nodes))
+        ports = free_ports(3 + len(self.nodes))
         self.ctld_port, slurmd_port, self.restd_port = ports[:3]
         self._node_ports = dict(zip(self.nodes, ports[3:], strict=True))
 

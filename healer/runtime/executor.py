@@ -20,6 +20,7 @@ from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeRecord
 from healer.errors import HealerError, PermanentError, TransientError
+from healer.obs.logging import OnceLogger
 from healer.ports import (
     CheckpointHook,
     EventRecorder,
@@ -79,6 +80,7 @@ class Executor:
     def __init__(self, ports: Ports, clock: Callable[[], float] = time.time) -> None:
         self.p = ports
         self.clock = clock
+        self._retrying = OnceLogger("healer.executor")
 
     async def run(self, action: a.Action, record: NodeRecord | None) -> list[Trigger]:
         """Run one action; return the triggers that report its outcome (maybe none)."""
@@ -101,6 +103,14 @@ class Executor:
         except Exception as e:  # a bug in an adapter: fail the step, keep the daemon alive
             log.exception("action crashed", action=action.key)
             out = Outcome(StepStatus.FAILED, f"{type(e).__name__}: {e}")
+        what = f"step {action.ledger_name} on {node}"
+        if out.status is StepStatus.RETRY:  # logged once until the step gets through
+            self._retrying.failed(what, out.error)
+        else:
+            self._retrying.ok(what)
+        if out.status is StepStatus.FAILED:
+            log.warning("step failed", node=node, incident=action.incident,
+                        step=action.ledger_name, error=out.error)
         now = self.clock()
         data = tuple(sorted((out.data or {}).items()))
         return [Trigger(TriggerKind.STEP, node, now, incident=action.incident,

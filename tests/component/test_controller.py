@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from structlog.testing import capture_logs
 
 from healer.core import policy as cp
 from healer.core.machine import Trigger, TriggerKind
@@ -338,4 +339,17 @@ async def test_an_event_that_cannot_be_written_does_not_stop_the_remediation() -
     await h.run(60)
     assert h.phase("gpu-0") is Phase.REPAIR
     assert events.reasons() == []  # type: ignore[attr-defined]
+    await h.close()
+
+
+async def test_a_step_retried_through_an_outage_is_logged_once_and_its_recovery_once() -> None:
+    h = await make()
+    h.fakes["slurm"].inject_error("drain", TransientError("slurmctld unreachable"), times=3)  # type: ignore[attr-defined]
+    with capture_logs() as logs:
+        await h.xid("gpu-0")
+        await h.run(90)
+    assert h.phase("gpu-0") is Phase.REPAIR
+    about = [e for e in logs if e.get("what") == "step drain on gpu-0"]
+    assert [e["event"] for e in about] == ["outage", "recovered"], about
+    assert "slurmctld unreachable" in about[0]["error"]
     await h.close()

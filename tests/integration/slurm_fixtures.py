@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError
 
-__all__ = ["HOLD_SCRIPT", "local_slurm", "release", "slurm", "wait_for_file"]
+__all__ = ["HOLD_SCRIPT", "local_slurm", "release", "running_slurm", "slurm", "wait_for_file"]
 
 #: A job that traps USR1 (appending to ``$OUTDIR/usr1-<jobid>``) and runs until the test
 #: creates ``$OUTDIR/release-<jobid>`` (at most 60 s). Short sleeps so the trap runs promptly.
@@ -34,9 +36,11 @@ done
 """
 
 
-@pytest.fixture(scope="session")
-def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"), with_restd=True)
+@contextmanager
+def running_slurm(workdir: Path, **options: Any) -> Iterator[LocalSlurm]:
+    """A started ``LocalSlurm(workdir, **options)``, stopped on exit; the test FAILS with the
+    reason when it cannot start."""
+    cluster = LocalSlurm(workdir, **options)
     try:
         cluster.start()
     except ConfigError as e:
@@ -45,6 +49,12 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    with running_slurm(tmp_path_factory.mktemp("slurm"), with_restd=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from healer.devstack.kube import fake_node
+from healer.devstack.net import free_port
 from tests.fakenvml.build import nvml_env
 from tests.integration.waiting import wait_for
 
@@ -47,12 +47,6 @@ def scenario(n: int = N_GPUS, events: list[dict[str, Any]] | None = None,
             "gpus": [{"uuid": uuid(i), "serial": f"165123{i:07d}", **per_gpu.get(f"g{i}", {})}
                      for i in range(n)],
             "events": events or []}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -24,10 +19,11 @@ from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.devstack.kube import KubeStack, fake_node
+from healer.devstack.net import free_port
 from healer.testing import FakeSlurm
+from tests.integration.daemon_process import Daemon
 from tests.integration.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[3]
 DOMAIN = "accelerator.topograph.run/domain"
 
 POLICY = """\
@@ -53,36 +49,6 @@ spec:
     pollInterval: 1s
     drain: {{deadline: 10m}}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Daemon:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    def kill9(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def terminate(self, timeout: float = 20) -> int:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-            return -9
-
-    def tail(self, n: int = 40) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
 
 
 @dataclass
@@ -124,26 +90,12 @@ class Fleet:
                 "--shutdown-grace", "2", *extra]
         if not leader:
             argv.append("--no-leader-election")
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True,
-                                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-        d = Daemon(proc, port, log)
+        d = Daemon.spawn(argv, port=port, log=log)
         self.daemons.append(d)
         return d
 
     async def ready(self, d: Daemon, deadline: float = 60) -> None:
-        async def ok() -> bool:
-            if d.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {d.proc.returncode}:\n{d.tail()}")
-            try:
-                async with aiohttp.ClientSession() as s, s.get(
-                        f"http://127.0.0.1:{d.port}/readyz") as r:
-                    return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_for(ok, timeout=deadline, description="daemon /readyz")
+        await d.ready(deadline)
 
     async def remediations(self, node: str) -> list[dict[str, Any]]:
         co = client.CustomObjectsApi(self.api)

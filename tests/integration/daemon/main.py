@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 from pathlib import Path
-from typing import Any
 
 from healer.app import Overrides, run
 from healer.cli import _settings, add_run_flags
 from healer.runtime.controller import RuntimeSettings
 from healer.testing import FakeCheckpoint, FakeSlurm, FakeValidator, FakeWorkload, FileSignals
+from tests.integration.daemon_process import crash_hooks
 
 
 def main() -> int:
@@ -31,32 +29,13 @@ def main() -> int:
                         "remediation, or right after a step's action ran, before its outcome "
                         "was persisted")
     args = p.parse_args()
-    crash_log = Path(args.crash_log) if args.crash_log else None
-
-    def crash_once(point: str) -> None:
-        assert crash_log is not None
-        seen = set(crash_log.read_text().splitlines()) if crash_log.exists() else set()
-        if point in seen:
-            return
-        with open(crash_log, "a") as f:
-            f.write(point + "\n")
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    def after_write(record: Any) -> None:
-        steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
-                         for s in record.ledger)
-        crash_once(f"write {record.phase} {steps}")
-
-    def after_action(action: Any) -> None:
-        if action.ledgered:
-            crash_once(f"action {action.key}")
+    hooks = crash_hooks(Path(args.crash_log) if args.crash_log else None)
     slurm = FakeSlurm(path=Path(args.fake_slurm))
     overrides = Overrides(slurm=slurm, workload=FakeWorkload(slurm),
                           checkpoint=FakeCheckpoint(slurm), validator=FakeValidator(),
                           telemetry=[FileSignals(Path(args.signals))],
                           runtime=RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0),
-                          after_write=after_write if crash_log else None,
-                          after_action=after_action if crash_log else None)
+                          **hooks)
     return asyncio.run(run(_settings(args), overrides))
 
 

@@ -15,8 +15,9 @@ from kubernetes_asyncio import client
 
 from healer.devstack.kube import KubeStack
 from tests.integration.conftest import api_client_for
-from tests.integration.daemon.conftest import ROOT, Fleet
+from tests.integration.daemon.conftest import Fleet
 from tests.integration.daemon.test_daemon import _exactly_once, _finish
+from tests.integration.daemon_process import ROOT
 
 
 def kubectl(stack: KubeStack, *args: str) -> subprocess.CompletedProcess[str]:

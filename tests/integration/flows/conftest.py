@@ -27,9 +27,6 @@ import json
 import os
 import re
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
@@ -49,15 +45,17 @@ from healer.adapters.slurm.parse import parse_node_line
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.devstack.kube import KubeStack, fake_node
+from healer.devstack.net import free_port
 from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError, NotFoundError
 from healer.ports import SlurmNodeState
 from healer.sim.slinky import SlinkyEmulator, install
+from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
 from tests.integration.flows.slurmrestd_bridge import SlurmrestdBridge
+from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[3]
 DOMAIN = "accelerator.topograph.run/domain"
 TIER0 = "fabric.topograph.run/tier-0"
 TIER1 = "fabric.topograph.run/tier-1"
@@ -139,27 +137,15 @@ spec:
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 # ------------------------------------------------------------------------------- Slurm
 
 
 @pytest.fixture(scope="session")
 def flow_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    cluster = LocalSlurm(tmp_path_factory.mktemp("flow-slurm"), nodes=SLURM_NODES,
-                         gpus_per_node=2, cpus_per_node=2, start_timeout=60)
-    try:
-        cluster.start()
-    except ConfigError as e:
-        pytest.fail(f"the local Slurm cluster did not start:\n{e}", pytrace=False)
-    try:
+    with running_slurm(tmp_path_factory.mktemp("flow-slurm"), nodes=SLURM_NODES,
+                         gpus_per_node=2, cpus_per_node=2, start_timeout=60) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 def reset_slurm(s: LocalSlurm) -> None:
@@ -175,56 +161,6 @@ def reset_slurm(s: LocalSlurm) -> None:
 
 
 # ------------------------------------------------------------------------------- daemon
-
-
-@dataclass
-class Daemon:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-    started: float
-
-    def kill9(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def terminate(self, timeout: float = 30) -> int:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill9()
-            return -9
-
-    def tail(self, n: int = 40) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(lines[-n:])
-
-    async def get(self, path: str) -> tuple[int, str]:
-        try:
-            async with aiohttp.ClientSession() as s, s.get(
-                    f"http://127.0.0.1:{self.port}{path}",
-                    timeout=aiohttp.ClientTimeout(total=10)) as r:
-                return r.status, await r.text()
-        except (aiohttp.ClientError, TimeoutError):
-            return 0, ""
-
-    async def metric(self, name: str, **labels: str) -> float | None:
-        """The value of a series on /metrics: ``name`` with exactly ``labels`` (None when
-        absent)."""
-        status, text = await self.get("/metrics")
-        if status != 200:
-            return None
-        for m in re.finditer(rf"^{re.escape(name)}(?:{{(.*)}})? (\S+)$", text, re.MULTILINE):
-            got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-            if got == labels:
-                return float(m.group(2))
-        return None
 
 
 # ------------------------------------------------------------------------------- the rig
@@ -472,23 +408,13 @@ class Flow:
             argv += ["--crash-log", str(crash_log)]
         argv += list(extra)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMRESTD_"))}
-        env["PYTHONPATH"] = str(ROOT)
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        d = Daemon(proc, port, log, time.monotonic())
+        d = Daemon.spawn(argv, port=port, log=log, env=env)
         self.daemons.append(d)
         return d
 
     async def ready(self, d: Daemon, within: float = 90) -> float:
         """Wait for /readyz; returns the seconds since the daemon was started."""
-        async def ok() -> bool:
-            if d.proc.poll() is not None:
-                raise AssertionError(f"daemon exited {d.proc.returncode}:\n{d.tail()}")
-            return (await d.get("/readyz"))[0] == 200
-
-        await wait_for(ok, timeout=within, interval=0.2, description="daemon /readyz")
-        return time.monotonic() - d.started
+        return await d.ready(within)
 
     # -- telemetry -------------------------------------------------------------------------
 

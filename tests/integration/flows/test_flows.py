@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from healer.devstack.prometheus import LocalPrometheus
+from tests.integration.daemon_process import ROOT
 from tests.integration.flows.checks import (
     FLOW_STEPS,
     assert_ledger_once,
@@ -37,7 +38,7 @@ from tests.integration.flows.checks import (
     print_timeline,
     spare_untouched,
 )
-from tests.integration.flows.conftest import ROOT, SPARE_TAINT, TEST_LABEL, TOPOLOGY, FlowFactory
+from tests.integration.flows.conftest import SPARE_TAINT, TEST_LABEL, TOPOLOGY, FlowFactory
 from tests.integration.waiting import wait_for
 
 PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"  # degrading: checkpoint first

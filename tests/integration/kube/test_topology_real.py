@@ -26,9 +26,10 @@ from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.slurm import LocalSlurm
-from healer.errors import ConfigError, TransientError
+from healer.errors import TransientError
 from healer.ports import SlurmNodeState, StepOutcome
 from healer.sim.slinky import GROUP, PLURAL, VERSION, SlinkyEmulator, install
+from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
@@ -42,16 +43,9 @@ SPEC = "default:spine1:leaf3"
 
 @pytest.fixture(scope="module")
 def topo_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    cluster = LocalSlurm(tmp_path_factory.mktemp("topology-slurm"), nodes=(SLURM_NODE,),
-                         gpus_per_node=1, cpus_per_node=2)
-    try:
-        cluster.start()
-    except ConfigError as e:
-        pytest.fail(f"the local Slurm cluster did not start:\n{e}", pytrace=False)
-    try:
+    with running_slurm(tmp_path_factory.mktemp("topology-slurm"), nodes=(SLURM_NODE,),
+                         gpus_per_node=1, cpus_per_node=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 class Slurm2505:

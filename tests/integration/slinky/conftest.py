@@ -31,6 +31,7 @@ from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError, NotFoundError
 from healer.ports import SlurmNodeState
 from healer.sim.slinky import GROUP, PLURAL, VERSION, SlinkyEmulator, install
+from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
 SLURM_NODES = ("worker-0", "worker-1", "dgx-a", "dgx-b", "dgx-c")
@@ -42,16 +43,9 @@ POOL = "healer-test/pool"
 
 @pytest.fixture(scope="session")
 def slinky_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    cluster = LocalSlurm(tmp_path_factory.mktemp("slinky-slurm"), nodes=SLURM_NODES,
-                         gpus_per_node=2, cpus_per_node=2)
-    try:
-        cluster.start()
-    except ConfigError as e:
-        pytest.fail(f"the local Slurm cluster did not start:\n{e}", pytrace=False)
-    try:
+    with running_slurm(tmp_path_factory.mktemp("slinky-slurm"), nodes=SLURM_NODES,
+                         gpus_per_node=2, cpus_per_node=2) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture
