@@ -39,6 +39,7 @@ from typing import Any
 from aiohttp import web
 
 from healer.adapters.slurm.parse import parse_kv_line, parse_nodes, scontrol_error_kind
+from healer.obs.http import serve
 
 __all__ = ["VERSION", "Bridged", "SlurmrestdBridge"]
 
@@ -78,10 +79,7 @@ class SlurmrestdBridge:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
+        self._runner = await serve(app, "127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self.url
 

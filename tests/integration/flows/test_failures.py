@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.daemon_process import Daemon
 from tests.integration.flows.checks import (
     FLOW_STEPS,
     assert_ledger_once,
@@ -21,7 +22,7 @@ from tests.integration.flows.checks import (
     ledger,
     print_timeline,
 )
-from tests.integration.flows.conftest import Daemon, Flow, FlowFactory
+from tests.integration.flows.conftest import Flow, FlowFactory
 from tests.integration.waiting import wait_for
 
 PENDING = "DCGM_FI_DEV_ROW_REMAP_PENDING"
@@ -43,6 +44,19 @@ async def _exactly_once(f: Flow, bad: str, sn: str, rec: dict[str, Any]) -> None
     assert all(n == 1 for n in keys.values()), keys
     for reason in FLOW_EVENTS:
         assert reasons[reason] == 1, (reason, reasons)
+
+
+async def _draining_with_job(f: Flow, bad: str, sn: str) -> tuple[Daemon, int, float]:
+    """A daemon running, a job on ``sn`` that ignores USR1, an XID on ``bad`` (when: the
+    third item), and Slurm draining ``sn`` while the job runs."""
+    d = f.start_daemon()
+    await f.ready(d)
+    job = await f.submit(sn, exit_on_usr1=False)
+    t0 = time.time()
+    f.xid(bad)
+    await f.wait_slurm(sn, lambda s: s.drain and s.busy, within=120, remediated=bad,
+                       what="draining while the job runs")
+    return d, job, t0
 
 
 async def _restart_slurmctld(f: Flow) -> float:
@@ -92,13 +106,7 @@ async def test_slurmctld_restarted_mid_flow(flows: FlowFactory, mode: str, drive
     bad = lay.gpus[1]
     sn = await f.slurm_name_on(bad)
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
-    d = f.start_daemon()
-    await f.ready(d)
-    job = await f.submit(sn, exit_on_usr1=False)
-    t0 = time.time()
-    f.xid(bad)
-    await f.wait_slurm(sn, lambda s: s.drain and s.busy, within=120, remediated=bad,
-                       what="draining while the job runs")
+    d, job, t0 = await _draining_with_job(f, bad, sn)
     took = await _restart_slurmctld(f)
     print(f"slurmctld restarted in {took:.1f}s while {bad} was {await f.phase(bad)}")
     await f.wait_slurm(sn, lambda s: s.drain and s.busy, remediated=bad,
@@ -171,13 +179,7 @@ async def test_apiserver_restarted_while_draining_and_while_swapping(
     stack = f.stack
     bad = f.lay.gpus[1]
     sn = await f.slurm_name_on(bad)
-    d = f.start_daemon()
-    await f.ready(d)
-    job = await f.submit(sn, exit_on_usr1=False)
-    t0 = time.time()
-    f.xid(bad)
-    await f.wait_slurm(sn, lambda s: s.drain and s.busy, within=120, remediated=bad,
-                       what="draining while the job runs")
+    _, job, t0 = await _draining_with_job(f, bad, sn)
     took = await asyncio.to_thread(stack.restart_apiserver)
     print(f"kube-apiserver restarted in {took:.1f}s while {bad} was {await f.phase(bad)}")
     f.gate.clear()  # hold the slurmd start on the spare: the flow waits in Swapping

@@ -38,6 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from healer.adapters.slurm.parse import expand_hostlist
+from healer.obs.http import serve
 
 __all__ = ["FakeSlurmrestd", "Recorded"]
 
@@ -106,12 +107,8 @@ class FakeSlurmrestd:
     async def start(self) -> str:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
+        self._runner = await serve(app, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
         return self.url
 
     async def close(self) -> None:
