@@ -36,6 +36,45 @@ VALIDITY = dt.timedelta(days=365)
 _BACKDATE = dt.timedelta(hours=1)  # tolerate small clock skew between processes
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *,
+             ca: bool, issuer_ski: x509.SubjectKeyIdentifier | None = None
+             ) -> x509.CertificateBuilder:
+    """What every certificate here has: names, key, serial, validity, basic constraints, a key
+    usage (a CA signs certificates; a leaf only signs: EC keys never encipher) and the key
+    identifiers (``issuer_ski`` None: self-signed)."""
+    now = dt.datetime.now(dt.UTC)
+    ski = x509.SubjectKeyIdentifier.from_public_key(public_key)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_ski or ski),
+            critical=False,
+        )
+    )
+
+
 def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
@@ -83,38 +122,7 @@ class CertificateAuthority:
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "healer-devstack"),
             ]
         )
-        now = dt.datetime.now(dt.UTC)
-        ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(ski, critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski),
-                critical=False,
-            )
-            .sign(key, hashes.SHA256())
-        )
+        cert = _builder(name, name, key.public_key(), ca=True).sign(key, hashes.SHA256())
         return cls(cert, key)
 
     @classmethod
@@ -143,40 +151,10 @@ class CertificateAuthority:
         sans: Sequence[x509.GeneralName] = (),
     ) -> KeyPair:
         key = _new_key()
-        now = dt.datetime.now(dt.UTC)
         ca_ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,  # EC keys sign; they never encipher
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False
-            )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
-                critical=False,
-            )
-        )
+        builder = _builder(subject, self.cert.subject, key.public_key(), ca=False,
+                           issuer_ski=ca_ski).add_extension(
+            x509.ExtendedKeyUsage([usage]), critical=False)
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
