@@ -190,6 +190,21 @@ class DemoStack:
                 return slurm_name(p)
         raise ConfigError(f"no slurmd pod on {k8s_node}")
 
+    async def run_job(self, k8s_node: str, ticks: int, name: str) -> tuple[str, int]:
+        """Start :data:`TRAP_JOB` (``ticks`` ticks of 0.2 s) on the Slurm node that runs on
+        ``k8s_node``; returns that Slurm node and the job id once the job runs."""
+        assert self.slurm is not None
+        sn = await self.slurm_node_on(k8s_node)
+        job = await asyncio.to_thread(self.slurm.submit, TRAP_JOB.format(ticks=ticks), sn,
+                                      name=name)
+        await asyncio.to_thread(self.slurm.wait_job, job, ("RUNNING",), 30)
+        return sn, job
+
+    def phase(self, items: list[dict[str, Any]], node: str) -> str:
+        """The phase of ``node``'s latest remediation in ``items`` ("" if none)."""
+        mine = [i for i in items if i["spec"]["node"] == node]
+        return str((mine[-1].get("status") or {}).get("phase", "")) if mine else ""
+
     async def wait(self, pred: Callable[[], Any], limit: float, what: str) -> None:
         deadline = time.monotonic() + limit
         while True:
@@ -255,9 +270,7 @@ async def _scenario_xid79(s: DemoStack, tl: Timeline) -> bool:
     assert s.slurm is not None
     assert s.sim is not None
     bad = "node-02"
-    sn = await s.slurm_node_on(bad)
-    job = await asyncio.to_thread(s.slurm.submit, TRAP_JOB.format(ticks=100), sn, name="train")
-    await asyncio.to_thread(s.slurm.wait_job, job, ("RUNNING",), 30)
+    sn, job = await s.run_job(bad, ticks=100, name="train")
     tl.say(f"job {job} running on Slurm node {sn} (on {bad}); it ends in ~20s")
     s.sim.xid(bad, 3, 79)
     tl.say(f"inject: XID 79 (GPU fell off the bus) on {bad} GPU 3")
@@ -265,8 +278,7 @@ async def _scenario_xid79(s: DemoStack, tl: Timeline) -> bool:
     async def done() -> bool:
         items = await s.remediations()
         tl.remediations(items)
-        mine = [i for i in items if i["spec"]["node"] == bad]
-        if not mine or (mine[-1].get("status") or {}).get("phase") != "Repair":
+        if s.phase(items, bad) != "Repair":
             return False
         pods = {slurm_name(p): p for p in await s.pods()}
         pod = pods.get(sn)
@@ -320,9 +332,7 @@ async def _scenario_degrading(s: DemoStack, tl: Timeline) -> bool:
     assert s.slurm is not None
     assert s.sim is not None
     bad = "node-05"
-    sn = await s.slurm_node_on(bad)
-    job = await asyncio.to_thread(s.slurm.submit, TRAP_JOB.format(ticks=3000), sn, name="ckpt")
-    await asyncio.to_thread(s.slurm.wait_job, job, ("RUNNING",), 30)
+    sn, job = await s.run_job(bad, ticks=3000, name="ckpt")
     tl.say(f"job {job} running on {sn} (on {bad}); it checkpoints and exits on USR1")
     s.sim.ecc_sbe(bad, 6, count=5000, rate=200)
     tl.say(f"inject: single-bit ECC errors climbing on {bad} GPU 6")
@@ -330,8 +340,7 @@ async def _scenario_degrading(s: DemoStack, tl: Timeline) -> bool:
     async def done() -> bool:
         items = await s.remediations()
         tl.remediations(items)
-        mine = [i for i in items if i["spec"]["node"] == bad]
-        return bool(mine) and (mine[-1].get("status") or {}).get("phase") == "Repair"
+        return s.phase(items, bad) == "Repair"
 
     await s.wait(done, 240, f"{bad} checkpointed and replaced")
     ckpt = s.slurm.jobdir / f"ckpt-{job}"
