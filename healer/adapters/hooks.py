@@ -24,7 +24,6 @@ checkpoint, or reports the repair ``passed`` (failure: ``failed``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
@@ -43,10 +42,10 @@ from tenacity import (
 )
 
 from healer.adapters.kube.client import call, to_dict
-from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name
+from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
 from healer.adapters.kube.spares import REPAIR_LABEL, REPAIR_RESULT
-from healer.errors import ConflictError, NotFoundError, PermanentError, TransientError
+from healer.errors import PermanentError, TransientError
 from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
 
 CHECKPOINT_ACK = "healer.io/checkpoint-ack"
@@ -157,7 +156,6 @@ class JobHook:
         self.api = api
         self.nodes = nodes
         self.namespace = namespace
-        self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
 
     async def _template(self, ref: str) -> dict[str, Any]:
@@ -178,11 +176,8 @@ class JobHook:
     async def _run(self, purpose: str, incident: str, node: str, slurm_node: str,
                    spec: HookSpec, pin: bool) -> HookResult:
         name = job_name("healer-" + purpose, incident, purpose)
-        try:
-            raw = to_dict(self.api, await call(f"read Job {name}", lambda:
-                                               self.batch.read_namespaced_job(name,
-                                                                              self.namespace)))
-        except NotFoundError:
+
+        async def body() -> dict[str, Any]:
             job = await self._template(spec.job_template)
             job.setdefault("metadata", {}).update({"name": name, "namespace": self.namespace})
             job["metadata"].setdefault("labels", {})["app.kubernetes.io/managed-by"] = "healer"
@@ -196,16 +191,9 @@ class JobHook:
                    {"name": "HEALER_SIGNAL", "value": spec.signal}]
             for c in pod.get("containers") or []:
                 c.setdefault("env", []).extend(env)
-            with contextlib.suppress(ConflictError):
-                await call(f"create Job {name}", lambda: self.batch.create_namespaced_job(
-                    self.namespace, job))  # type: ignore[arg-type]
-            return HookResult(StepOutcome.PENDING, f"{purpose} Job {name} started")
-        status = raw.get("status") or {}
-        if status.get("succeeded"):
-            return HookResult(StepOutcome.DONE, "", {"job": name})
-        if status.get("failed"):
-            return HookResult(StepOutcome.FAILED, f"{purpose} Job {name} failed")
-        return HookResult(StepOutcome.PENDING, f"{purpose} Job {name} running")
+            return job
+
+        return await run_once(self.api, self.namespace, name, body, purpose)
 
     async def checkpoint(self, incident: str, node: str, slurm_node: str,
                          spec: HookSpec) -> HookResult:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -53,9 +53,36 @@ def job_body(name: str, namespace: str, node: str, image: str, command: Sequence
     }
 
 
+async def run_once(api: client.ApiClient, namespace: str, name: str,
+                   body: Callable[[], Awaitable[dict[str, Any]]], what: str,
+                   where: str = "") -> HookResult:
+    """Job ``name`` in ``namespace``: created from ``body()`` the first time (a second create
+    is a no-op), then its result read back: DONE when it succeeded, FAILED (with the Job's
+    condition messages) when it failed, PENDING while it runs. ``what`` and ``where`` name it
+    in the details."""
+    batch = client.BatchV1Api(api)
+    try:
+        raw = to_dict(api, await call(f"read Job {name}",
+                                      lambda: batch.read_namespaced_job(name, namespace)))
+    except NotFoundError:
+        job = await body()
+        with contextlib.suppress(ConflictError):
+            await call(f"create Job {name}",
+                       lambda: batch.create_namespaced_job(namespace, job))  # type: ignore[arg-type]
+        return HookResult(StepOutcome.PENDING, f"{what} Job {name} started{where}")
+    status = raw.get("status") or {}
+    if status.get("succeeded"):
+        return HookResult(StepOutcome.DONE, "", {"job": name})
+    if status.get("failed"):
+        conds = [c.get("message") or c.get("reason") for c in status.get("conditions") or []]
+        why = "; ".join(str(c) for c in conds if c)
+        detail = f"{what} Job {name} failed" + (f": {why}" if why else "")
+        return HookResult(StepOutcome.FAILED, detail)
+    return HookResult(StepOutcome.PENDING, f"{what} Job {name} running{where}")
+
+
 class JobValidator:
     def __init__(self, api: client.ApiClient, *, namespace: str, deadline: int = 1800) -> None:
-        self.batch = client.BatchV1Api(api)
         self.api = api
         self.namespace = namespace
         self.deadline = deadline
@@ -63,23 +90,11 @@ class JobValidator:
     async def validate(self, incident: str, target: str, image: str, command: Sequence[str],
                        purpose: str) -> HookResult:
         name = job_name("healer-validate", incident, purpose)
-        try:
-            raw = to_dict(self.api, await call(f"read Job {name}", lambda:
-                                               self.batch.read_namespaced_job(name,
-                                                                              self.namespace)))
-        except NotFoundError:
-            body = job_body(name, self.namespace, target, image, command, self.deadline,
+
+        async def body() -> dict[str, Any]:
+            return job_body(name, self.namespace, target, image, command, self.deadline,
                             {"app.kubernetes.io/managed-by": "healer",
                              "healer.io/purpose": f"validate-{purpose}"})
-            with contextlib.suppress(ConflictError):
-                await call(f"create Job {name}", lambda: self.batch.create_namespaced_job(
-                    self.namespace, body))  # type: ignore[arg-type]
-            return HookResult(StepOutcome.PENDING, f"validation Job {name} started on {target}")
-        status = raw.get("status") or {}
-        if status.get("succeeded"):
-            return HookResult(StepOutcome.DONE, "", {"job": name})
-        if status.get("failed"):
-            conds = [c.get("message") or c.get("reason") for c in status.get("conditions") or []]
-            return HookResult(StepOutcome.FAILED, f"validation Job {name} failed: "
-                              + "; ".join(str(c) for c in conds if c))
-        return HookResult(StepOutcome.PENDING, f"validation Job {name} running on {target}")
+
+        return await run_once(self.api, self.namespace, name, body, "validation",
+                              f" on {target}")

@@ -11,13 +11,14 @@ from kubernetes_asyncio import client
 
 from healer.adapters.checkpoint import SIGNALLED, SlurmSignalCheckpoint
 from healer.adapters.hooks import REPAIR_INCIDENT, JobHook, RepairRouter
+from healer.adapters.kube.jobs import JobValidator
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import REPAIR_RESULT
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.core.model import NodeView
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.slurm import LocalSlurm
-from healer.ports import HookSpec, StepOutcome
+from healer.ports import HookResult, HookSpec, StepOutcome
 from healer.testing import FakeNodes
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
 from tests.integration.waiting import wait_for
@@ -102,5 +103,39 @@ async def test_job_hooks_checkpoint_and_repair(kube_stack: KubeStack, kube_api: 
             assert n.annotations[REPAIR_INCIDENT] == incident
             assert n.annotations[REPAIR_RESULT] == want
             assert n.labels["healer.io/repair"] == "pending"
+    finally:
+        await core.delete_node(node)
+
+
+@pytest.mark.timeout(180)
+async def test_validation_job_runs_pinned_to_its_node_and_reports_success_or_failure(
+        kube_stack: KubeStack, kube_api: client.ApiClient, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api)
+    node = f"valnode-{secrets.token_hex(3)}"
+    await core.create_node(fake_node(node))  # type: ignore[arg-type]
+    try:
+        validator = JobValidator(kube_api, namespace=namespace, deadline=2)
+
+        async def result(target: str, incident: str) -> HookResult | None:
+            out = await validator.validate(incident, target, "dcgm:latest",
+                                           ["dcgmi", "diag", "-r", "2"], "replacement")
+            return None if out.outcome is StepOutcome.PENDING else out
+
+        first = await validator.validate("inc-v", node, "dcgm:latest", ["dcgmi"], "replacement")
+        assert first.outcome is StepOutcome.PENDING
+        assert node in first.detail
+        ok = await wait_for(lambda: result(node, "inc-v"), timeout=90,
+                            description="validation Job on a live node finished")
+        assert ok.outcome is StepOutcome.DONE, ok
+        jobs = (await client.BatchV1Api(kube_api).list_namespaced_job(namespace)).items
+        assert len(jobs) == 1  # asking again never made a second Job
+        pod = jobs[0].spec.template.spec
+        assert pod.node_name == node
+        assert {t.key for t in pod.tolerations} >= {"healer.io/spare", "healer.io/remediation"}
+        # a node where the Job's pod can never run: the Job's deadline fails it, with the reason
+        bad = await wait_for(lambda: result(f"{node}-gone", "inc-w"), timeout=90,
+                             description="validation Job on a missing node failed")
+        assert bad.outcome is StepOutcome.FAILED
+        assert "deadline" in bad.detail.lower(), bad.detail
     finally:
         await core.delete_node(node)
