@@ -4,10 +4,11 @@ every step boundary, persistence failures, leadership loss."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from healer.core import policy as cp
@@ -342,6 +343,19 @@ async def test_an_event_that_cannot_be_written_does_not_stop_the_remediation() -
     await h.close()
 
 
+@pytest.fixture
+def all_log_levels() -> Iterator[None]:
+    """structlog's default configuration (every level) for this test only: another test may
+    have set up healer's logging with a higher level."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("all_log_levels")
 async def test_a_step_retried_through_an_outage_is_logged_once_and_its_recovery_once() -> None:
     h = await make()
     h.fakes["slurm"].inject_error("drain", TransientError("slurmctld unreachable"), times=3)  # type: ignore[attr-defined]
