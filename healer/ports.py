@@ -59,6 +59,11 @@ class SlurmNodeState:
     def reason_is_ours(self) -> bool:
         return self.reason.startswith(SLURM_REASON_PREFIX)
 
+    def drained_by_healer(self, incident: str = "") -> bool:
+        """Drained with healer's reason (for ``incident``, when given): only such a drain is
+        healer's to undo."""
+        return self.drain and self.reason_is_ours and (not incident or incident in self.reason)
+
 
 @dataclass(frozen=True, slots=True)
 class SlurmJob:

@@ -185,7 +185,7 @@ class Executor:
                 sn = act.slurm_node or await p.slurm_names(act.target)
                 await p.slurm.undrain(sn, act.incident)
                 st = await p.slurm.state(sn)
-                if st.drain and st.reason_is_ours and act.incident in st.reason:
+                if st.drained_by_healer(act.incident):
                     # e.g. Slinky undrains on its next reconcile: poll until Slurm agrees
                     return Outcome(StepStatus.PENDING, f"{sn} still drained by healer")
                 return Outcome(StepStatus.DONE, "", {"slurmNode": sn,

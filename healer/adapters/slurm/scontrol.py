@@ -113,7 +113,7 @@ class ScontrolDriver:
 
     async def undrain(self, node: str, incident: str = "") -> bool:
         st = await self.state(node)
-        if not st.drain or not st.reason_is_ours or (incident and incident not in st.reason):
+        if not st.drained_by_healer(incident):
             return False
         # undrain, not resume: a DOWN node stays DOWN (see the module docstring)
         await self._run(["scontrol", "update", f"nodename={node}", "state=undrain"])

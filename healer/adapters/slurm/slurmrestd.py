@@ -300,7 +300,7 @@ class SlurmrestdDriver:
     async def undrain(self, node: str, incident: str = "") -> bool:
         api = await self._writable_api("undrain a node")
         st = await self.state(node)
-        if not st.drain or not st.reason_is_ours or (incident and incident not in st.reason):
+        if not st.drained_by_healer(incident):
             return False
         await self._request("POST", api.node + _quote(node), write=True,
                             json={"state": ["UNDRAIN"]})
