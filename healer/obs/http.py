@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -101,9 +102,11 @@ def make_app(health: Health, registry: CollectorRegistry,
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def serve(app: web.Application, host: str, port: int,
+                ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
+    """Serve ``app`` on ``host:port`` (0: any free port; ``runner.addresses`` says which)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     return runner

@@ -20,6 +20,7 @@ from healer.adapters.hooks import (
 )
 from healer.core.model import NodeView
 from healer.errors import PermanentError, TransientError
+from healer.obs.http import serve
 from healer.ports import HookSpec, StepOutcome
 from healer.testing import FakeNodes
 
@@ -51,10 +52,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 
     app = web.Application()
     app.router.add_post("/hook", hook)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner = await serve(app, "127.0.0.1", 0)
     port = runner.addresses[0][1]
     r.url = f"http://127.0.0.1:{port}/hook"
     yield r

@@ -24,6 +24,7 @@ from healer.adapters.topograph import (
 )
 from healer.core.model import NodeView
 from healer.errors import ConfigError, NotFoundError, PermanentError, TransientError
+from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
 from healer.testing import FakeNodes
 
@@ -309,10 +310,7 @@ async def server() -> AsyncIterator[Server]:
     app = web.Application()
     app.router.add_post("/v1/generate", generate)
     app.router.add_get("/v1/topology", topology)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner = await serve(app, "127.0.0.1", 0)
     s.url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
     try:
         yield s

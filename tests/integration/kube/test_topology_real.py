@@ -27,6 +27,7 @@ from healer.adapters.topograph import TopographClient
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.slurm import LocalSlurm
 from healer.errors import TransientError
+from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
 from healer.sim.slinky import GROUP, PLURAL, VERSION, SlinkyEmulator, install
 from tests.integration.slurm_fixtures import running_slurm
@@ -309,10 +310,7 @@ async def topograph(kube_api: client.ApiClient) -> AsyncIterator[TopographDouble
     app.router.add_post("/v1/generate", double.generate)
     app.router.add_get("/v1/topology", double.topology)
     app.router.add_get("/healthz", double.healthz)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    runner = await serve(app, "127.0.0.1", 0)
     double.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield double

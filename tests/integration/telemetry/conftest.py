@@ -24,6 +24,7 @@ from healer.core.health import Verdict, evaluate_node
 from healer.core.model import NodeView, Signal, SignalKind
 from healer.core.policy import PolicySet
 from healer.devstack.prometheus import LocalPrometheus
+from healer.obs.http import serve
 from healer.policy.load import load_policy_set
 from healer.sim.dcgm import DcgmSim, NodeSpec, ThreadedDcgmFleet, make_node
 
@@ -217,10 +218,7 @@ async def fake_prometheus(handler: Callable[[web.Request], Awaitable[web.StreamR
     """A stand-in for Prometheus' HTTP API on loopback (errors, TLS, headers); its URL."""
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
-    await site.start()
+    runner = await serve(app, "127.0.0.1", 0, ssl_context)
     host, port = runner.addresses[0][:2]
     try:
         yield f"{'https' if ssl_context else 'http'}://{host}:{port}"

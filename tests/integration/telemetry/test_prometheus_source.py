@@ -35,6 +35,7 @@ from healer.errors import (
     PermanentError,
     TransientError,
 )
+from healer.obs.http import serve
 from healer.policy.load import load_policy_set
 from healer.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
 from tests.integration.telemetry.conftest import (
@@ -330,10 +331,7 @@ async def test_one_query_per_rule_for_the_whole_fleet(prom: LocalPrometheus,
 
         app = web.Application()
         app.router.add_get("/{tail:.*}", forward)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        runner = await serve(app, "127.0.0.1", 0)
         host, port = runner.addresses[0][:2]
         source = make_source(f"http://{host}:{port}", default_policies)
         try:
