@@ -106,11 +106,12 @@ class Executor:
         what = f"step {action.ledger_name} on {node}"
         if out.status is StepStatus.RETRY:  # logged once until the step gets through
             self._retrying.failed(what, out.error)
-        else:
-            self._retrying.ok(what)
-        if out.status is StepStatus.FAILED:
+        elif out.status is StepStatus.FAILED:  # not a recovery: the failure is logged instead
+            self._retrying.down.pop(what, None)
             log.warning("step failed", node=node, incident=action.incident,
                         step=action.ledger_name, error=out.error)
+        else:
+            self._retrying.ok(what)
         now = self.clock()
         data = tuple(sorted((out.data or {}).items()))
         return [Trigger(TriggerKind.STEP, node, now, incident=action.incident,
