@@ -200,11 +200,6 @@ class DemoStack:
         await asyncio.to_thread(self.slurm.wait_job, job, ("RUNNING",), 30)
         return sn, job
 
-    def phase(self, items: list[dict[str, Any]], node: str) -> str:
-        """The phase of ``node``'s latest remediation in ``items`` ("" if none)."""
-        mine = [i for i in items if i["spec"]["node"] == node]
-        return str((mine[-1].get("status") or {}).get("phase", "")) if mine else ""
-
     async def wait(self, pred: Callable[[], Any], limit: float, what: str) -> None:
         deadline = time.monotonic() + limit
         while True:
@@ -266,6 +261,12 @@ def _act_policies(dest: Path) -> Path:
     return dest
 
 
+def _phase(items: list[dict[str, Any]], node: str) -> str:
+    """The phase of ``node``'s latest remediation in ``items`` ("" if none)."""
+    mine = [i for i in items if i["spec"]["node"] == node]
+    return str((mine[-1].get("status") or {}).get("phase", "")) if mine else ""
+
+
 async def _scenario_xid79(s: DemoStack, tl: Timeline) -> bool:
     assert s.slurm is not None
     assert s.sim is not None
@@ -278,7 +279,7 @@ async def _scenario_xid79(s: DemoStack, tl: Timeline) -> bool:
     async def done() -> bool:
         items = await s.remediations()
         tl.remediations(items)
-        if s.phase(items, bad) != "Repair":
+        if _phase(items, bad) != "Repair":
             return False
         pods = {slurm_name(p): p for p in await s.pods()}
         pod = pods.get(sn)
@@ -340,7 +341,7 @@ async def _scenario_degrading(s: DemoStack, tl: Timeline) -> bool:
     async def done() -> bool:
         items = await s.remediations()
         tl.remediations(items)
-        return s.phase(items, bad) == "Repair"
+        return _phase(items, bad) == "Repair"
 
     await s.wait(done, 240, f"{bad} checkpointed and replaced")
     ckpt = s.slurm.jobdir / f"ckpt-{job}"
