@@ -33,6 +33,7 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.events import KubeEvents
 from healer.agent.findings import CONDITION_TYPE, Assessment, EventKind, GpuEvent
+from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.core.xid import XidCatalog
 from healer.errors import PermanentError
 
@@ -57,23 +58,6 @@ EVENT_ACTION = "Detected"
 
 # ---------------------------------------------------------------------------------------------
 # time in the API's format
-
-
-def rfc3339(t: float) -> str:
-    """Seconds since the epoch → ``2024-05-01T12:00:00Z`` (metav1.Time has second precision)."""
-    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(value: Any) -> float | None:
-    """An API timestamp (string or datetime) → seconds since the epoch; None if unreadable."""
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,8 +94,8 @@ class Condition:
         """A condition as the API serves it; None if it is not a well-formed GPUHealthy."""
         if raw.get("type") != CONDITION_TYPE:
             return None
-        transition = parse_time(raw.get("lastTransitionTime"))
-        heartbeat = parse_time(raw.get("lastHeartbeatTime"))
+        transition = parse_rfc3339(raw.get("lastTransitionTime"))
+        heartbeat = parse_rfc3339(raw.get("lastHeartbeatTime"))
         if transition is None:
             return None
         return cls(status=str(raw.get("status") or ""), reason=str(raw.get("reason") or ""),

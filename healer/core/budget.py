@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from healer.core.model import GuardrailBlock, NodeView
 from healer.core.phases import Phase
 from healer.core.policy import Breaker, Guardrails, Policy, PolicySet
+from healer.core.timefmt import rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +149,6 @@ def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
     return out
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,
                     now: float, incident: str = "", opened_at: float | None = None) -> Admission:
     """May ``node`` (governed by ``policy``) be taken out of service now?
@@ -202,7 +198,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     "breaker",
                     f"{scope} breaker tripped: {st.count} nodes went bad within "
                     f"{g.breaker.window:g}s (threshold {st.threshold}); it closes at "
-                    f"{_iso(until)} unless more fail", st.count, st.threshold),
+                    f"{rfc3339(until)} unless more fail", st.count, st.threshold),
                     recheck_after=max(until - now, 1.0))
         if g.max_concurrent is not None:
             active = sum(1 for r in view.open.values()

@@ -43,11 +43,10 @@ from healer.agent.publish import (
     event_type,
     find_condition,
     next_write_in,
-    parse_time,
-    rfc3339,
     should_write,
     status_patch,
 )
+from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.errors import ConfigError, ForbiddenError, TransientError
 from healer.obs.http import Health
 from healer.policy.catalog import default_catalog
@@ -90,9 +89,9 @@ def xid79(now: float = NOW):  # type: ignore[no-untyped-def]
 
 def test_times_are_rfc3339_seconds_and_parse_back() -> None:
     assert rfc3339(NOW + 0.9) == "2023-11-14T22:13:20Z"
-    assert parse_time("2023-11-14T22:13:20Z") == NOW
-    assert parse_time(None) is None
-    assert parse_time("yesterday") is None
+    assert parse_rfc3339("2023-11-14T22:13:20Z") == NOW
+    assert parse_rfc3339(None) is None
+    assert parse_rfc3339("yesterday") is None
 
 
 # ---------------------------------------------------------------------------------------------

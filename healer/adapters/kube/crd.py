@@ -9,11 +9,11 @@ humans (``reason``, ``conditions``, ``lastTransitionTime``) and ignored when rea
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from healer.core.model import RECORD_FORMAT_VERSION, NodeRecord
 from healer.core.phases import Phase
+from healer.core.timefmt import rfc3339
 
 GROUP = "healer.io"
 VERSION = "v1alpha1"
@@ -130,10 +130,6 @@ def crd_manifest() -> dict[str, Any]:
     }
 
 
-def _iso(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def reason_of(rec: NodeRecord) -> str:
     if rec.blocked is not None:
         text = f"held by {rec.blocked.guardrail}: {rec.blocked.message}"
@@ -149,7 +145,7 @@ def to_object(rec: NodeRecord, name: str, resource_version: str = "") -> dict[st
     incident = d.pop("incident")
     status = dict(d)
     status["reason"] = reason_of(rec)
-    status["lastTransitionTime"] = _iso(rec.phase_since)
+    status["lastTransitionTime"] = rfc3339(rec.phase_since)
     status["conditions"] = _conditions(rec)
     meta: dict[str, Any] = {"name": name, "labels": {NODE_LABEL: rec.node[:63]}}
     if resource_version:
@@ -165,11 +161,11 @@ def _conditions(rec: NodeRecord) -> list[dict[str, Any]]:
     done = phase in (Phase.DONE, Phase.CANCELLED, Phase.ESCALATED)
     return [
         {"type": "Completed", "status": "True" if done else "False", "reason": rec.phase,
-         "message": rec.outcome or rec.phase, "lastTransitionTime": _iso(rec.phase_since)},
+         "message": rec.outcome or rec.phase, "lastTransitionTime": rfc3339(rec.phase_since)},
         {"type": "Blocked", "status": "True" if rec.blocked else "False",
          "reason": rec.blocked.guardrail if rec.blocked else "None",
          "message": rec.blocked.message if rec.blocked else "",
-         "lastTransitionTime": _iso(rec.phase_since)},
+         "lastTransitionTime": rfc3339(rec.phase_since)},
     ]
 
 

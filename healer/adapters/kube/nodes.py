@@ -17,6 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.kube.client import call, to_dict, translate
 from healer.core.model import NodeCondition, NodeView, Taint
+from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.errors import TransientError
 from healer.ports import NodeEvent
 
@@ -30,16 +31,8 @@ HEALER = "healer"
 
 
 def _ts(value: Any) -> float:
-    if value is None:
-        return 0.0
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    from datetime import datetime
-
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
+    """An API timestamp → seconds since the epoch (0 when absent or unreadable)."""
+    return parse_rfc3339(value) or 0.0
 
 
 def node_view(obj: Mapping[str, Any]) -> NodeView:
@@ -203,7 +196,7 @@ class KubeNodes:
             return {"spec": {"unschedulable": True, "taints": taints},
                     "metadata": {"annotations": {
                         CORDONED_BY: HEALER, INCIDENT: incident, REASON: reason[:250],
-                        CORDONED_AT: _iso(self._clock())}}}, True
+                        CORDONED_AT: rfc3339(self._clock())}}}, True
         return bool(await self._read_modify_write(name, mutate, f"cordon {name}"))
 
     async def uncordon(self, name: str, incident: str) -> bool:
@@ -232,9 +225,3 @@ class KubeNodes:
         if resource_version:
             meta["resourceVersion"] = resource_version
         return node_view(await self._patch(name, {"metadata": meta}))
-
-
-def _iso(t: float) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
