@@ -5,7 +5,9 @@ No Prometheus here: the trackers get the sample lists an API answer would hold.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -332,3 +334,243 @@ def test_node_level_series_without_gpu() -> None:
     f = FreshnessTracker(stale_after=3)
     sigs, _ = f.observe(10, [row("a", 9.9, gpu=None)])
     assert kinds(sigs) == [("a", "fresh", "", None)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing a poll (PrometheusSource.parse_poll): only violating series and one recovery
+
+T = 1_700_000_000.0
+TEMP = "DCGM_FI_DEV_GPU_TEMP"
+
+
+def body(result: list[Any], kind: str = "vector") -> bytes:
+    return json.dumps({"status": "success",
+                       "data": {"resultType": kind, "result": result}}).encode()
+
+
+def labels(node: str, gpu: int) -> dict[str, str]:
+    return {"Hostname": node, "instance": f"{node}:9400", "gpu": str(gpu),
+            "UUID": f"GPU-{node}-{gpu}"}
+
+
+def ref(node: str, gpu: int) -> GpuRef:
+    return GpuRef(gpu, f"GPU-{node}-{gpu}")
+
+
+def heartbeat(now: float, *gpus: tuple[str, int]) -> bytes:
+    return body([{"metric": labels(n, g), "value": [now, str(now - 1)]} for n, g in gpus])
+
+
+def values(now: float, vals: dict[tuple[str, int], Any]) -> bytes:
+    return body([{"metric": labels(n, g), "value": [now, v]} for (n, g), v in vals.items()])
+
+
+def temp_rule(op: Op = Op.GE, threshold: float = 90.0, name: str = "hot",
+              promql: str = "") -> MetricRule:
+    return MetricRule(name, Severity.DEGRADING, TEMP, op, threshold, promql=promql)
+
+
+class Poller:
+    """A source fed raw bodies through parse_poll, one poll per call, 15 s apart."""
+
+    def __init__(self, *rules: MetricRule | XidRule) -> None:
+        self.src = PrometheusSource("http://127.0.0.1:1", policies(*rules), stale_after=60)
+        self.now = T
+
+    def poll(self, metric: dict[tuple[str, int], Any] | None = None,
+             gpus: tuple[tuple[str, int], ...] = (("a", 0), ("a", 1)),
+             **bodies: bytes) -> list[Signal]:
+        self.now += 15
+        exprs = self.src.poll_queries(self.now)
+        answers: dict[str, bytes] = {exprs[0]: bodies.get("fresh", heartbeat(self.now, *gpus))}
+        if self.src.plan.xid:
+            answers[exprs[1]] = bodies.get("xid", body([], "matrix"))
+        for q in self.src.plan.metrics:
+            answers[q.expr] = bodies.get(q.key, values(self.now, metric or {}))
+        return self.src.parse_poll(self.now, answers)
+
+    def metrics(self, signals: list[Signal]) -> list[tuple[GpuRef | None, float]]:
+        return [(s.gpu, s.value) for s in signals if s.kind is SignalKind.METRIC]
+
+    def close(self) -> None:
+        self.src.close()
+
+
+@pytest.fixture
+def poller() -> Any:
+    made: list[Poller] = []
+
+    def make(*rules: MetricRule | XidRule) -> Poller:
+        made.append(Poller(*rules))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def test_plan_keeps_every_distinct_predicate_of_one_expression() -> None:
+    expr = "max by (Hostname, gpu) (DCGM_FI_DEV_GPU_TEMP)"
+    plan = plan_queries(policies(temp_rule(Op.GT, 90, "a", expr), temp_rule(Op.LT, 10, "b", expr),
+                                 temp_rule(Op.GT, 90, "c", expr)), by=BY)
+    (q,) = plan.metrics
+    assert q.predicates == ((Op.GT, 90.0), (Op.LT, 10.0))
+    assert q.violates(95)
+    assert q.violates(5)
+    assert not q.violates(50)
+    assert not q.violates(float("inf"))
+    assert not q.violates(float("nan"))
+    default = plan_queries(load_policy_set([ROOT / "policies" / "default.yaml"]), by=BY)
+    assert all(q.predicates for q in default.metrics)
+
+
+def test_violating_every_poll_healthy_never_recovery_once(poller: Any) -> None:
+    p = poller(temp_rule())
+    a0, a1 = ref("a", 0), ref("a", 1)
+    assert p.metrics(p.poll({("a", 0): "50", ("a", 1): "40"})) == []  # healthy: never
+    assert p.metrics(p.poll({("a", 0): "95", ("a", 1): "40"})) == [(a0, 95)]
+    sigs = p.poll({("a", 0): "96", ("a", 1): "41"})
+    assert p.metrics(sigs) == [(a0, 96)]  # every poll while violating
+    (hot,) = [s for s in sigs if s.kind is SignalKind.METRIC]
+    assert hot.observed_at == p.now - 1  # stamped with the scrape time
+    assert hot.get("rule") == "p/hot"
+    assert p.metrics(p.poll({("a", 0): "50", ("a", 1): "40"})) == [(a0, 50)]  # recovery
+    assert p.metrics(p.poll({("a", 0): "50", ("a", 1): "40"})) == []  # then nothing
+    assert p.metrics(p.poll({("a", 0): "40", ("a", 1): "90"})) == [(a1, 90)]  # >= 90
+    assert p.src.last_poll is not None
+    assert p.src.last_poll.samples == 2 + 2  # heartbeats + metric samples
+
+
+def test_recovery_after_a_missing_or_stale_poll_and_forgotten_nodes(poller: Any) -> None:
+    p = poller(temp_rule())
+    a0 = ref("a", 0)
+    assert p.metrics(p.poll({("a", 0): "95"})) == [(a0, 95)]
+    assert p.metrics(p.poll({})) == []  # the series is absent: nothing, still violating
+    # no heartbeat for GPU 0 now: dropped as stale (the STALE signal says why)
+    sigs = p.poll({("a", 0): "50"}, gpus=(("a", 1),))
+    assert p.metrics(sigs) == []
+    assert any(s.kind is SignalKind.STALE and s.gpu == a0 for s in sigs)
+    assert p.metrics(p.poll({("a", 0): "50"})) == [(a0, 50)]  # the recovery, when seen
+    assert p.metrics(p.poll({("a", 0): "50"})) == []
+    assert p.metrics(p.poll({("a", 0): "99"})) == [(a0, 99)]
+    p.src.parser.forget("a")
+    assert p.metrics(p.poll({("a", 0): "50"})) == []  # forgotten: no recovery owed
+
+
+def test_duplicate_series_the_worst_and_a_violating_one_wins(poller: Any) -> None:
+    p = poller(temp_rule())
+    a0 = ref("a", 0)
+    dup = body([{"metric": {**labels("a", 0), "hpc_job": j}, "value": [p.now + 15, v]}
+                for j, v in (("1", "40"), ("2", "95"), ("3", "92"))])
+    assert p.metrics(p.poll(**{TEMP: dup})) == [(a0, 95)]
+    dup = body([{"metric": {**labels("a", 0), "hpc_job": j}, "value": [p.now + 15, v]}
+                for j, v in (("1", "40"), ("2", "45"))])
+    assert p.metrics(p.poll(**{TEMP: dup})) == [(a0, 45)]  # one recovery: the worst
+
+
+def test_mixed_ops_on_one_expression(poller: Any) -> None:
+    expr = "max by (Hostname, instance, gpu, UUID) (DCGM_FI_DEV_GPU_TEMP)"
+    p = poller(temp_rule(Op.GT, 90, "hot", expr), temp_rule(Op.LT, 10, "cold", expr))
+    a0 = ref("a", 0)
+    key = "rule:hot"
+    assert p.metrics(p.poll(**{key: values(p.now + 15, {("a", 0): "50"})})) == []
+    assert p.metrics(p.poll(**{key: values(p.now + 15, {("a", 0): "5"})})) == [(a0, 5)]
+    assert p.metrics(p.poll(**{key: values(p.now + 15, {("a", 0): "95"})})) == [(a0, 95)]
+    assert p.metrics(p.poll(**{key: values(p.now + 15, {("a", 0): "50"})})) == [(a0, 50)]
+    assert p.metrics(p.poll(**{key: values(p.now + 15, {("a", 0): "50"})})) == []
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf", "Inf"])
+def test_nan_and_inf_are_not_readings(poller: Any, bad: str) -> None:
+    p = poller(temp_rule(Op.NE, 0), temp_rule(Op.LT, 90, "cool", promql="x"))
+    a0 = ref("a", 0)
+    assert p.metrics(p.poll({("a", 0): bad})) == []  # never a violation (NaN != 0 is True)
+    assert p.src.last_poll is not None
+    assert p.src.last_poll.malformed_samples == 2
+    assert p.metrics(p.poll({("a", 0): "3"})) == [(a0, 3)] * 2
+    assert p.metrics(p.poll({("a", 0): bad})) == []  # nor a recovery
+    assert p.metrics(p.poll({("a", 0): "0"})) == [(a0, 0)] * 2  # the real one is
+
+
+def test_inf_heartbeat_is_skipped(poller: Any) -> None:
+    p = poller(temp_rule())
+    fresh = body([{"metric": labels("a", 0), "value": [p.now + 15, v]}
+                  for v in ("+Inf", "NaN")] +
+                 [{"metric": labels("b", 0), "value": [p.now + 15, str(p.now + 14)]}])
+    sigs = p.poll({("a", 0): "95", ("b", 0): "95"}, fresh=fresh)
+    assert [(s.node, s.kind) for s in sigs if s.kind is not SignalKind.METRIC] == [
+        ("b", SignalKind.FRESH)]
+    assert p.metrics(sigs) == [(ref("b", 0), 95)]  # a has no (finite) heartbeat: dropped
+    assert p.src.last_poll is not None
+    assert p.src.last_poll.malformed_samples == 2
+
+
+def test_malformed_entries_are_skipped_and_counted(poller: Any) -> None:
+    p = poller(temp_rule(), XidRule("x", Severity.FAILED, frozenset({79})))
+    now = p.now + 15
+    junk: list[Any] = [[], "x", 3, None, {"metric": [], "value": [now, "95"]},
+                       {"metric": labels("a", 0)}, {"metric": labels("a", 0), "value": "95"},
+                       {"metric": labels("a", 0), "value": [now]},
+                       {"metric": labels("a", 0), "value": [now, None]},
+                       {"metric": labels("a", 0), "value": [now, ["95"]]},
+                       {"metric": {"Hostname": ["a"], "gpu": {}}, "value": [now, "95"]},
+                       {"metric": labels("a", 0), "values": 5},
+                       {"metric": labels("a", 0), "values": [[now, "+Inf"], ["x"], 7]}]
+    good_fresh = [{"metric": labels("a", 0), "value": [now, str(now - 1)]}]
+    good_temp = [{"metric": labels("a", 0), "value": [now, "95"]}]
+    sigs = p.poll(fresh=body(junk + good_fresh), xid=body(junk, "matrix"),
+                  **{TEMP: body(junk + good_temp)})
+    assert p.metrics(sigs) == [(ref("a", 0), 95)]
+    assert [s.node for s in sigs if s.kind is SignalKind.FRESH] == ["a"]
+    assert p.src.last_poll is not None
+    assert p.src.last_poll.malformed_samples > 0
+    assert p.src.last_poll.failed_queries == 0
+    # an answer that is not JSON, or not shaped like one, is a failed query
+    sigs = p.poll(**{TEMP: b"<html>proxy</html>"})
+    assert p.src.last_poll.failed_queries == 1
+    sigs = p.poll(xid=b'{"status": "success", "data": []}')
+    assert p.src.last_poll.failed_queries == 1
+    sigs = p.poll(fresh=b"[1, 2]")
+    assert p.src.last_poll.outage
+    assert all(s.kind is SignalKind.STALE for s in sigs)
+
+
+def xid_body(now: float, *points: tuple[float, str]) -> bytes:
+    lb = {**labels("a", 0), "__name__": XID_GAUGE}
+    return body([{"metric": lb, "values": [[t, v] for t, v in points]}], "matrix")
+
+
+def test_inf_xid_sample_does_not_block_the_cursor(poller: Any) -> None:
+    p = poller(XidRule("x", Severity.FAILED, frozenset({79})))
+
+    def xids(signals: list[Signal]) -> list[float]:
+        return [s.value for s in signals if s.kind is SignalKind.XID]
+
+    n = p.now
+    assert xids(p.poll(xid=xid_body(n, (n - 30, "0"), (n, "0")))) == []  # baseline
+    assert xids(p.poll(xid=xid_body(n, (n + 5, "+Inf"), (n + 10, "NaN"), (n + 14, "79")))) \
+        == [79.0]
+    assert p.src.last_poll is not None
+    assert p.src.last_poll.malformed_samples == 0  # skipped points of a usable series
+    assert xids(p.poll(xid=xid_body(n, (n + 14, "79"), (n + 20, "+Inf")))) == []  # once
+    assert xids(p.poll(xid=xid_body(n, (n + 40, "48")))) == [48.0]
+    # quiet GPUs (every sample "0", cursor at "no XID") only advance the cursor
+    assert xids(p.poll(xid=xid_body(n, (n + 50, "0"), (n + 55, "0")))) == []
+    assert xids(p.poll(xid=xid_body(n, (n + 55, "0"), (n + 70, "79")))) == [79.0]
+
+
+def test_parse_poll_is_the_poll_path() -> None:
+    src = PrometheusSource("http://127.0.0.1:1", policies(temp_rule(),
+                           XidRule("x", Severity.FAILED, frozenset({79}))))
+    try:
+        exprs = src.poll_queries(T)
+        assert exprs[0] == src.freshness_query
+        assert exprs[1] == xid_expr(600, src.matchers)
+        assert exprs[2:] == [q.expr for q in src.plan.metrics]
+        sigs = src.parse_poll(T, {})  # nothing answered: Prometheus unreachable
+        assert sigs == []
+        assert src.last_poll is not None
+        assert src.last_poll.outage
+        assert src.last_poll.failed_queries == 3
+    finally:
+        src.close()

@@ -53,6 +53,7 @@ FLEET: dict[str, dict[str, Any]] = {
               "serial_label": True},
     "n-hist": {},
     "n-calm": {"host_label": "hostname"},
+    "n-recover": {},
 }
 
 

@@ -64,6 +64,13 @@ def gpu(node: str, index: int) -> GpuRef:
     return GpuRef(index, gpu_uuid(node, index))
 
 
+def every_temp() -> PolicySet:
+    """A rule every GPU violates: a live poll emits only violating series (and one recovery),
+    so the tests that look at every GPU's temperature series use this one."""
+    rule = MetricRule("any-temp", Severity.DEGRADING, M.GPU_TEMP, Op.GE, -1000.0)
+    return PolicySet((Policy("p", Sel(), (rule,)),))
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -225,6 +232,43 @@ async def test_xid_last_value_and_repeats(fleet: ThreadedDcgmFleet, prom: LocalP
         assert v.gpus == (gpu(gauge_only, 0),)
 
 
+async def test_only_violating_series_and_one_recovery_are_emitted(
+        fleet: ThreadedDcgmFleet, prom: LocalPrometheus, default_policies: PolicySet) -> None:
+    """gpu-too-hot (temperature >= 90): nothing while cool, the hot GPU every poll while hot,
+    then exactly one signal with the real (cool) value when it cools down, then nothing."""
+    node, hot = "n-recover", gpu("n-recover", 0)
+    source = make_source(prom, default_policies)
+
+    def temp(s: Signal) -> bool:
+        return s.node == node and s.kind is SignalKind.METRIC and s.key == M.GPU_TEMP
+
+    async with running(source, Sink()) as sink:
+        await sink.wait(fresh(node), what=f"FRESH for {node}")
+        await sink.wait_polls(2)
+        assert not sink.matching(temp)  # cool GPUs are never emitted
+        t0 = time.time()
+        fleet.inject(Fault(FaultKind.THERMAL, node, 0, value=95, rate=6e8))
+        await sink.wait(lambda s: temp(s) and s.value == 95, after=t0, what="hot")
+        await sink.wait_polls(3)
+        t1 = time.time()
+        fleet.clear(node=node)
+        _, back = await sink.wait(lambda s: temp(s) and s.value < 90, after=t1,
+                                  what="the recovery signal")
+        await sink.wait_polls(3)
+        polls = sink.batches
+    mine = [s for _, s in sink.matching(temp)]
+    assert {s.gpu for s in mine} == {hot}  # the cool GPU never
+    violating = [s for s in mine if s.value >= 90]
+    recovered = [s for s in mine if s.value < 90]
+    assert len(violating) >= 3  # every poll while hot
+    assert recovered == [back]  # exactly one, with the real value
+    assert mine[-1] == back  # and nothing after it
+    assert 0 < back.value < 90
+    assert verdict(node, sink.of(node), default_policies).state is HealthState.HEALTHY
+    print(f"\n  {len(violating)} violating signals, 1 recovery (value {back.value:g}) "
+          f"in {polls} polls")
+
+
 async def test_exporter_down_is_stale_never_failed_and_recovers(
         fleet: ThreadedDcgmFleet, prom: LocalPrometheus, default_policies: PolicySet) -> None:
     source = make_source(prom, default_policies)
@@ -275,7 +319,7 @@ async def test_node_whose_series_are_missing_is_stale(
 
 async def test_both_host_label_spellings(prom: LocalPrometheus,
                                          default_policies: PolicySet) -> None:
-    source = make_source(prom, default_policies)
+    source = make_source(prom, every_temp())
     try:
         signals = await source.poll_once()
     finally:
@@ -302,7 +346,7 @@ async def test_both_host_label_spellings(prom: LocalPrometheus,
 async def test_hpc_job_and_serial_labels(prom: LocalPrometheus,
                                          default_policies: PolicySet) -> None:
     node = "n-job"
-    source = make_source(prom, default_policies)
+    source = make_source(prom, every_temp())
     try:
         signals = await source.poll_once()
     finally:
@@ -387,7 +431,7 @@ async def test_history_backtest(fleet: ThreadedDcgmFleet, prom: LocalPrometheus,
 
 async def test_a_bad_promql_rule_is_a_permanent_error(prom: LocalPrometheus) -> None:
     bad = MetricRule("broken", Severity.DEGRADING, "broken", Op.GT, 0, promql="sum(")
-    ok = MetricRule("hot", Severity.DEGRADING, M.GPU_TEMP, Op.GT, 90)
+    ok = MetricRule("warm", Severity.DEGRADING, M.GPU_TEMP, Op.GT, -1000)  # every GPU
     policies = PolicySet((Policy("p", Sel(), (bad, ok)),))
     source = make_source(prom, policies)
     try:
@@ -428,7 +472,7 @@ async def test_reload_and_nodes_named_by_target_labels_or_node_map(
                                 f'count(count by (node) (DCGM_FI_DEV_GPU_TEMP{{node=~"k8s-.+"}})) '
                                 f"== {len(FLEET)}", 20)
         by_label = make_source(prom, default_policies, host_labels=("node", "Hostname"))
-        by_address = make_source(prom, default_policies, host_labels=(),
+        by_address = make_source(prom, every_temp(), host_labels=(),
                                  node_map=lambda lb: {a: f"ip-{n}" for n, a in addr.items()}
                                  .get(lb.get("instance", "")))
         want = {f"k8s-{n}" for n in FLEET}

@@ -1,0 +1,91 @@
+"""DCGM telemetry through Prometheus: PromQL → :class:`~healer.core.model.Signal`.
+
+:class:`PrometheusSource` implements the ``TelemetrySource`` port (``name = "dcgm"``). Every
+poll sends a fixed set of **fleet-wide** instant queries, all evaluated at the same time:
+
+* one per distinct metric expression of the policy set: ``increase(FIELD[window])``,
+  ``rate(...)``, ``max_over_time(...)`` or the plain gauge, aggregated ``max by`` (``min by``
+  for ``<``/``<=`` rules) host, instance and GPU labels; a rule with ``promql`` runs its
+  expression as given. Its :class:`PlannedQuery` carries every distinct (op, threshold) of the
+  rules it serves (``predicates``);
+* one for XIDs (shared by every XID rule): the raw samples of ``DCGM_FI_DEV_XID_ERRORS`` (the
+  *last* XID, per GPU) and ``DCGM_EXP_XID_ERRORS_COUNT`` (per XID in a sliding window) since the
+  previous poll. A per-GPU cursor turns a change of the last value and every increase of a count
+  into one ``Signal(XID, value=code)`` per new occurrence, reported once. A repeated identical
+  XID is visible only through the count series (the last value does not change);
+* one for freshness: the newest heartbeat sample (``timestamp()``) per node and GPU, plus the
+  exporters whose ``up`` is 0.
+
+**What a live poll emits for metrics (the contract with the core).** The core evaluates a
+metric rule only from the series it receives, the latest signal per (node, GPU, key) deciding;
+an absent series means "no match". So a poll emits ``Signal(METRIC, key, gpu=GpuRef(index,
+UUID), value)`` for a (node, GPU, key) only when
+
+(a) its value satisfies at least one predicate of the query (it *violates*), every poll; or
+(b) it violated when it was last emitted and no longer does: exactly one *recovery* signal
+    with the real value, after which the series is silent while healthy.
+
+A healthy series that never violated is never emitted. The per-key set of currently violating
+(node, GPU) makes (b) reliable: a violating series that goes missing or stale stays in it (its
+recovery comes when it is seen healthy again), a node's entries go when the freshness tracker
+forgets the node, a key's when no query serves it after a policy reload. Of duplicate series
+of one GPU (one per job) the worst counts, a violating one before a healthy one. A NaN or ±Inf
+value is not a reading: it is skipped (counted as malformed), never a violation nor a
+recovery. Signals are stamped with the time their GPU was last scraped (an instant query's own
+timestamp is only the evaluation time); samples of a GPU or node with no heartbeat in this poll
+are dropped (range functions still see their old samples), its STALE signal says why. The
+backtest path (:meth:`PrometheusSource.history`, range queries) is not filtered: every sample.
+
+Stale telemetry is *unknown*, never healthy and never failed: a node whose series are absent
+(exporter down, scrape failing, series gone) or older than ``stale_after``, a GPU whose series
+vanished, and every known node while Prometheus cannot be queried get ``Signal(STALE,
+key=source)``; a node whose data is fresh gets ``Signal(FRESH)``. The outage and its recovery
+are logged once each. Node names come from the ``Hostname`` label (released dcgm-exporter) or
+``hostname`` (newer builds), or from ``node_map``/``join`` for exporters labelled differently.
+
+HTTP: one ``requests`` session (synchronous, run in the source's threads), raw bodies decoded
+with orjson, parsed in tight loops without an object per healthy sample
+(:meth:`PrometheusSource.parse_poll` is that parse, without HTTP, for benchmarks). A malformed
+entry never raises out of a poll: it is skipped and counted (``PollStats.malformed_samples``).
+Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx and 429 are
+``TransientError`` (retried with tenacity within the poll), other 4xx are ``PermanentError``
+(a bad ``promql`` rule, bad credentials).
+
+Modules: :mod:`.promql` (pure query generation), :mod:`.labels`, :mod:`.xid` (cursor),
+:mod:`.freshness`, :mod:`.parse` (answers → signals), :mod:`.http`, :mod:`.source` (the
+poll), :mod:`.history` (backtests).
+"""
+
+from healer.adapters.prometheus.freshness import FreshnessTracker, FreshRow, Transition
+from healer.adapters.prometheus.http import decode_result
+from healer.adapters.prometheus.labels import GpuCache, gpu_ref, node_name
+from healer.adapters.prometheus.parse import NodeMap, PollParser
+from healer.adapters.prometheus.promql import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_HOST_LABELS,
+    GPU_LABELS,
+    JOB_LABEL,
+    SOURCE,
+    XID_COUNT,
+    XID_GAUGE,
+    PlannedQuery,
+    QueryPlan,
+    duration,
+    freshness_expr,
+    group_labels,
+    metric_expr,
+    plan_queries,
+    selector,
+    xid_expr,
+)
+from healer.adapters.prometheus.source import Answer, PollStats, PrometheusSource
+from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker
+
+__all__ = [
+    "DEFAULT_HEARTBEAT", "DEFAULT_HOST_LABELS", "GPU_LABELS", "JOB_LABEL", "SOURCE",
+    "XID_COUNT", "XID_GAUGE", "Answer", "FreshRow", "FreshnessTracker", "GpuCache", "NodeMap",
+    "PlannedQuery", "PollParser", "PollStats", "PrometheusSource", "QueryPlan", "Transition",
+    "XidEvent", "XidSeries", "XidTracker", "decode_result", "duration", "freshness_expr",
+    "gpu_ref", "group_labels", "metric_expr", "node_name", "plan_queries", "selector",
+    "xid_expr",
+]

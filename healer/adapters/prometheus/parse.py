@@ -1,0 +1,339 @@
+"""Decoded Prometheus answers → signals, in tight loops over the parsed lists.
+
+:class:`PollParser` holds what must outlive one poll: the GPU and detail caches, the per-key
+set of currently violating series (for the one recovery signal, see the package docstring)
+and the jobs per GPU of the last freshness answer. A malformed entry (not an object, a label
+map that is not one, a value that is not ``[time, "number"]``, a NaN or ±Inf) is skipped and
+counted in ``malformed``; it never raises.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from healer.adapters.prometheus.freshness import NodeRows
+from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name, samples
+from healer.adapters.prometheus.promql import (
+    JOB_LABEL,
+    UP_MARK,
+    XID_COUNT,
+    XID_GAUGE,
+    PlannedQuery,
+)
+from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker, _XidCursor
+from healer.core.model import GpuRef, Signal, SignalKind
+from healer.core.policy import Op
+
+NodeMap = Callable[[dict[str, Any]], str | None]
+Slot = tuple[str, GpuRef | None]
+_INF = math.inf
+_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError)
+
+
+class PollParser:
+    """Parses the answers of one source's queries; see the module."""
+
+    def __init__(self, source: str, host_labels: Sequence[str],
+                 node_map: NodeMap | None = None) -> None:
+        self.source = source
+        self.host_labels = tuple(host_labels)
+        self.node_map = node_map
+        self.gpu = GpuCache()
+        #: signal key → node → the GPUs whose last emitted sample violated a predicate
+        self.violating: dict[str, dict[str, set[GpuRef | None]]] = {}
+        self.jobs: dict[tuple[str, GpuRef], tuple[str, ...]] = {}
+        self.malformed = 0  # since the last reset, by the caller
+        self._details: dict[tuple[str, str, tuple[str, ...] | None],
+                            tuple[tuple[str, str], ...]] = {}
+
+    # -- labels ---------------------------------------------------------------------------
+
+    def node_of(self, labels: dict[str, Any]) -> str | None:
+        if self.node_map is not None:
+            mapped = self.node_map(labels)
+            if mapped:
+                return mapped
+        return node_name(labels, self.host_labels)
+
+    def detail(self, node: str, gpu: GpuRef | None, name: str, value: str
+               ) -> tuple[tuple[str, str], ...]:
+        jobs = self.jobs.get((node, gpu)) if gpu is not None else None
+        key = (name, value, jobs)
+        out = self._details.get(key)
+        if out is None:
+            kw = {name: value}
+            if jobs:
+                kw[JOB_LABEL] = ",".join(jobs)
+            if len(self._details) > 100_000:
+                self._details.clear()
+            out = self._details[key] = Signal.details(**kw)
+        return out
+
+    def forget(self, node: str) -> None:
+        """The freshness tracker forgot ``node``: so does the violating set."""
+        for nodes in self.violating.values():
+            nodes.pop(node, None)
+
+    def keep_keys(self, keys: set[str]) -> None:
+        """After a policy reload: drop the violating state of keys no query serves now."""
+        for key in [k for k in self.violating if k not in keys]:
+            del self.violating[key]
+
+    # -- freshness ------------------------------------------------------------------------
+
+    def fresh(self, result: Sequence[Any]) -> tuple[NodeRows, set[str], int]:
+        """The freshness answer → (rows per node, instances whose ``up`` is 0, unmapped)."""
+        by_node: NodeRows = {}
+        down: set[str] = set()
+        unmapped = malformed = 0
+        jobs: dict[tuple[str, GpuRef], set[str]] = defaultdict(set)
+        gpu_of = self.gpu
+        node_of = self.node_of
+        for entry in result:
+            try:
+                raw = entry["value"]
+                ts = float(raw[1])
+                float(raw[0])
+                labels = entry.get("metric") or {}
+                if not -_INF < ts < _INF or not isinstance(labels, dict) or len(raw) != 2:
+                    raise ValueError(ts)
+            except _MALFORMED:
+                malformed += 1
+                continue
+            if UP_MARK in labels:
+                down.add(str(labels.get("instance", "")))
+                continue
+            node = node_of(labels)
+            if node is None:
+                unmapped += 1
+                continue
+            gpu = gpu_of(labels)
+            row = by_node.get(node)
+            if row is None:
+                instance = labels.get("instance", "")
+                row = by_node[node] = (instance if isinstance(instance, str) else "", {})
+            newest = row[1]
+            old = newest.get(gpu)
+            if old is None or ts > old:
+                newest[gpu] = ts
+            job = labels.get(JOB_LABEL)
+            if job and gpu is not None:
+                jobs[(node, gpu)].add(str(job))
+        self.jobs = {k: tuple(sorted(v)) for k, v in jobs.items()}
+        self.malformed += malformed
+        return by_node, down, unmapped
+
+    @staticmethod
+    def stamp(by_node: NodeRows, node: str, gpu: GpuRef | None) -> float | None:
+        """When this GPU (or node) was last scraped: the stamp of its metric samples.
+
+        A GPU is matched by its full identity, else by its index (a ``promql`` rule's result
+        may lack the UUID); a node-level sample takes the node's newest scrape. None: no
+        heartbeat now (exporter down, GPU missing), so the sample is not fresh data.
+        """
+        row = by_node.get(node)
+        if row is None:
+            return None
+        newest = row[1]
+        if gpu is None or (gpu.index < 0 and not gpu.uuid):
+            return max(newest.values())
+        exact = newest.get(gpu)
+        if exact is not None:
+            return exact
+        if gpu.index >= 0:
+            same = [ts for g, ts in newest.items() if g is not None and g.index == gpu.index]
+            return max(same) if same else None
+        return None
+
+    # -- metrics --------------------------------------------------------------------------
+
+    def metric_live(self, q: PlannedQuery, result: Sequence[Any], by_node: NodeRows
+                    ) -> tuple[list[Signal], int, int]:
+        """One metric answer of a live poll → (signals, unmapped, dropped as stale).
+
+        Emits only violating series and the one recovery of a series that violated when it
+        was last emitted (see the package docstring); the worst of duplicate series counts.
+        """
+        tests = q.tests()
+        single = tests[0] if len(tests) == 1 else None
+        viol = self.violating.setdefault(q.key, {})
+        lower = q.op in (Op.LT, Op.LE)
+        best: dict[Slot, tuple[float, bool]] = {}
+        unmapped = malformed = 0
+        node_of, gpu_of = self.node_of, self.gpu
+        for entry in result:
+            try:
+                v = float(entry["value"][1])
+            except _MALFORMED:
+                malformed += 1
+                continue
+            if not -_INF < v < _INF:
+                malformed += 1
+                continue
+            if single is not None:
+                bad = single[0](v, single[1])
+            else:
+                bad = not tests or any(f(v, t) for f, t in tests)
+            if not bad and not viol:
+                continue  # healthy, and nothing of this key to recover: the common case
+            labels = labels_of(entry)
+            if labels is None:
+                malformed += 1
+                continue
+            node = node_of(labels)
+            if node is None:
+                unmapped += 1
+                continue
+            if not bad and node not in viol:
+                continue
+            gpu = gpu_of(labels)
+            if not bad and gpu not in viol[node]:
+                continue
+            slot = (node, gpu)
+            old = best.get(slot)
+            if old is None or (bad and not old[1]) or (
+                    bad is old[1] and (v < old[0] if lower else v > old[0])):
+                best[slot] = (v, bad)
+        self.malformed += malformed
+        signals: list[Signal] = []
+        stale = 0
+        rule = ",".join(q.rules)
+        key, source, kind = q.key, self.source, SignalKind.METRIC
+        for (node, gpu), (v, bad) in best.items():
+            scraped = self.stamp(by_node, node, gpu)
+            if scraped is None:
+                # no heartbeat from it now: range functions (increase, rate, ...) still see
+                # old samples, but they say nothing fresh; the STALE signal says why
+                stale += 1
+                continue
+            if bad:
+                viol.setdefault(node, set()).add(gpu)
+            else:
+                gpus = viol[node]
+                gpus.discard(gpu)
+                if not gpus:
+                    del viol[node]
+            signals.append(Signal(node, source, kind, key, v, scraped, gpu,
+                                  self.detail(node, gpu, "rule", rule)))
+        return signals, unmapped, stale
+
+    def metric_history(self, q: PlannedQuery, result: Sequence[Any]) -> list[Signal]:
+        """A range answer → one METRIC signal per node, GPU and step (unfiltered)."""
+        best: dict[Slot, dict[float, float]] = {}
+        lower = q.op in (Op.LT, Op.LE)
+        for entry in result:
+            labels = labels_of(entry)
+            if labels is None:
+                continue
+            node = self.node_of(labels)
+            if node is None:
+                continue
+            points = samples(entry)
+            if not points:
+                continue
+            slots = best.setdefault((node, self.gpu(labels)), {})
+            for t, v in points:
+                old = slots.get(t)
+                if old is None or (v < old if lower else v > old):
+                    slots[t] = v
+        rule = ",".join(q.rules)
+        signals: list[Signal] = []
+        for (node, gpu), slots in best.items():
+            detail = self.detail(node, gpu, "rule", rule)  # once per series, not per point
+            signals.extend(Signal(node, self.source, SignalKind.METRIC, q.key, v, t, gpu,
+                                  detail) for t, v in slots.items())
+        return signals
+
+    # -- XIDs -----------------------------------------------------------------------------
+
+    def xid_series(self, result: Sequence[Any]) -> tuple[list[XidSeries], int]:
+        """The XID answer → the series with node and GPU resolved (+ unmapped count)."""
+        out: list[XidSeries] = []
+        unmapped = 0
+        for entry in result:
+            labels = labels_of(entry)
+            if labels is None:
+                self.malformed += 1
+                continue
+            node = self.node_of(labels)
+            gpu = self.gpu(labels)
+            if node is None or gpu is None:
+                unmapped += 1
+                continue
+            metric = labels.get("__name__", "")
+            if metric not in (XID_GAUGE, XID_COUNT):
+                continue
+            xid: int | None = None
+            if metric == XID_COUNT and labels.get("xid"):
+                try:
+                    xid = int(labels["xid"])
+                except _MALFORMED:
+                    continue
+            out.append(XidSeries(node, gpu, metric, xid, tuple(samples(entry))))
+        return out, unmapped
+
+    def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float
+                 ) -> tuple[list[XidEvent], int, int]:
+        """The XID answer of a live poll → (events, unmapped, samples).
+
+        A series whose every sample is ``"0"`` on a GPU whose cursor already says "no XID,
+        no counts" changes nothing but the cursor's time: it skips the per-sample work.
+        """
+        quiet: list[tuple[_XidCursor, float, Any]] = []
+        busy: list[tuple[str, GpuRef, Any, dict[str, Any], Any]] = []
+        unmapped = 0
+        cursors = tracker._cursors
+        node_of, gpu_of = self.node_of, self.gpu
+        for entry in result:
+            labels = labels_of(entry)
+            if labels is None:
+                self.malformed += 1
+                continue
+            node = node_of(labels)
+            gpu = gpu_of(labels)
+            if node is None or gpu is None:
+                unmapped += 1
+                continue
+            metric = labels.get("__name__")
+            if metric != XID_GAUGE and metric != XID_COUNT:
+                continue
+            cur = cursors.get((node, gpu))
+            if cur is not None and (cur.code == 0 if metric == XID_GAUGE
+                                    else cur.counts == {} and not labels.get("xid")):
+                try:
+                    values = entry["values"]
+                    last = float(values[-1][0])
+                    zero = -_INF < last < _INF and all(p[1] == "0" for p in values)
+                except _MALFORMED:
+                    zero = False
+                if zero:
+                    quiet.append((cur, last, entry))
+                    continue
+            busy.append((node, gpu, metric, labels, entry))
+        series: list[XidSeries] = []
+        n = 0
+        busy_cursors = {id(c) for c in (cursors.get((b[0], b[1])) for b in busy) if c}
+        for cur, last, entry in quiet:
+            if id(cur) in busy_cursors:  # interleaved with other samples: the full path
+                labels = entry["metric"]
+                node, gpu = node_of(labels), gpu_of(labels)
+                if node is not None and gpu is not None:
+                    busy.append((node, gpu, labels.get("__name__"), labels, entry))
+                continue
+            n += len(entry["values"])
+            if last > cur.t:  # Prometheus returns a series' samples in time order
+                cur.t = last
+        for node, gpu, metric, labels, entry in busy:
+            xid: int | None = None
+            if metric == XID_COUNT and labels.get("xid"):
+                try:
+                    xid = int(labels["xid"])
+                except _MALFORMED:
+                    continue
+            points = tuple(samples(entry))
+            n += len(points)
+            series.append(XidSeries(node, gpu, metric, xid, points))
+        return tracker.feed(series, since=since), unmapped, n

@@ -1,0 +1,478 @@
+"""The DCGM telemetry source: HTTP, retries, the poll loop (see the package docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import structlog
+import urllib3
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
+
+from healer.adapters.calls import timed
+from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
+from healer.adapters.prometheus.http import Http, decode_result
+from healer.adapters.prometheus.parse import NodeMap, PollParser
+from healer.adapters.prometheus.promql import (
+    DEFAULT_HEARTBEAT,
+    DEFAULT_HOST_LABELS,
+    SOURCE,
+    XID_GAUGE,
+    QueryPlan,
+    freshness_expr,
+    group_labels,
+    plan_queries,
+    xid_expr,
+)
+from healer.adapters.prometheus.xid import XidEvent, XidTracker
+from healer.core.model import Signal, SignalKind
+from healer.core.policy import PolicySet
+from healer.errors import ConfigError, HealerError, PermanentError, TransientError
+from healer.ports import Clock, SignalSink
+
+log = structlog.get_logger("healer.adapters.prometheus")
+
+#: One query's answer handed to :meth:`PrometheusSource.parse_poll`: the raw HTTP body, the
+#: decoded ``result`` list, or the error the query ended with.
+Answer = bytes | list[Any] | HealerError
+
+
+@dataclass(frozen=True, slots=True)
+class PollStats:
+    """What one poll did, for metrics and logs."""
+
+    at: float  # the poll's evaluation time
+    duration: float  # wall seconds the poll took
+    queries: int
+    failed_queries: int
+    http_requests: int
+    samples: int
+    signals: int
+    xid_events: int
+    fresh_nodes: int
+    stale_nodes: int
+    unmapped_samples: int  # samples without a node label (see host_labels / node_map)
+    stale_samples: int  # emitted-worthy samples of nodes without a heartbeat now (dropped)
+    outage: bool
+    errors: tuple[str, ...] = ()
+    malformed_samples: int = 0  # entries skipped: wrong shape, NaN or ±Inf
+
+
+class _WallClock:
+    def now(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class PrometheusSource:
+    """The DCGM telemetry source (``TelemetrySource``) backed by Prometheus' HTTP API.
+
+    ``url`` may be Prometheus, Thanos Query or Mimir/Cortex (``.../prometheus``). ``matchers``
+    are added to every generated selector (``{"job": "dcgm"}``, ``{"cluster": "a"}``).
+    ``host_labels`` are tried in order for the node name; ``node_map`` (labels → node or None)
+    overrides them; ``join`` (e.g. ``* on(namespace, pod) group_left(node) kube_pod_info``) is
+    applied to every generated expression, with the joined label listed in ``host_labels``.
+    ``stale_after`` is how old a node's newest sample may be (a few scrape intervals);
+    ``xid_lookback_on_start`` is how far back the first poll reports XIDs (a restarted healer
+    must not miss an XID from just before). ``poll_interval``, ``timeout`` and the lookbacks are
+    seconds.
+    """
+
+    name = SOURCE
+
+    def __init__(
+        self,
+        url: str,
+        policies: PolicySet,
+        *,
+        poll_interval: float = 15.0,
+        host_labels: Sequence[str] = DEFAULT_HOST_LABELS,
+        node_map: NodeMap | None = None,
+        join: str = "",
+        matchers: Mapping[str, str] | None = None,
+        extra_labels: Sequence[str] = (),
+        heartbeat: str = DEFAULT_HEARTBEAT,
+        stale_after: float = 90.0,
+        forget_after: float = 3600.0,
+        xid_lookback_on_start: float = 600.0,
+        xid_overlap: float = 30.0,
+        xid_max_lookback: float = 3600.0,
+        headers: Mapping[str, str] | None = None,
+        bearer_token: str | None = None,
+        bearer_token_file: str | None = None,
+        verify: bool = True,
+        ca_file: str | None = None,
+        client_cert: str | tuple[str, str] | None = None,
+        timeout: float = 10.0,
+        retries: int = 2,
+        max_concurrency: int = 8,
+        clock: Clock | None = None,
+        source: str = SOURCE,
+    ) -> None:
+        if poll_interval <= 0 or timeout <= 0 or stale_after <= 0:
+            raise ConfigError("poll_interval, timeout and stale_after must be positive")
+        self.url = url.rstrip("/")
+        self.name = source
+        self.poll_interval = float(poll_interval)
+        self.host_labels = tuple(host_labels)
+        self.node_map = node_map
+        self.join = join
+        self.matchers = dict(matchers or {})
+        self.extra_labels = tuple(extra_labels)
+        self.heartbeat = heartbeat
+        self.xid_lookback_on_start = float(xid_lookback_on_start)
+        self.xid_overlap = float(xid_overlap)
+        self.xid_max_lookback = float(xid_max_lookback)
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        self._clock: Clock = clock if clock is not None else _WallClock()
+        self._metric_by = group_labels(self.host_labels, self.extra_labels)
+        self._fresh_by = group_labels(self.host_labels, self.extra_labels, jobs=True)
+        self.freshness_query = freshness_expr(by=self._fresh_by, heartbeat=heartbeat,
+                                              matchers=self.matchers, join=join)
+        self.parser = PollParser(source, self.host_labels, node_map)
+        self.plan = self._plan(policies)
+        self.freshness = FreshnessTracker(source, stale_after=stale_after,
+                                          forget_after=forget_after)
+        self.xids = XidTracker()
+        self._xid_last_eval: float | None = None
+        self._sem = asyncio.Semaphore(max(1, max_concurrency))
+        # its own threads: a slow Prometheus never starves the process' default pool, and
+        # other threaded work in the process never delays a poll
+        self._pool = ThreadPoolExecutor(max_workers=max(1, max_concurrency) + 1,
+                                        thread_name_prefix="healer-prometheus")
+        self._logged: set[str] = set()
+        self._token_file = Path(bearer_token_file) if bearer_token_file else None
+        # state for metrics/logs
+        self.outage = False
+        self.outage_since: float | None = None
+        self.last_poll: PollStats | None = None
+        self.last_success: float | None = None  # evaluation time of the last poll that answered
+        self.totals: dict[str, float] = defaultdict(float)
+
+        session = requests.Session()
+        session.verify = ca_file if ca_file else verify
+        if not verify and not ca_file:
+            # the operator chose this; one log line instead of a warning on every request
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+            log.warning("TLS certificate verification is off", source=source, url=self.url)
+        if client_cert is not None:
+            session.cert = client_cert
+        hdrs = dict(headers or {})
+        if bearer_token:
+            hdrs["Authorization"] = f"Bearer {bearer_token}"
+        self._session = session
+        self._http = Http(self.url, session, hdrs, self.timeout)
+
+    # -- configuration --------------------------------------------------------------------
+
+    def _plan(self, policies: PolicySet) -> QueryPlan:
+        plan = plan_queries(policies, by=self._metric_by, matchers=self.matchers, join=self.join)
+        for key in plan.conflicts:
+            log.warning("several metric rules share one signal key with different queries; "
+                        "their samples cannot be told apart", key=key, source=self.name)
+        self.parser.keep_keys({q.key for q in plan.metrics})
+        return plan
+
+    def set_policies(self, policies: PolicySet) -> None:
+        """Re-derive the queries after a policy reload."""
+        self.plan = self._plan(policies)
+
+    @property
+    def http_requests(self) -> int:
+        """HTTP requests sent to Prometheus so far (retries included)."""
+        return self._http.requests
+
+    def node_of(self, labels: Mapping[str, str]) -> str | None:
+        return self.parser.node_of(dict(labels))
+
+    def close(self) -> None:
+        self._session.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def __aenter__(self) -> PrometheusSource:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- HTTP -----------------------------------------------------------------------------
+
+    def _headers_refresh(self) -> None:
+        if self._token_file is None:
+            return
+        try:
+            token = self._token_file.read_text().strip()
+        except OSError as e:
+            raise PermanentError(f"cannot read the bearer token file: {e}") from e
+        self._http.headers = {**self._http.headers, "Authorization": f"Bearer {token}"}
+
+    async def _retrying(self, fn: Callable[[], Any], op: str = "query") -> Any:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.poll_interval),
+            wait=wait_exponential(multiplier=0.1, max=1.0),
+            retry=retry_if_exception_type(TransientError),
+            reraise=True,
+        )
+        async with self._sem:
+            async for attempt in retrying:
+                with attempt, timed("prometheus", op):
+                    return await self._in_thread(fn)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def query(self, expr: str, at: float, what: str = "") -> list[Any]:
+        """One instant query evaluated at ``at``; the ``result`` list (decoded with orjson)."""
+        label = what or f"query {expr[:120]!r}"
+        return list(await self._retrying(lambda: self._http.query(expr, at, label)))
+
+    async def query_range(self, expr: str, start: float, end: float, step: float,
+                          what: str = "") -> list[Any]:
+        label = what or f"query_range {expr[:120]!r}"
+        return list(await self._retrying(
+            lambda: self._http.query_range(expr, start, end, step, label), "query_range"))
+
+    # -- polling --------------------------------------------------------------------------
+
+    def _xid_window(self, now: float) -> tuple[float, float]:
+        """(range seconds, report occurrences from) for this poll's XID query."""
+        if self._xid_last_eval is None:
+            since = now - self.xid_lookback_on_start
+            window = max(self.xid_lookback_on_start, self.xid_overlap)
+        else:
+            since = -math.inf
+            window = now - self._xid_last_eval + self.xid_overlap
+        return min(max(window, 1.0), self.xid_max_lookback), since
+
+    def poll_queries(self, now: float) -> list[str]:
+        """The expressions a poll at ``now`` sends: freshness, XIDs (if any rule needs them),
+        then every metric query of the plan. The keys of :meth:`parse_poll`'s ``bodies``."""
+        out = [self.freshness_query]
+        if self.plan.xid:
+            out.append(xid_expr(self._xid_window(_ms(now))[0], self.matchers))
+        out.extend(q.expr for q in self.plan.metrics)
+        return out
+
+    async def poll_once(self, now: float | None = None) -> list[Signal]:
+        """Query the whole fleet once (every query evaluated at ``now``); return the signals.
+
+        Never raises for telemetry trouble: an unreachable Prometheus yields STALE signals.
+        """
+        now = _ms(self._clock.now() if now is None else float(now))
+        started = time.monotonic()
+        requests_before = self._http.requests
+        try:
+            await self._in_thread(self._headers_refresh)
+        except PermanentError as e:
+            return self._unreachable(now, started, requests_before, str(e), 0)
+        plan = self.plan
+        names = {q.expr: f"query of {', '.join(q.rules)}" for q in plan.metrics}
+        names[self.freshness_query] = "freshness query"
+        exprs = self.poll_queries(now)
+        if plan.xid:
+            names[exprs[1]] = "XID query"
+        results = await asyncio.gather(*(self.query(e, now, names[e]) for e in exprs),
+                                       return_exceptions=True)
+        bodies: dict[str, Answer] = {}
+        for expr, r in zip(exprs, results, strict=True):
+            if isinstance(r, BaseException) and not isinstance(r, HealerError):
+                raise r
+            bodies[expr] = r
+        return self._parse(now, bodies, started, requests_before)
+
+    def parse_poll(self, now: float, bodies: Mapping[str, Answer]) -> list[Signal]:
+        """One poll's answers (keyed by :meth:`poll_queries`' expressions) → its signals.
+
+        Exactly what :meth:`poll_once` does after its HTTP requests, state included (the
+        freshness tracker, the XID cursors, the violating set, ``last_poll``): a benchmark
+        or a replay feeds raw bodies here without HTTP. A missing or failed answer counts as
+        a failed query.
+        """
+        return self._parse(_ms(now), bodies, time.monotonic(), self._http.requests)
+
+    def _answer(self, bodies: Mapping[str, Answer], expr: str, what: str
+                ) -> list[Any] | HealerError:
+        got = bodies.get(expr)
+        if got is None:
+            return TransientError(f"{what}: no answer")
+        if isinstance(got, bytes | bytearray | memoryview):
+            try:
+                return decode_result(bytes(got), what, self.url)
+            except HealerError as e:
+                return e
+        return got
+
+    def _parse(self, now: float, bodies: Mapping[str, Answer], started: float,
+               requests_before: int) -> list[Signal]:
+        plan, parser = self.plan, self.parser
+        errors: list[str] = []
+        n_queries = plan.queries_per_poll
+        fresh = self._answer(bodies, self.freshness_query, "freshness query")
+        if isinstance(fresh, HealerError):
+            failed = sum(1 for e in self.poll_queries(now)
+                         if isinstance(bodies.get(e), HealerError) or e not in bodies)
+            return self._unreachable(now, started, requests_before, str(fresh), failed)
+        if self.outage:
+            log.info("prometheus reachable again", source=self.name, url=self.url,
+                     down_for=round(now - (self.outage_since or now), 1))
+            self.outage, self.outage_since = False, None
+        parser.malformed = 0
+        by_node, down, unmapped = parser.fresh(fresh)
+        signals, transitions = self.freshness.observe_nodes(now, by_node, down)
+        for node in self.freshness.forgotten:
+            parser.forget(node)
+        self._log_transitions(transitions)
+        samples = len(fresh)
+        failed = xid_events = stale_samples = 0
+        if plan.xid:
+            window, since = self._xid_window(now)
+            res = self._answer(bodies, xid_expr(window, self.matchers), "XID query")
+            if isinstance(res, HealerError):
+                failed += 1
+                errors.append(self._once("XID query failed", str(res),
+                                         permanent=isinstance(res, PermanentError)))
+            else:
+                events, bad, n = parser.xid_live(res, self.xids, since)
+                unmapped += bad
+                samples += n
+                xid_events = len(events)
+                signals.extend(self.xid_signals(events))
+                self._xid_last_eval = now
+        for q in plan.metrics:
+            res = self._answer(bodies, q.expr, f"query of {', '.join(q.rules)}")
+            if isinstance(res, HealerError):
+                failed += 1
+                errors.append(self._once("metric query failed", str(res),
+                                         permanent=isinstance(res, PermanentError)))
+                continue
+            sigs, bad, old = parser.metric_live(q, res, by_node)
+            signals.extend(sigs)
+            unmapped += bad
+            samples += len(res)
+            stale_samples += old
+        if unmapped and "unmapped" not in self._logged:
+            self._logged.add("unmapped")
+            log.warning("samples without a node label were ignored", source=self.name,
+                        host_labels=list(self.host_labels), count=unmapped)
+        if parser.malformed and "malformed" not in self._logged:
+            self._logged.add("malformed")
+            log.warning("malformed samples (wrong shape, NaN or Inf) were ignored",
+                        source=self.name, count=parser.malformed)
+        fresh_nodes = sum(1 for s in signals if s.kind is SignalKind.FRESH)
+        stale_nodes = len({s.node for s in signals if s.kind is SignalKind.STALE})
+        self._record(PollStats(now, time.monotonic() - started, n_queries, failed,
+                               self._http.requests - requests_before, samples, len(signals),
+                               xid_events, fresh_nodes, stale_nodes, unmapped, stale_samples,
+                               False, tuple(errors), parser.malformed))
+        return signals
+
+    def xid_signals(self, events: Iterable[XidEvent], parser: PollParser | None = None
+                    ) -> list[Signal]:
+        detail = (parser or self.parser).detail
+        return [Signal(e.node, self.name, SignalKind.XID, XID_GAUGE, float(e.code), e.at, e.gpu,
+                       detail(e.node, e.gpu, "via", e.via)) for e in events]
+
+    def _unreachable(self, now: float, started: float, requests_before: int, error: str,
+                     failed: int) -> list[Signal]:
+        if not self.outage:
+            log.warning("prometheus unreachable: telemetry of every node is stale (unknown)",
+                        source=self.name, url=self.url, error=error,
+                        nodes=len(self.freshness.inventory))
+            self.outage, self.outage_since = True, now
+        signals = self.freshness.unreachable(now, error)
+        n = self.plan.queries_per_poll
+        self._record(PollStats(now, time.monotonic() - started, n, failed or n,
+                               self._http.requests - requests_before, 0, len(signals), 0, 0,
+                               len(signals), 0, 0, True, (error,)))
+        return signals
+
+    def _record(self, stats: PollStats) -> None:
+        self.last_poll = stats
+        if not stats.outage:
+            self.last_success = stats.at
+        t = self.totals
+        t["polls"] += 1
+        t["failed_polls"] += 1 if stats.outage else 0
+        t["queries"] += stats.queries
+        t["failed_queries"] += stats.failed_queries
+        t["http_requests"] += stats.http_requests
+        t["samples"] += stats.samples
+        t["signals"] += stats.signals
+        t["xid_events"] += stats.xid_events
+        t["poll_seconds"] += stats.duration
+
+    def _once(self, message: str, error: str, *, permanent: bool = False) -> str:
+        key = f"{message}|{error}"
+        if key not in self._logged:
+            self._logged.add(key)
+            (log.error if permanent else log.warning)(message, source=self.name, error=error)
+        return f"{message}: {error}"
+
+    def _log_transitions(self, transitions: Iterable[Transition]) -> None:
+        for t in transitions:
+            if t.stale:
+                log.warning("telemetry stale (unknown, never failed)", source=self.name,
+                            node=t.node, reason=t.reason)
+            else:
+                log.info("telemetry fresh again", source=self.name, node=t.node)
+
+    async def run(self, sink: SignalSink) -> None:
+        """Poll every ``poll_interval`` and hand each poll's signals to ``sink``, forever."""
+        next_at = self._clock.now()
+        while True:
+            now = self._clock.now()
+            try:
+                signals = await self.poll_once(now)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug must not make stale telemetry look healthy
+                log.exception("telemetry poll failed", source=self.name)
+                signals = self.freshness.unreachable(now, f"poll failed: {e!r}")
+            await sink(signals)
+            next_at += self.poll_interval
+            delay = next_at - self._clock.now()
+            if delay < 0:  # fell behind: skip the missed ticks
+                next_at = self._clock.now()
+                delay = 0.0
+            await self._clock.sleep(delay)
+
+    async def check(self) -> None:
+        """Run every query once; raise the first :class:`PermanentError` naming its rules."""
+        now = self._clock.now()
+        await self.query(self.freshness_query, now)
+        for q in self.plan.metrics:
+            try:
+                await self.query(q.expr, now)
+            except PermanentError as e:
+                raise type(e)(f"{', '.join(q.rules)}: {e}") from e
+
+    async def history(self, start: float, end: float, step: float) -> list[Signal]:
+        """The signals the source would have produced over ``[start, end]`` every ``step``
+        (unfiltered: every sample; see :func:`~healer.adapters.prometheus.history.history`)."""
+        from healer.adapters.prometheus.history import history
+
+        return await history(self, start, end, step)
+
+
+def _ms(now: float) -> float:
+    """Prometheus' resolution: no stamp after ``now``."""
+    return math.floor(now * 1000) / 1000
+
