@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps lint test test-unit test-integration demo schema docs verify stack stack-down clean
+.PHONY: help venv deps lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ stack-down: venv ## stop it
 
 demo: venv deps ## end to end on the local real stack: XID 79 → drain, swap to a warm spare, undrain
 	$(BIN)/healer demo
+
+bench: venv deps ## measure healer here: telemetry, engine, real stack, Prometheus path (docs/bench.md)
+	$(BIN)/healer bench
 
 schema: venv ## regenerate policies/schema.json
 	$(BIN)/healer schema > policies/schema.json

@@ -240,6 +240,29 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return asyncio.run(run_demo(args.scenario, keep=args.keep))
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from healer.bench.runner import cmd_bench
+
+    return cmd_bench(args)
+
+
+def add_bench_flags(b: argparse.ArgumentParser) -> None:
+    b.add_argument("--repeats", type=int, default=None,
+                   help="runs per figure, printed as min / median / max (default 3; 1 with "
+                        "--smoke)")
+    b.add_argument("--seed", type=int, default=1, help="seed of the synthetic inputs (default 1)")
+    b.add_argument("--only", default="telemetry,engine,stack,promql",
+                   help="comma-separated groups to run (default: "
+                        "telemetry,engine,stack,promql)")
+    b.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, about a minute (what `make test` runs)")
+    b.add_argument("--nodes", type=int, default=None,
+                   help="kwok nodes of the stack group (default 2000; smoke 50)")
+    b.add_argument("--long-polls", type=int, default=None,
+                   help="polls of the flat-over-time telemetry run (default 1000; smoke 20)")
+    b.add_argument("--json", default="", metavar="FILE", help="also write the figures to FILE")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="healer", description=__doc__)
     p.add_argument("--version", action="version", version=f"healer {__version__}")
@@ -298,6 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--keep", action="store_true",
                     help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
     dm.set_defaults(fn=_cmd_demo)
+
+    bn = sub.add_parser("bench", help="measure healer on this machine: telemetry CPU and "
+                                      "memory, engine throughput, latency on the local real "
+                                      "stack (figures printed with their targets, never "
+                                      "asserted)")
+    add_bench_flags(bn)
+    bn.set_defaults(fn=_cmd_bench)
 
     from healer.agent.main import add_agent_flags, cmd_agent
 

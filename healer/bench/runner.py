@@ -1,0 +1,104 @@
+"""``healer bench``: groups run, the table out (and ``--json``). The flags are in
+:mod:`healer.cli` (``healer bench --help``).
+
+Sizes: the full run (default) and ``--smoke`` (tiny sizes, one repeat unless ``--repeats``
+says otherwise; what ``make test`` runs). A group that cannot start a component fails the
+bench with the reason; nothing is skipped. Every process a group starts is stopped by that
+group (also on an error, Ctrl-C or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from healer.errors import ConfigError
+
+from . import engine, promql, stack, telemetry
+from .report import Figure, table, write_json
+
+GROUPS = ("telemetry", "engine", "stack", "promql")
+
+
+def _groups(only: str) -> list[str]:
+    wanted = [g.strip() for g in only.split(",") if g.strip()]
+    bad = [g for g in wanted if g not in GROUPS]
+    if bad or not wanted:
+        raise ConfigError(f"--only: unknown group(s) {', '.join(bad) or '(none)'}; "
+                          f"choose from {', '.join(GROUPS)}")
+    return wanted
+
+
+async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> list[Figure]:
+    smoke = bool(args.smoke)
+    repeats = args.repeats if args.repeats is not None else (1 if smoke else 3)
+    if repeats < 1:
+        raise ConfigError("--repeats must be at least 1")
+    figures: list[Figure] = []
+    for g in _groups(args.only):
+        t0 = time.monotonic()
+        say(f"[{g}]")
+        if g == "telemetry":
+            sizes = (telemetry.TelemetrySizes(100, 200, 4, args.long_polls or 20) if smoke
+                     else telemetry.TelemetrySizes(1000, 10_000, 6, args.long_polls or 1000))
+            figures += await telemetry.run_group(sizes, repeats, args.seed, say)
+        elif g == "engine":
+            figures += await asyncio.to_thread(
+                engine.run_group, [1000, 2000] if smoke else [10_000, 100_000], repeats,
+                args.seed, say)
+        elif g == "stack":
+            st = (stack.StackSizes(args.nodes or 50, 10, 20, 5.0) if smoke
+                  else stack.StackSizes(args.nodes or 2000, 50, 500, 30.0))
+            figures += await stack.run_group(st, repeats, args.seed, say)
+        else:
+            figures += await promql.run_group(promql.PromqlSizes(1 if smoke else 3), repeats,
+                                              args.seed, say)
+        say(f"  ({g}: {time.monotonic() - t0:.0f}s)")
+    return figures
+
+
+async def _main(args: argparse.Namespace) -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+
+    def say(text: str) -> None:
+        print(text, flush=True)
+
+    started = time.time()
+    try:
+        figures = await run_bench(args, say)
+    except ConfigError as e:
+        print(f"healer bench: failed: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+    print()
+    print(f"healer bench ({'smoke' if args.smoke else 'full'}, seed {args.seed}, "
+          f"{os.cpu_count()} CPUs, {platform.python_implementation()} "
+          f"{platform.python_version()}); figures are reported, never asserted")
+    for line in table(figures):
+        print(line)
+    if args.json:
+        meta: dict[str, Any] = {"smoke": bool(args.smoke), "seed": args.seed,
+                                "started": started, "cpus": os.cpu_count(),
+                                "python": platform.python_version()}
+        write_json(args.json, figures, meta)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("healer bench: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130

@@ -1,0 +1,77 @@
+"""`healer bench --smoke` runs every group end to end on this machine and prints every figure.
+
+Only that: it exits 0, prints a row for each figure (and writes them to --json), and leaves no
+process behind. The timings themselves are never asserted: they are reported (docs/bench.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: (group, the start of the figure's name) of every figure the smoke prints
+ROWS = [
+    ("telemetry", "CPU per poll, 100 nodes"),
+    ("telemetry", "CPU per poll, 200 nodes"),
+    ("telemetry", "CPU of the first poll"),
+    ("telemetry", "steady RSS"),
+    ("telemetry", "RSS growth"),
+    ("telemetry", "CPU/poll last 10"),
+    ("engine", "decisions/s, 1,000 nodes"),
+    ("engine", "decisions/s, 2,000 nodes"),
+    ("stack", "first fault after the daemon started"),
+    ("stack", "condition -> NodeRemediation p50"),
+    ("stack", "condition -> NodeRemediation p99"),
+    ("stack", "condition -> cordoned p50"),
+    ("stack", "condition -> cordoned p99"),
+    ("stack", "burst of 20"),
+    ("stack", "daemon idle CPU"),
+    ("stack", "daemon RSS"),
+    ("promql", "XID scraped -> NodeRemediation p50"),
+]
+
+
+def _bench_processes() -> list[str]:
+    """Command lines of live processes that belong to a bench run (its temp dirs, its daemon,
+    its telemetry worker)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "healer-bench-" in cmd or "healer.bench." in cmd:
+            out.append(f"{d.name}: {cmd[:200]}")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_bench_smoke_prints_every_figure(tmp_path: Path) -> None:
+    before = set(_bench_processes())
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "healer", "bench", "--smoke", "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=400,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
+    lines = proc.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("group "))
+    rows = lines[start + 1:]
+    for group, name in ROWS:
+        assert any(r.split()[0] == group and f" {name}" in r for r in rows), \
+            f"no row for {group} / {name}:\n{proc.stdout[-4000:]}"
+    doc = json.loads(out_json.read_text())
+    assert len(doc["figures"]) == len(ROWS)
+    assert all(f["values"] for f in doc["figures"]), doc["figures"]
+    left = [p for p in _bench_processes() if p not in before]
+    assert not left, f"the bench left processes behind: {left}"
