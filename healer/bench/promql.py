@@ -16,7 +16,6 @@ import asyncio
 import secrets
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +103,3 @@ async def run_group(sizes: PromqlSizes, repeats: int, seed: int,
             if started:
                 await fleet.stop()
     return [fig]
-
-
-def _now() -> float:
-    return time.time()

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from healer.adapters.prometheus import XID_COUNT, XID_GAUGE, PrometheusSource
+from healer.adapters.prometheus import XID_COUNT, XID_GAUGE
 from healer.sim.dcgm import gpu_uuid
 
 SCRAPE = 15.0
@@ -33,6 +33,8 @@ DRIVER = "550.54.15"
 #: healthy values of the fields the default policies read (0 for counters' increase/rate)
 HEALTHY = {"DCGM_FI_DEV_GPU_TEMP": 48.0}
 _TOKEN = re.compile(rb"@(\w+)@")
+_HOSTS = re.compile(r'(?:Hostname|hostname)=~"((?:[^"\\]|\\.)*)"')
+_COMPARISON = re.compile(r"\)\s*(>=|<=|==|!=|>|<)\s*([-+0-9.eE]+)\s*$")
 _DURATION = re.compile(r"\[(\d+(?:\.\d+)?)(ms|s|m|h|d)\]$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -95,19 +97,18 @@ def _wrap(kind: str, items: Sequence[bytes]) -> bytes:
 class Answers:
     """The bodies for one source's queries over one fleet."""
 
-    def __init__(self, fleet: Fleet, source: PrometheusSource) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.freshness = source.freshness_query
-        self.metrics = {q.expr: q for q in source.plan.metrics}
-        self._fields = {q.expr: self._field_of(q.expr) for q in source.plan.metrics}
         self._healthy = {i for i, n in enumerate(fleet.names)
                          if n not in fleet.xid_nodes | fleet.ecc_nodes | fleet.hot_nodes}
         self._templates: dict[str, bytes] = {}
         self.requests = 0
+        self.unknown = 0  # queries of a shape this server does not know (answered empty)
 
     @staticmethod
     def _field_of(expr: str) -> str:
-        m = re.search(r"(DCGM_[A-Z0-9_]+)", expr)
+        """The DCGM field a query reads (not a label of its ``by (...)`` clause)."""
+        m = re.search(r"(DCGM_[A-Z0-9_]+)", re.sub(r"by\s*\([^)]*\)", "", expr))
         return m.group(1) if m else ""
 
     # -- templates (healthy nodes; @T@ and @O<k>@ are filled per request) -----------------
@@ -150,51 +151,128 @@ class Answers:
     # -- one answer -----------------------------------------------------------------------
 
     def answer(self, expr: str, at: float) -> bytes:
+        """What Prometheus would answer to ``expr`` at ``at`` for this fleet.
+
+        The queries are recognised by shape, not by exact text, so that the source's query
+        plan may change: the freshness query (``timestamp(``), raw XID samples (a range
+        selector ``{__name__=~...}[w]``), the XID pre-query (``changes(`` of the XID gauge),
+        recovery queries (``label_replace(..., "healer_q", ...)`` joined with ``or``), and
+        metric queries (a DCGM field, optionally with a trailing comparison: Prometheus then
+        returns only the series that pass it). A host matcher ``Hostname=~"..."`` restricts
+        any of them. Anything else gets an empty vector (counted in ``unknown``).
+        """
         self.requests += 1
+        hosts = _host_filter(expr)
+        if "timestamp(" in expr:
+            return self._freshness(at, hosts)
+        if expr.lstrip().startswith("{__name__=~"):
+            return self._xid_raw(expr, at, hosts)
+        if "changes(" in expr and XID_GAUGE in expr:
+            return self._xid_prequery(expr, at, hosts)
+        if "label_replace(" in expr:
+            items: list[bytes] = []
+            for part in expr.split(" or "):
+                tag = re.search(r'"(\w+)",\s*"(\d+)",\s*"",\s*""\)\s*$', part)
+                field_ = self._field_of(part)
+                if tag and field_:
+                    extra = {tag.group(1): tag.group(2)}
+                    items += self._metric_rows(field_, at, _host_filter(part), None, extra)
+            return _wrap("vector", items)
+        field_ = self._field_of(expr)
+        if field_:
+            cmp = _COMPARISON.search(expr)
+            test = (cmp.group(1), float(cmp.group(2))) if cmp else None
+            if test is None or _passes(HEALTHY.get(field_, 0.0), test) or hosts is not None:
+                return self._metric_all(field_, at, hosts, test)
+            return _wrap("vector", self._metric_rows(field_, at, None, test, {},
+                                                     faulty_only=True))
+        self.unknown += 1
+        return _wrap("vector", [])
+
+    def _freshness(self, at: float, hosts: re.Pattern[str] | None) -> bytes:
         f = self.fleet
         ts = f"{at:.3f}".encode()
-        if expr == self.freshness:
-            table = {b"T": ts}
-            for o in range(int(SCRAPE)):
-                table[b"F%d" % o] = _fmt(self._last_scrape(at, o)).encode()
-            dyn = [b'{"metric":' + json.dumps(_labels_grouped(f, i, g)).encode()
-                   + b',"value":[' + ts + b',"' + _fmt(self._last_scrape(at, f.offset(i)))
-                   .encode() + b'"]}' for i in self._faulty() for g in range(f.gpus)]
-            return self._body("vector", self._fill(self._template("fresh"), table), dyn)
-        if expr in self.metrics:
-            field_ = self._fields[expr]
-            dyn = []
-            for i in self._faulty():
-                name = f.names[i]
-                for g in range(f.gpus):
-                    v = HEALTHY.get(field_, 0.0)
-                    if g == 1 and name in f.ecc_nodes and "ECC_DBE" in field_:
-                        v = 1.0
-                    if g == 2 and name in f.hot_nodes and field_ == "DCGM_FI_DEV_GPU_TEMP":
-                        v = 93.0
-                    dyn.append(b'{"metric":' + json.dumps(_labels_grouped(f, i, g)).encode()
-                               + b',"value":[' + ts + b',"' + _fmt(v).encode() + b'"]}')
-            body = self._fill(self._template(f"metric:{field_}"), {b"T": ts})
-            return self._body("vector", body, dyn)
-        if XID_GAUGE in expr:
-            window = window_seconds(expr)
-            n = max(1, int(window // SCRAPE))
-            xt: dict[bytes, bytes] = {}
-            for o in range(int(SCRAPE)):
-                last = self._last_scrape(at, o)
-                for k in range(n):
-                    xt[b"S%d_%d" % (o, k)] = _fmt(last - (n - 1 - k) * SCRAPE).encode()
-            body = self._fill(self._template(f"xid:{n}"), xt)
-            return self._body("matrix", body, self._xid_faulty(at, n))
-        return _wrap("vector", [])
+        rows = [i for i in range(f.nodes) if hosts is None or hosts.fullmatch(f.names[i])]
+        dyn = [b'{"metric":' + json.dumps(_labels_grouped(f, i, g)).encode()
+               + b',"value":[' + ts + b',"' + _fmt(self._last_scrape(at, f.offset(i)))
+               .encode() + b'"]}' for i in rows if hosts is not None or i not in self._healthy
+               for g in range(f.gpus)]
+        if hosts is not None:
+            return _wrap("vector", dyn)
+        table = {b"T": ts}
+        for o in range(int(SCRAPE)):
+            table[b"F%d" % o] = _fmt(self._last_scrape(at, o)).encode()
+        return self._body("vector", self._fill(self._template("fresh"), table), dyn)
+
+    def _value(self, name: str, g: int, field_: str) -> float:
+        f = self.fleet
+        if g == 1 and name in f.ecc_nodes and "ECC_DBE" in field_:
+            return 1.0
+        if g == 2 and name in f.hot_nodes and field_ == "DCGM_FI_DEV_GPU_TEMP":
+            return 93.0
+        return HEALTHY.get(field_, 0.0)
+
+    def _metric_rows(self, field_: str, at: float, hosts: re.Pattern[str] | None,
+                     test: tuple[str, float] | None, extra: Mapping[str, str], *,
+                     faulty_only: bool = False) -> list[bytes]:
+        f = self.fleet
+        ts = f"{at:.3f}".encode()
+        rows = self._faulty() if faulty_only else range(f.nodes)
+        out = []
+        for i in rows:
+            name = f.names[i]
+            if hosts is not None and not hosts.fullmatch(name):
+                continue
+            for g in range(f.gpus):
+                v = self._value(name, g, field_)
+                if test is not None and not _passes(v, test):
+                    continue
+                out.append(b'{"metric":' + json.dumps(_labels_grouped(f, i, g) | dict(extra))
+                           .encode() + b',"value":[' + ts + b',"' + _fmt(v).encode() + b'"]}')
+        return out
+
+    def _metric_all(self, field_: str, at: float, hosts: re.Pattern[str] | None,
+                    test: tuple[str, float] | None) -> bytes:
+        if hosts is not None or (test is not None
+                                 and not _passes(HEALTHY.get(field_, 0.0), test)):
+            return _wrap("vector", self._metric_rows(field_, at, hosts, test, {}))
+        ts = f"{at:.3f}".encode()
+        dyn = self._metric_rows(field_, at, None, test, {}, faulty_only=True)
+        body = self._fill(self._template(f"metric:{field_}"), {b"T": ts})
+        return self._body("vector", body, dyn)
+
+    def _xid_prequery(self, expr: str, at: float, hosts: re.Pattern[str] | None) -> bytes:
+        f = self.fleet
+        ts = f"{at:.3f}".encode()
+        out = []
+        for i in self._faulty():
+            name = f.names[i]
+            if name in f.xid_nodes and at >= f.fault_at and (
+                    hosts is None or hosts.fullmatch(name)):
+                out.append(b'{"metric":' + json.dumps(_labels_grouped(f, i, 3)).encode()
+                           + b',"value":[' + ts + b',"79"]}')
+        return _wrap("vector", out)
+
+    def _xid_raw(self, expr: str, at: float, hosts: re.Pattern[str] | None) -> bytes:
+        n = max(1, int(window_seconds(expr) // SCRAPE))
+        if hosts is not None:
+            rows = [i for i in range(self.fleet.nodes) if hosts.fullmatch(self.fleet.names[i])]
+            return _wrap("matrix", self._xid_rows(at, n, rows))
+        xt: dict[bytes, bytes] = {}
+        for o in range(int(SCRAPE)):
+            last = self._last_scrape(at, o)
+            for k in range(n):
+                xt[b"S%d_%d" % (o, k)] = _fmt(last - (n - 1 - k) * SCRAPE).encode()
+        body = self._fill(self._template(f"xid:{n}"), xt)
+        return self._body("matrix", body, self._xid_rows(at, n, self._faulty()))
 
     def _faulty(self) -> list[int]:
         return [i for i in range(self.fleet.nodes) if i not in self._healthy]
 
-    def _xid_faulty(self, at: float, n: int) -> list[bytes]:
+    def _xid_rows(self, at: float, n: int, rows: Sequence[int]) -> list[bytes]:
         f = self.fleet
         out = []
-        for i in self._faulty():
+        for i in rows:
             name = f.names[i]
             last = self._last_scrape(at, f.offset(i))
             times = [last - (n - 1 - k) * SCRAPE for k in range(n)]
@@ -224,6 +302,20 @@ class Answers:
         parts = [healthy] if healthy else []
         parts.extend(dyn)
         return _wrap(kind, parts)
+
+
+def _host_filter(expr: str) -> re.Pattern[str] | None:
+    """The host regex matcher of ``expr`` (``Hostname=~"a|b"``), if any."""
+    m = _HOSTS.search(expr)
+    if m is None:
+        return None
+    return re.compile(m.group(1).encode().decode("unicode_escape"))
+
+
+def _passes(v: float, test: tuple[str, float]) -> bool:
+    op, t = test
+    return {">": v > t, ">=": v >= t, "<": v < t, "<=": v <= t, "==": v == t,
+            "!=": v != t}[op]
 
 
 def _fmt(v: float) -> str:

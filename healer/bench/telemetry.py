@@ -14,19 +14,16 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from healer.adapters.prometheus import PrometheusSource
 from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
 from healer.obs.http import serve
 
-from .policies import load_default
 from .promsynth import SCRAPE, Answers, Fleet, make_app
 from .report import Figure
 
@@ -44,15 +41,9 @@ class TelemetrySizes:
 
 async def run_worker(nodes: int, polls: int, seed: int) -> dict[str, Any]:
     """Serve a synthetic fleet of ``nodes`` and run one telemetry worker against it."""
-    with tempfile.TemporaryDirectory(prefix="healer-bench-") as tmp:
-        policies = load_default(Path(tmp), permissive=True)
     start = 1_767_600_000.0
     fleet = Fleet(nodes, seed=seed, fault_at=start + (WARM + 2) * SCRAPE)
-    probe = PrometheusSource("http://127.0.0.1:1", policies)
-    try:
-        answers = Answers(fleet, probe)
-    finally:
-        probe.close()
+    answers = Answers(fleet)
     port = free_port()
     runner = await serve(make_app(answers), LOOPBACK, port)
     proc: asyncio.subprocess.Process | None = None
@@ -69,6 +60,7 @@ async def run_worker(nodes: int, polls: int, seed: int) -> dict[str, Any]:
                               + err.decode(errors="replace")[-2000:])
         result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
         result["server_requests"] = answers.requests
+        result["unknown_queries"] = answers.unknown
         return result
     finally:
         if proc is not None and proc.returncode is None:
