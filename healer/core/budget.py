@@ -20,13 +20,20 @@ The breaker counts distinct nodes whose incidents opened within the sliding wind
 the first incident that brings the count to the threshold and stays tripped for ``cooldown``
 after the last such incident; then it closes by itself. Its state is a function of the incident
 history alone, so a restarted or new leader computes the same state from the records.
+
+The checks read their numbers through :class:`GuardrailFacts`. A view built by
+:class:`healer.core.capacity.FleetIndex` (and so by :func:`healer.core.fleet.budget_view`)
+answers each in O(1) from incrementally kept counts; a hand-built view is scanned.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from bisect import bisect_right
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from healer.core.model import GuardrailBlock, NodeView
 from healer.core.phases import Phase
@@ -58,19 +65,63 @@ class PastIncident:
     serials: tuple[str, ...] = ()
 
 
+class GuardrailFacts(Protocol):
+    """The numbers the guardrails read, per scope (``policy``; None: the whole fleet)."""
+
+    def members(self, policy: Policy | None) -> AbstractSet[str]:
+        """The names of the nodes the scope's limits are computed over."""
+
+    def population(self, policy: Policy | None) -> int:
+        """How many nodes the scope's limits are computed over."""
+
+    def unavailable(self, policy: Policy | None) -> int:
+        """How many of them are unavailable."""
+
+    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+        """Is ``node`` one of the scope's unavailable nodes?"""
+
+    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+        """How many of the scope's unavailable nodes have label ``key`` = ``value``."""
+
+    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+        """Open remediations holding a maxConcurrent slot, not counting ``excluding``'s."""
+
+    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+        """Is incident ``incident`` among the scope's incidents?"""
+
+    def breaker_times(self, policy: Policy | None, since: float,
+                      now: float) -> Sequence[tuple[float, str]]:
+        """``(opened_at, node)`` of the scope's incidents, in time order: at least every one
+        with ``since <= opened_at <= now`` (more are harmless)."""
+
+    def incidents_on_node(self, node: str) -> Iterable[PastIncident]:
+        """At least every incident of ``node``."""
+
+    def incidents_with_serial(self, serial: str) -> Iterable[PastIncident]:
+        """At least every incident naming GPU ``serial``."""
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetView:
-    """A consistent snapshot of the fleet, taken by the runtime before each step."""
+    """What the guardrails see of the fleet when a step runs.
+
+    ``index`` answers the guardrails' questions without a scan; when it is None (a view built
+    by hand) they are computed from the other fields.
+    """
 
     policies: PolicySet
     nodes: Mapping[str, NodeView] = field(default_factory=dict)
     open: Mapping[str, OpenRemediation] = field(default_factory=dict)
-    incidents: tuple[PastIncident, ...] = ()
+    incidents: Collection[PastIncident] = ()
     paused: bool = False
-    paused_nodes: frozenset[str] = frozenset()
+    paused_nodes: AbstractSet[str] = frozenset()
+    index: GuardrailFacts | None = field(default=None, compare=False, repr=False)
 
     def is_paused(self, node: str) -> bool:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
+
+    def facts(self) -> GuardrailFacts:
+        return self.index if self.index is not None else ScanFacts(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,26 +153,72 @@ def breaker_threshold(cfg: Breaker, population: int) -> int:
 
 def breaker_status(cfg: Breaker, incidents: Iterable[PastIncident], population: int,
                    now: float) -> BreakerStatus:
-    threshold = breaker_threshold(cfg, population)
     times = sorted((i.opened_at, i.node) for i in incidents if i.opened_at <= now)
+    return _breaker(cfg, times, breaker_threshold(cfg, population), now)
 
-    def distinct_in_window(end: float) -> int:
-        return len({n for t, n in times if end - cfg.window < t <= end})
 
+def breaker_since(cfg: Breaker, now: float) -> float:
+    """Incidents opened before this cannot change the breaker's state at ``now``: it is
+    tripped only by a trip after ``now - cooldown``, which counts the window before it, and
+    its count is the window before ``now`` (a second of margin for rounding)."""
+    return now - cfg.window - max(cfg.cooldown, 0.0) - 1.0
+
+
+def _breaker(cfg: Breaker, times: Sequence[tuple[float, str]], threshold: int,
+             now: float) -> BreakerStatus:
+    """The breaker over ``times`` (time order; later than ``now`` ignored), in one sweep.
+
+    The last trip is the latest incident time ``t`` (not older than ``window + cooldown``)
+    at which the distinct nodes with incidents in ``(t - window, t]`` reach the threshold.
+    """
+    span = cfg.window + cfg.cooldown
+    inside: dict[str, int] = {}
+    lo = hi = i = 0
+    n = len(times)
     last_trip: float | None = None
-    for t, _ in times:
-        if now - t >= cfg.window + cfg.cooldown:
-            continue  # too old to matter
-        if distinct_in_window(t) >= threshold:
-            last_trip = t
-    count = distinct_in_window(now)
+    while i < n:
+        t = times[i][0]
+        if t > now:
+            break
+        j = i + 1
+        while j < n and times[j][0] == t:
+            j += 1
+        if not now - t >= span:
+            for _, node in times[hi:j]:
+                inside[node] = inside.get(node, 0) + 1
+            hi = max(hi, j)
+            start = t - cfg.window
+            while lo < hi and not start < times[lo][0]:
+                node = times[lo][1]
+                inside[node] -= 1
+                if not inside[node]:
+                    del inside[node]
+                lo += 1
+            if len(inside) >= threshold:
+                last_trip = t
+        i = j
+    count = len({nd for t, nd in times if now - cfg.window < t <= now})
     if last_trip is not None and now < last_trip + cfg.cooldown:
         return BreakerStatus(True, count, threshold, last_trip + cfg.cooldown)
     return BreakerStatus(False, count, threshold, None)
 
 
+def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Policy | None, population: int,
+                  now: float, extra: tuple[float, str] | None = None) -> BreakerStatus:
+    """The breaker of a scope, optionally counting one more incident ``(opened_at, node)``."""
+    since = breaker_since(cfg, now)
+    times = list(facts.breaker_times(policy, since, now))
+    if extra is not None and since <= extra[0]:
+        times.insert(bisect_right(times, extra), extra)
+    return _breaker(cfg, times, breaker_threshold(cfg, population), now)
+
+
 def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
-    """The nodes a limit is computed over (see the module docstring)."""
+    """The nodes a limit is computed over (see the module docstring), in ``view.nodes``
+    order. O(fleet): use :func:`population_size` for the count."""
+    if view.index is not None:
+        names = view.index.members(policy)
+        return [n for n in view.nodes.values() if n.name in names]
     spare_sel = view.policies.fleet.spare_selector
     out: list[NodeView] = []
     for n in view.nodes.values():
@@ -139,6 +236,10 @@ def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
     return out
 
 
+def population_size(view: BudgetView, policy: Policy | None) -> int:
+    return view.facts().population(policy)
+
+
 def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
     out: set[str] = set()
     for n in nodes:
@@ -147,6 +248,59 @@ def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
                 rec.active or rec.out_of_service)):
             out.add(n.name)
     return out
+
+
+class ScanFacts:
+    """:class:`GuardrailFacts` of a hand-built view, by scanning it (O(fleet) per question)."""
+
+    def __init__(self, view: BudgetView) -> None:
+        self.view = view
+        self._scopes: list[tuple[Policy | None, list[NodeView], set[str]]] = []
+
+    def _scope(self, policy: Policy | None) -> tuple[list[NodeView], set[str]]:
+        for pol, members, down in self._scopes:
+            if pol is policy:
+                return members, down
+        members = population(self.view, policy)
+        down = unavailable(self.view, members)
+        self._scopes.append((policy, members, down))
+        return members, down
+
+    def members(self, policy: Policy | None) -> AbstractSet[str]:
+        return {m.name for m in self._scope(policy)[0]}
+
+    def population(self, policy: Policy | None) -> int:
+        return len(self._scope(policy)[0])
+
+    def unavailable(self, policy: Policy | None) -> int:
+        return len(self._scope(policy)[1])
+
+    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+        return node in self._scope(policy)[1]
+
+    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+        members, down = self._scope(policy)
+        return sum(1 for m in members if m.name in down and m.labels.get(key) == value)
+
+    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+        return sum(1 for r in self.view.open.values()
+                   if r.node != excluding and r.active
+                   and (policy is None or r.policy == policy.name))
+
+    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+        return any(i.id == incident for i in self.view.incidents
+                   if policy is None or i.policy == policy.name)
+
+    def breaker_times(self, policy: Policy | None, since: float,
+                      now: float) -> list[tuple[float, str]]:
+        return sorted((i.opened_at, i.node) for i in self.view.incidents
+                      if (policy is None or i.policy == policy.name) and i.opened_at <= now)
+
+    def incidents_on_node(self, node: str) -> Iterable[PastIncident]:
+        return self.view.incidents
+
+    def incidents_with_serial(self, serial: str) -> Iterable[PastIncident]:
+        return self.view.incidents
 
 
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,
@@ -158,12 +312,14 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     """
     if view.is_paused(node):
         return Admission(False, GuardrailBlock("pause", "remediation is paused"), False, 60.0)
+    facts = view.facts()
 
     budget = policy.guardrails.retry_budget or view.policies.fleet.guardrails.retry_budget
     if budget is not None:
-        past = [i for i in view.incidents
-                if i.id != incident and now - budget.window <= i.opened_at <= now]
-        on_node = sum(1 for i in past if i.node == node)
+        def recent(i: PastIncident) -> bool:
+            return i.id != incident and now - budget.window <= i.opened_at <= now
+
+        on_node = sum(1 for i in facts.incidents_on_node(node) if i.node == node and recent(i))
         if on_node >= budget.per_node:
             return Admission(False, GuardrailBlock(
                 "retry-budget-node",
@@ -173,7 +329,8 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
         for serial in serials:
             if not serial:
                 continue
-            n = sum(1 for i in past if serial in i.serials)
+            n = sum(1 for i in facts.incidents_with_serial(serial)
+                    if serial in i.serials and recent(i))
             if n >= budget.per_gpu_serial:
                 return Admission(False, GuardrailBlock(
                     "retry-budget-gpu",
@@ -186,12 +343,12 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
         ("fleet", view.policies.fleet.guardrails, None),
     ]
     for scope, g, pol in scopes:
-        members = population(view, pol)
+        size = facts.population(pol)
         if g.breaker is not None:
-            incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
-            if opened_at is not None and all(i.id != incident for i in incidents):
-                incidents.append(PastIncident(incident, node, opened_at, policy.name, serials))
-            st = breaker_status(g.breaker, incidents, len(members), now)
+            extra = None
+            if opened_at is not None and not facts.has_incident(pol, incident):
+                extra = (opened_at, node)
+            st = scope_breaker(g.breaker, facts, pol, size, now, extra)
             if st.tripped:
                 until = st.until if st.until is not None else now
                 return Admission(False, GuardrailBlock(
@@ -201,22 +358,22 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     f"{rfc3339(until)} unless more fail", st.count, st.threshold),
                     recheck_after=max(until - now, 1.0))
         if g.max_concurrent is not None:
-            active = sum(1 for r in view.open.values()
-                         if r.node != node and r.active
-                         and (pol is None or r.policy == pol.name))
+            active = facts.active(pol, node)
             if active + 1 > g.max_concurrent:
                 return Admission(False, GuardrailBlock(
                     "max-concurrent",
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
                     active, g.max_concurrent), recheck_after=30.0)
-        down = unavailable(view, members)
+        # the node is unavailable iff it is a member and down; then it is in its own domain too
+        itself = 0 if facts.is_unavailable(pol, node) else 1
         if g.max_unavailable is not None:
-            limit = g.max_unavailable.of(len(members))
-            after = len(down | {node})
+            down = facts.unavailable(pol)
+            limit = g.max_unavailable.of(size)
+            after = down + itself
             if after > limit:
                 return Admission(False, GuardrailBlock(
                     "max-unavailable",
-                    f"{scope}: {len(down)} of {len(members)} nodes unavailable; taking {node} "
+                    f"{scope}: {down} of {size} nodes unavailable; taking {node} "
                     f"makes {after}, limit {g.max_unavailable} = {limit}", after, limit),
                     recheck_after=30.0)
         target = view.nodes.get(node)
@@ -224,8 +381,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             value = target.labels.get(fd.key) if target is not None else None
             if value is None:
                 continue
-            same = [m for m in members if m.labels.get(fd.key) == value]
-            after = len(unavailable(view, same) | {node})
+            after = facts.domain_unavailable(pol, fd.key, value) + itself
             if after > fd.max_unavailable:
                 return Admission(False, GuardrailBlock(
                     "failure-domain",
@@ -248,20 +404,18 @@ class GuardrailUsage:
 
 def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
     """Current use of every guardrail, for metrics and ``/debug/state``."""
+    facts = view.facts()
     out: list[GuardrailUsage] = []
     scopes: list[tuple[str, Guardrails, Policy | None]] = [
         ("fleet", view.policies.fleet.guardrails, None)]
     scopes += [(p.name, p.guardrails, p) for p in view.policies.policies]
     for scope, g, pol in scopes:
-        members = population(view, pol)
-        active = sum(1 for r in view.open.values()
-                     if r.active and (pol is None or r.policy == pol.name))
+        size = facts.population(pol)
         br = None
         if g.breaker is not None:
-            incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
-            br = breaker_status(g.breaker, incidents, len(members), now)
+            br = scope_breaker(g.breaker, facts, pol, size, now)
         out.append(GuardrailUsage(
-            scope, len(members), len(unavailable(view, members)),
-            g.max_unavailable.of(len(members)) if g.max_unavailable else None,
-            active, g.max_concurrent, br))
+            scope, size, facts.unavailable(pol),
+            g.max_unavailable.of(size) if g.max_unavailable else None,
+            facts.active(pol), g.max_concurrent, br))
     return out

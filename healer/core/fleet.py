@@ -1,28 +1,23 @@
 """Fleet bookkeeping shared by every driver of the engine (runtime, simulator, backtest).
 
 Pure helpers: which records are open, what the guardrails see, when a verdict is worth a step.
+A driver that keeps a :class:`~healer.core.capacity.FleetIndex` up to date asks it for views;
+:func:`budget_view` builds one from scratch, for drivers that hold the fleet in plain maps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.budget import BudgetView
+from healer.core.capacity import FleetIndex
+from healer.core.capacity import open_remediation as open_remediation
+from healer.core.capacity import past_incident as past_incident
 from healer.core.health import Verdict
-from healer.core.machine import counts_as_active, record_out_of_service
 from healer.core.model import HealthState, NodeRecord, NodeView
 from healer.core.phases import Phase
 from healer.core.policy import PolicySet
-
-
-def past_incident(rec: NodeRecord) -> PastIncident:
-    return PastIncident(rec.incident.id, rec.node, rec.incident.opened_at, rec.policy,
-                        tuple(g.serial for g in rec.incident.gpus if g.serial))
-
-
-def open_remediation(rec: NodeRecord) -> OpenRemediation:
-    return OpenRemediation(rec.node, rec.policy, Phase(rec.phase), rec.incident.opened_at,
-                           rec.spare, record_out_of_service(rec), counts_as_active(rec))
 
 
 def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
@@ -31,17 +26,19 @@ def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
                 paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
     """What the guardrails see: ``open_records`` (one per node, not released) and ``history``
     (every record kept, open or closed, for the breaker and the retry budgets). Suspicions are
-    not incidents and count for nothing."""
-    open_: dict[str, OpenRemediation] = {}
+    not incidents and count for nothing. Only ``paused_nodes`` are paused node by node.
+
+    Builds a :class:`FleetIndex` from scratch: O(fleet x policies)."""
+    index = FleetIndex(policies)
+    for view in nodes.values():
+        index.set_node(view)
     for rec in open_records:
         if Phase(rec.phase) is not Phase.SUSPECT:
-            open_[rec.node] = open_remediation(rec)
-    incidents: dict[str, PastIncident] = {}
+            index.set_open(open_remediation(rec), rec.incident.id)
     for rec in history:
         if Phase(rec.phase) is not Phase.SUSPECT:
-            incidents[rec.incident.id] = past_incident(rec)
-    return BudgetView(policies, dict(nodes), open_, tuple(incidents.values()), paused,
-                      paused_nodes)
+            index.add_incident(past_incident(rec))
+    return replace(index.view(paused=paused), paused_nodes=paused_nodes)
 
 
 def verdict_needs_step(verdict: Verdict, record: NodeRecord | None) -> bool:

@@ -1,6 +1,9 @@
-"""Guardrails: each limit, with the numbers it reports, and the breaker over time."""
+"""Guardrails: each limit, with the numbers it reports, and the breaker over time; and the
+fleet index behind the views, told of each kind of change."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +15,9 @@ from healer.core.budget import (
     check_admission,
     usage,
 )
+from healer.core.capacity import FleetIndex
+from healer.core.fleet import budget_view
+from healer.core.model import NodeView
 from healer.core.phases import Phase
 from tests.builders import T0, node, policies, policy, record, view
 
@@ -164,3 +170,132 @@ def test_usage_reports_every_scope() -> None:
     assert rows["p"].active == 1
     assert rows["p"].max_concurrent == 3
     assert rows["p"].unavailable == 1
+
+
+def test_budget_view_pauses_the_nodes_it_is_told_to() -> None:
+    pol = policy()
+    nodes = {n.name: n for n in (node("n1"), node("n2"))}
+    v = budget_view(policies(pol), nodes, [], [], paused_nodes=frozenset({"n1"}))
+    a = check_admission("n1", (), pol, v, T0)
+    assert a.block is not None
+    assert a.block.guardrail == "pause"
+    assert check_admission("n2", (), pol, v, T0).allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# What the index is told, case by case
+
+LIMITS = cp.Guardrails(max_concurrent=1, max_unavailable=cp.Quantity(1),
+                       retry_budget=cp.RetryBudget(per_node=1, per_gpu_serial=5, window=86400))
+POLICY = cp.Policy("p", cp.LabelSelector({"gpu": "true"}), (), guardrails=LIMITS)
+
+
+def gpu_node(name: str, **labels: str) -> NodeView:
+    return NodeView(name, {"gpu": "true", **labels})
+
+
+def small_index(*names: str) -> FleetIndex:
+    index = FleetIndex(cp.PolicySet((POLICY,)))
+    for name in names:
+        index.set_node(gpu_node(name))
+    return index
+
+
+def blocked_by(index: FleetIndex, node: str = "n1", now: float = T0 + 10) -> str | None:
+    a = check_admission(node, (), POLICY, index.view(), now)
+    return a.block.guardrail if a.block is not None else None
+
+
+def test_a_closed_record_frees_its_slot_but_stays_an_incident() -> None:
+    index = small_index("n1", "n2")
+    rec = record(Phase.DRAINING, nodename="n2", policy_name="p")
+    index.set_record(rec)
+    assert blocked_by(index) == "max-concurrent"
+    index.set_record(replace(rec, phase=Phase.DONE.value))
+    assert "n2" not in index.open
+    assert blocked_by(index) is None
+    assert blocked_by(index, "n2") == "retry-budget-node"  # its incident still counts
+    index.forget_incident(rec.incident.id)
+    assert blocked_by(index, "n2") is None
+
+
+def test_a_closed_record_of_another_incident_leaves_the_open_one() -> None:
+    index = small_index("n1", "n2")
+    index.set_record(record(Phase.DRAINING, nodename="n2", at=T0))
+    index.set_record(record(Phase.DONE, nodename="n2", at=T0 - 3600))  # replayed, older
+    assert index.open["n2"].active
+    index.drop_record("n2")
+    assert "n2" not in index.open
+
+
+def test_a_suspicion_is_neither_open_nor_an_incident() -> None:
+    index = small_index("n1", "n2")
+    rec = record(Phase.DRAINING, nodename="n2")
+    index.set_record(rec)
+    index.set_record(replace(rec, phase=Phase.SUSPECT.value))
+    assert not index.open
+    assert not index.view().incidents
+
+
+def test_a_vanished_node_leaves_the_population_but_its_remediation_still_counts() -> None:
+    index = small_index("n1", "n2", "n3")
+    index.set_record(record(Phase.DRAINING, nodename="n2"))
+    index.remove_node("n2")
+    assert index.population(POLICY) == 2
+    assert index.unavailable(POLICY) == 0
+    assert index.active(POLICY) == 1
+    assert blocked_by(index) == "max-concurrent"
+
+
+def test_replaced_nodes_and_spares_are_outside_the_population() -> None:
+    index = small_index("n1", "n2")
+    index.set_node(gpu_node("s1", **{"healer.io/role": "spare"}))
+    assert index.population(None) == 2
+    index.set_record(record(Phase.REPAIR, nodename="n2", spare="s1"))
+    assert set(index.members(POLICY)) == {"n1"}
+    # a spare selector without matchLabels excludes nothing (as before)
+    index.set_policies(cp.PolicySet((POLICY,), cp.FleetGuardrails(spare_selector=cp.LabelSelector(
+        {}, (("healer.io/role", "Exists", frozenset()),)))))
+    assert set(index.members(None)) == {"n1", "s1"}
+
+
+@pytest.mark.parametrize(("value", "paused"), [("true", True), ("True", True), ("TRUE", True),
+                                                ("false", False), ("yes", False), ("", False)])
+def test_the_pause_annotation(value: str, paused: bool) -> None:
+    index = small_index("n2")
+    index.set_node(NodeView("n1", {"gpu": "true"}, {"healer.io/paused": value}))
+    assert index.view().is_paused("n1") is paused
+    assert (blocked_by(index) == "pause") is paused
+    index.set_node(gpu_node("n1"))
+    assert not index.view().is_paused("n1")
+    assert index.view(paused=True).is_paused("n2")
+
+
+def test_prune_forgets_old_closed_incidents_only() -> None:
+    index = small_index("n1", "n2")
+    old_closed = record(Phase.DONE, nodename="n1", at=T0 - 10 * 86400)
+    old_open = record(Phase.ESCALATED, nodename="n2", at=T0 - 10 * 86400)  # not released
+    recent = record(Phase.DONE, nodename="n1", at=T0 - 60)
+    for rec in (old_closed, old_open, recent):
+        index.set_record(rec)
+    assert index.prune(T0, 7 * 86400) == [old_closed.incident.id]
+    assert {i.id for i in index.view().incidents} == {old_open.incident.id, recent.incident.id}
+
+
+def test_a_policy_reload_rebuilds_the_populations() -> None:
+    index = small_index("n1", "n2")
+    index.set_node(NodeView("n3", {"cpu": "true"}))
+    assert index.population(None) == 2
+    wide = replace(POLICY, selector=cp.LabelSelector())
+    index.set_policies(cp.PolicySet((wide,)))
+    assert index.population(None) == 3
+    assert index.population(wide) == 3
+    assert index.population(POLICY) == 2  # a policy it was not told about: scanned
+
+
+def test_a_view_reads_the_live_index() -> None:
+    index = small_index("n1", "n2")
+    v = index.view()
+    index.set_node(NodeView("n2", {"gpu": "true"}, unschedulable=True))
+    assert v.nodes["n2"].unschedulable
+    assert check_admission("n1", (), POLICY, v, T0).block is not None

@@ -1,0 +1,393 @@
+"""FleetIndex: what the guardrails need to know about the fleet, kept up to date incrementally.
+
+Pure. The runtime tells the index about every change (a node appeared, changed or vanished; a
+record was committed, dropped or garbage-collected) and asks it for a :class:`BudgetView` before
+each step. The view reads the index's live tables: nothing is copied, and every guardrail
+question (:class:`healer.core.budget.GuardrailFacts`) is answered in O(1), the breaker in
+O(incidents within its window and cooldown).
+
+Per scope (the fleet, and each policy) the index keeps the member set (the population) and the
+unavailable set, and per failure-domain label value the member and unavailable counts. Whether
+a node is a member, and whether it is unavailable, is a function of its :class:`NodeView` and
+its open record alone, so a change re-places that one node: O(#policies x #domains). Which
+policies select a node is matched only when its labels change.
+
+Incidents (open or closed, never suspicions) are kept by id, per node, per GPU serial, and per
+scope in time order for the breaker.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.machine import counts_as_active, record_out_of_service, releases
+from healer.core.model import NodeRecord, NodeView
+from healer.core.phases import Phase
+from healer.core.policy import Policy, PolicySet
+
+#: A node annotated ``healer.io/paused: "true"`` (any case) is not remediated.
+PAUSE_ANNOTATION = "healer.io/paused"
+
+_Entry = tuple[float, str, str]  # (opened_at, node, incident id), for the breaker
+
+
+def past_incident(rec: NodeRecord) -> PastIncident:
+    return PastIncident(rec.incident.id, rec.node, rec.incident.opened_at, rec.policy,
+                        tuple(g.serial for g in rec.incident.gpus if g.serial))
+
+
+def open_remediation(rec: NodeRecord) -> OpenRemediation:
+    return OpenRemediation(rec.node, rec.policy, Phase(rec.phase), rec.incident.opened_at,
+                           rec.spare, record_out_of_service(rec), counts_as_active(rec))
+
+
+def node_paused(view: NodeView) -> bool:
+    return view.annotations.get(PAUSE_ANNOTATION, "").lower() == "true"
+
+
+@dataclass(slots=True)
+class _Scope:
+    """One scope's population: member and unavailable sets, counts per failure domain."""
+
+    policy: Policy | None  # None: the fleet
+    keys: tuple[str, ...]  # the failure-domain label keys counted
+    members: set[str] = field(default_factory=set)
+    down: set[str] = field(default_factory=set)
+    # key -> value -> [members, unavailable]
+    domains: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    def add(self, view: NodeView, down: bool, sign: int) -> None:
+        if sign > 0:
+            self.members.add(view.name)
+            if down:
+                self.down.add(view.name)
+        else:
+            self.members.discard(view.name)
+            self.down.discard(view.name)
+        for key in self.keys:
+            value = view.labels.get(key)
+            if value is None:
+                continue
+            counts = self.domains.setdefault(key, {}).setdefault(value, [0, 0])
+            counts[0] += sign
+            counts[1] += sign if down else 0
+            if counts[0] == 0:
+                del self.domains[key][value]
+
+
+@dataclass(frozen=True, slots=True)
+class _Node:
+    view: NodeView
+    selected_by: tuple[int, ...]  # indices of the policies that select it
+    spare: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """Where a node was counted (to take it out again): its view then, its scopes, down."""
+
+    view: NodeView
+    scopes: tuple[int, ...]
+    down: bool
+
+
+def _keys(policy_keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(policy_keys))
+
+
+class FleetIndex:
+    """The guardrails' tables, changed one node or record at a time (see the module doc)."""
+
+    def __init__(self, policies: PolicySet) -> None:
+        self._nodes: dict[str, NodeView] = {}
+        self._info: dict[str, _Node] = {}
+        self._placed: dict[str, _Placed] = {}
+        self._paused: dict[str, None] = {}
+        self._open: dict[str, OpenRemediation] = {}
+        self._open_incident: dict[str, str] = {}  # node -> id of its open record's incident
+        self._active: dict[str, int] = {}  # policy name -> open records holding a slot
+        self._active_total = 0
+        self._incidents: dict[str, PastIncident] = {}
+        self._times: list[_Entry] = []
+        self._times_by_policy: dict[str, list[_Entry]] = {}
+        self._by_node: dict[str, dict[str, PastIncident]] = {}
+        self._by_serial: dict[str, dict[str, PastIncident]] = {}
+        self._nodes_ro: Mapping[str, NodeView] = MappingProxyType(self._nodes)
+        self._open_ro: Mapping[str, OpenRemediation] = MappingProxyType(self._open)
+        self._policies = policies
+        self._scopes: list[_Scope] = []
+        self._scope_of: dict[str, list[int]] = {}
+        self.set_policies(policies)
+
+    # -- reading -------------------------------------------------------------------------
+
+    @property
+    def policies(self) -> PolicySet:
+        return self._policies
+
+    @property
+    def nodes(self) -> Mapping[str, NodeView]:
+        return self._nodes_ro
+
+    @property
+    def open(self) -> Mapping[str, OpenRemediation]:
+        return self._open_ro
+
+    @property
+    def paused_nodes(self) -> AbstractSet[str]:
+        return self._paused.keys()
+
+    def view(self, *, paused: bool = False) -> BudgetView:
+        """A view of the index as it is (and will be: it reads the live tables). O(1)."""
+        return BudgetView(self._policies, self._nodes_ro, self._open_ro,
+                          self._incidents.values(), paused, self._paused.keys(), self)
+
+    # -- policies --------------------------------------------------------------------------
+
+    def set_policies(self, policies: PolicySet) -> None:
+        """New policies (a reload): rebuild the populations from what the index holds.
+        O(fleet x policies)."""
+        self._policies = policies
+        fleet_keys = _keys(fd.key for fd in policies.fleet.guardrails.failure_domains)
+        self._scopes = [_Scope(None, fleet_keys)]
+        self._scope_of = {}
+        for i, p in enumerate(policies.policies):
+            self._scopes.append(_Scope(p, _keys(fd.key for fd in p.guardrails.failure_domains)))
+            self._scope_of.setdefault(p.name, []).append(i + 1)
+        self._placed.clear()
+        for name, view in self._nodes.items():
+            self._info[name] = self._describe(view)
+            self._place(name)
+
+    def _describe(self, view: NodeView, before: _Node | None = None) -> _Node:
+        if before is not None and before.view.labels == view.labels:
+            return _Node(view, before.selected_by, before.spare)
+        spare_sel = self._policies.fleet.spare_selector
+        spare = bool(spare_sel.match_labels) and spare_sel.matches(view.labels)
+        selected = tuple(i for i, p in enumerate(self._policies.policies) if p.applies_to(view))
+        return _Node(view, selected, spare)
+
+    # -- nodes -----------------------------------------------------------------------------
+
+    def set_node(self, view: NodeView) -> None:
+        """A Kubernetes node appeared or changed."""
+        name = view.name
+        self._nodes[name] = view
+        self._info[name] = self._describe(view, self._info.get(name))
+        if node_paused(view):
+            self._paused[name] = None
+        else:
+            self._paused.pop(name, None)
+        self._place(name)
+
+    def remove_node(self, name: str) -> None:
+        """A Kubernetes node vanished (its open record, if any, still counts where it did)."""
+        self._nodes.pop(name, None)
+        self._info.pop(name, None)
+        self._paused.pop(name, None)
+        self._place(name)
+
+    def _place(self, name: str) -> None:
+        """Count ``name`` where it belongs now, and nowhere else."""
+        old = self._placed.pop(name, None)
+        if old is not None:
+            for s in old.scopes:
+                self._scopes[s].add(old.view, old.down, -1)
+        info = self._info.get(name)
+        if info is None or not info.selected_by:
+            return
+        down = self._down(info)
+        if down is None:
+            return
+        scopes = (0, *(i + 1 for i in info.selected_by))
+        for s in scopes:
+            self._scopes[s].add(info.view, down, 1)
+        self._placed[name] = _Placed(info.view, scopes, down)
+
+    def _down(self, info: _Node) -> bool | None:
+        """Is the node unavailable? None: it is in no population (a spare, or replaced)."""
+        if info.spare:
+            return None
+        v = info.view
+        rec = self._open.get(v.name)
+        if rec is not None and rec.spare and rec.phase is Phase.REPAIR:
+            return None  # replaced: its spare serves in its place
+        return v.unschedulable or not v.ready or (
+            rec is not None and (rec.active or rec.out_of_service))
+
+    # -- records ---------------------------------------------------------------------------
+
+    def set_record(self, rec: NodeRecord) -> None:
+        """A record was committed. An open one takes the node's open slot; a closed one
+        (:func:`~healer.core.machine.releases`) frees it if it held it. Either stays an
+        incident (for the breaker and the retry budgets) until forgotten. A suspicion is
+        neither: it drops the node's open record and the incident."""
+        if Phase(rec.phase) is Phase.SUSPECT:
+            self.drop_record(rec.node)
+            self.forget_incident(rec.incident.id)
+            return
+        self.add_incident(past_incident(rec))
+        if releases(rec):
+            held = self._open_incident.get(rec.node)
+            if held is None or held == rec.incident.id:
+                self.drop_record(rec.node)
+        else:
+            self.set_open(open_remediation(rec), rec.incident.id)
+
+    def set_open(self, rem: OpenRemediation, incident: str = "") -> None:
+        """``rem`` is the open record of its node (replacing any other)."""
+        self._unset_open(rem.node)
+        self._open[rem.node] = rem
+        if incident:
+            self._open_incident[rem.node] = incident
+        if rem.active:
+            self._active[rem.policy] = self._active.get(rem.policy, 0) + 1
+            self._active_total += 1
+        self._place(rem.node)
+
+    def drop_record(self, node: str) -> None:
+        """``node`` has no open record any more."""
+        if self._unset_open(node):
+            self._place(node)
+
+    def _unset_open(self, node: str) -> bool:
+        self._open_incident.pop(node, None)
+        old = self._open.pop(node, None)
+        if old is None:
+            return False
+        if old.active:
+            self._active[old.policy] -= 1
+            self._active_total -= 1
+        return True
+
+    # -- incidents -------------------------------------------------------------------------
+
+    def add_incident(self, inc: PastIncident) -> None:
+        """Remember ``inc`` (replacing an incident with its id)."""
+        old = self._incidents.get(inc.id)
+        if old == inc:
+            return
+        if old is not None:
+            self.forget_incident(inc.id)
+        self._incidents[inc.id] = inc
+        entry = (inc.opened_at, inc.node, inc.id)
+        insort(self._times, entry)
+        insort(self._times_by_policy.setdefault(inc.policy, []), entry)
+        self._by_node.setdefault(inc.node, {})[inc.id] = inc
+        for serial in set(inc.serials):
+            self._by_serial.setdefault(serial, {})[inc.id] = inc
+
+    def forget_incident(self, incident_id: str) -> None:
+        """Garbage collection: ``incident_id`` no longer counts for any budget."""
+        inc = self._incidents.pop(incident_id, None)
+        if inc is None:
+            return
+        entry = (inc.opened_at, inc.node, inc.id)
+        _remove(self._times, entry)
+        _remove(self._times_by_policy[inc.policy], entry)
+        if not self._times_by_policy[inc.policy]:
+            del self._times_by_policy[inc.policy]
+        _drop(self._by_node, inc.node, inc.id)
+        for serial in set(inc.serials):
+            _drop(self._by_serial, serial, inc.id)
+
+    def prune(self, now: float, retention: float) -> list[str]:
+        """Forget incidents opened before ``now - retention``, except open records' own.
+        Returns the ids forgotten. O(forgotten + old open incidents)."""
+        cutoff = now - retention
+        keep = set(self._open_incident.values())
+        old = [e[2] for e in self._times[:bisect_left(self._times, cutoff, key=_time)]
+               if e[0] < cutoff and e[2] not in keep]
+        for incident_id in old:
+            self.forget_incident(incident_id)
+        return old
+
+    # -- GuardrailFacts --------------------------------------------------------------------
+
+    def _scope(self, policy: Policy | None) -> _Scope:
+        if policy is None:
+            return self._scopes[0]
+        for s in self._scope_of.get(policy.name, ()):
+            scope = self._scopes[s]
+            known = scope.policy
+            if known is policy or (known is not None and known.selector == policy.selector):
+                return scope
+        return self._adhoc(policy)
+
+    def _adhoc(self, policy: Policy) -> _Scope:
+        """The scope of a policy the index does not know (not one of its policies): by a
+        scan, O(fleet). The engine only asks about its own policies."""
+        scope = _Scope(policy, ())
+        for info in self._info.values():
+            down = self._down(info)
+            if down is not None and policy.applies_to(info.view):
+                scope.add(info.view, down, 1)
+        return scope
+
+    def members(self, policy: Policy | None) -> AbstractSet[str]:
+        return self._scope(policy).members
+
+    def population(self, policy: Policy | None) -> int:
+        return len(self._scope(policy).members)
+
+    def unavailable(self, policy: Policy | None) -> int:
+        return len(self._scope(policy).down)
+
+    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+        return node in self._scope(policy).down
+
+    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+        scope = self._scope(policy)
+        if key in scope.keys:
+            counts = scope.domains.get(key, {}).get(value)
+            return counts[1] if counts is not None else 0
+        return sum(1 for n in scope.down if self._nodes[n].labels.get(key) == value)
+
+    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+        n = self._active_total if policy is None else self._active.get(policy.name, 0)
+        if excluding is not None:
+            mine = self._open.get(excluding)
+            if mine is not None and mine.active and (policy is None
+                                                     or mine.policy == policy.name):
+                n -= 1
+        return n
+
+    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+        inc = self._incidents.get(incident)
+        return inc is not None and (policy is None or inc.policy == policy.name)
+
+    def breaker_times(self, policy: Policy | None, since: float,
+                      now: float) -> Sequence[tuple[float, str]]:
+        times = self._times if policy is None else self._times_by_policy.get(policy.name, [])
+        lo = bisect_left(times, since, key=_time)
+        hi = bisect_right(times, now, key=_time)
+        return [(t, n) for t, n, _ in times[lo:hi]]
+
+    def incidents_on_node(self, node: str) -> Iterable[PastIncident]:
+        return self._by_node.get(node, {}).values()
+
+    def incidents_with_serial(self, serial: str) -> Iterable[PastIncident]:
+        return self._by_serial.get(serial, {}).values()
+
+
+def _time(entry: _Entry) -> float:
+    return entry[0]
+
+
+def _remove(entries: list[_Entry], entry: _Entry) -> None:
+    i = bisect_left(entries, entry)
+    if i < len(entries) and entries[i] == entry:
+        del entries[i]
+
+
+def _drop(table: dict[str, dict[str, PastIncident]], key: str, incident_id: str) -> None:
+    bucket = table.get(key)
+    if bucket is not None:
+        bucket.pop(incident_id, None)
+        if not bucket:
+            del table[key]
