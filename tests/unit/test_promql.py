@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from healer.adapters.prometheus import (
+    TAG_LABEL,
     XID_COUNT,
     XID_GAUGE,
     FreshnessTracker,
@@ -370,6 +371,19 @@ def temp_rule(op: Op = Op.GE, threshold: float = 90.0, name: str = "hot",
     return MetricRule(name, Severity.DEGRADING, TEMP, op, threshold, promql=promql)
 
 
+def tagged(src: PrometheusSource, now: float, vals: dict[tuple[str, int], Any],
+           bodies: dict[str, bytes]) -> bytes:
+    """The recovery follow-up's answer: every query's values, tagged with its index."""
+    out: list[Any] = []
+    for i, q in enumerate(src.plan.metrics):
+        raw = bodies.get(q.key)
+        entries = (json.loads(raw)["data"]["result"] if raw is not None else
+                   [{"metric": labels(n, g), "value": [now, v]} for (n, g), v in vals.items()])
+        out.extend({"metric": {**e["metric"], TAG_LABEL: str(i)}, "value": e["value"]}
+                   for e in entries)
+    return body(out)
+
+
 class Poller:
     """A source fed raw bodies through parse_poll, one poll per call, 15 s apart."""
 
@@ -387,7 +401,20 @@ class Poller:
             answers[exprs[1]] = bodies.get("xid", body([], "matrix"))
         for q in self.src.plan.metrics:
             answers[q.expr] = bodies.get(q.key, values(self.now, metric or {}))
-        return self.src.parse_poll(self.now, answers)
+        signals = self.src.parse_poll(self.now, answers)
+        # the follow-up round (host-restricted queries, not emulated here): the raw XID
+        # samples get the ``xid`` body (which also answered the pre-query: it lists the
+        # GPUs); the recovery query gets the metric values, tagged as Prometheus would
+        follow = self.src.follow_up_queries(self.now)
+        if follow:
+            more: dict[str, bytes] = {}
+            for e in follow:
+                if XID_GAUGE in e:
+                    more[e] = bodies.get("xid", body([], "matrix"))
+                else:
+                    more[e] = tagged(self.src, self.now, metric or {}, bodies)
+            signals += self.src.parse_poll(self.now, more)
+        return signals
 
     def metrics(self, signals: list[Signal]) -> list[tuple[GpuRef | None, float]]:
         return [(s.gpu, s.value) for s in signals if s.kind is SignalKind.METRIC]
@@ -565,7 +592,7 @@ def test_parse_poll_is_the_poll_path() -> None:
     try:
         exprs = src.poll_queries(T)
         assert exprs[0] == src.freshness_query
-        assert exprs[1] == xid_expr(600, src.matchers)
+        assert exprs[1] == src.xid_prequery(T)  # the raw samples come in a follow-up
         assert exprs[2:] == [q.expr for q in src.plan.metrics]
         sigs = src.parse_poll(T, {})  # nothing answered: Prometheus unreachable
         assert sigs == []

@@ -66,6 +66,7 @@ from healer.adapters.prometheus.promql import (
     GPU_LABELS,
     JOB_LABEL,
     SOURCE,
+    TAG_LABEL,
     XID_COUNT,
     XID_GAUGE,
     PlannedQuery,
@@ -73,19 +74,23 @@ from healer.adapters.prometheus.promql import (
     duration,
     freshness_expr,
     group_labels,
+    host_regexes,
     metric_expr,
     plan_queries,
     selector,
+    server_filter,
     xid_expr,
+    xid_prequery_expr,
 )
 from healer.adapters.prometheus.source import Answer, PollStats, PrometheusSource
 from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker
 
 __all__ = [
     "DEFAULT_HEARTBEAT", "DEFAULT_HOST_LABELS", "GPU_LABELS", "JOB_LABEL", "SOURCE",
-    "XID_COUNT", "XID_GAUGE", "Answer", "FreshRow", "FreshnessTracker", "GpuCache", "NodeMap",
+    "TAG_LABEL", "XID_COUNT", "XID_GAUGE", "Answer", "FreshRow", "FreshnessTracker", "GpuCache",
+    "NodeMap",
     "PlannedQuery", "PollParser", "PollStats", "PrometheusSource", "QueryPlan", "Transition",
     "XidEvent", "XidSeries", "XidTracker", "decode_result", "duration", "freshness_expr",
-    "gpu_ref", "group_labels", "metric_expr", "node_name", "plan_queries", "selector",
-    "xid_expr",
+    "gpu_ref", "group_labels", "host_regexes", "metric_expr", "node_name", "plan_queries",
+    "selector", "server_filter", "xid_expr", "xid_prequery_expr",
 ]

@@ -25,6 +25,7 @@ class _NodeInventory:
     instance: str = ""
     last_seen: float = 0.0
     gpus: dict[GpuRef, float] = field(default_factory=dict)  # GPU → poll time last seen
+    first: dict[GpuRef, float] = field(default_factory=dict)  # GPU → poll time first seen
     stale: bool | None = None
     reason: str = ""
 
@@ -112,11 +113,13 @@ class FreshnessTracker:
                 if g is not None:
                     if g not in gpus:
                         added = True
+                        inv.first[g] = now
                     gpus[g] = now
             if added:
                 indices = {g.index for g in newest if g is not None and g.index >= 0}
                 for g in [g for g in gpus if g not in newest and g.index in indices]:
                     del gpus[g]  # replaced: another UUID now answers at that index
+                    inv.first.pop(g, None)
             age = now - max(newest.values())
             if age > stale_after:
                 append(self._stale(node, now, "series-old", age=f"{age:.1f}",
@@ -152,6 +155,11 @@ class FreshnessTracker:
             append(self._stale(node, now, reason, instance=inv.instance))
             states[node] = (True, reason)
         return signals, self._transitions(states)
+
+    def known_since(self, node: str, gpu: GpuRef) -> float | None:
+        """The poll time this GPU was first seen (continuously known since), or None."""
+        inv = self.inventory.get(node)
+        return inv.first.get(gpu) if inv is not None else None
 
     def unreachable(self, now: float, error: str) -> list[Signal]:
         """Prometheus could not be queried: every known node is stale (unknown).
@@ -189,3 +197,4 @@ class FreshnessTracker:
                 for g, seen in list(gpus.items()):
                     if now - seen > forget_after:
                         del gpus[g]
+                        inv.first.pop(g, None)

@@ -75,7 +75,7 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
         signals.extend(sigs)
     for q in src.plan.metrics:
         for a, b in chunks:
-            res = await src.query_range(q.expr, a, b, step)
+            res = await src.query_range(q.unfiltered, a, b, step)
             signals.extend(parser.metric_history(q, res))
     if src.plan.xid:
         xids = XidTracker()

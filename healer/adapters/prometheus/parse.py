@@ -18,6 +18,7 @@ from healer.adapters.prometheus.freshness import NodeRows
 from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name, samples
 from healer.adapters.prometheus.promql import (
     JOB_LABEL,
+    TAG_LABEL,
     UP_MARK,
     XID_COUNT,
     XID_GAUGE,
@@ -48,6 +49,8 @@ class PollParser:
         self.malformed = 0  # since the last reset, by the caller
         self._details: dict[tuple[str, str, tuple[str, ...] | None],
                             tuple[tuple[str, str], ...]] = {}
+        #: node → the (label, value) that selects its series (for host-restricted follow-ups)
+        self.host_of: dict[str, tuple[str, str]] = {}
 
     # -- labels ---------------------------------------------------------------------------
 
@@ -57,6 +60,18 @@ class PollParser:
             if mapped:
                 return mapped
         return node_name(labels, self.host_labels)
+
+    def host_matcher(self, labels: dict[str, Any]) -> tuple[str, str] | None:
+        """The label and raw value that select this series' node: the host label that named
+        it, or ``instance`` when ``node_map`` did."""
+        if self.node_map is not None and self.node_map(labels):
+            inst = labels.get("instance")
+            return ("instance", inst) if isinstance(inst, str) and inst else None
+        for lb in self.host_labels:
+            v = labels.get(lb)
+            if v and isinstance(v, str) and v.strip():
+                return lb, v
+        return None
 
     def detail(self, node: str, gpu: GpuRef | None, name: str, value: str
                ) -> tuple[tuple[str, str], ...]:
@@ -76,6 +91,7 @@ class PollParser:
         """The freshness tracker forgot ``node``: so does the violating set."""
         for nodes in self.violating.values():
             nodes.pop(node, None)
+        self.host_of.pop(node, None)
 
     def keep_keys(self, keys: set[str]) -> None:
         """After a policy reload: drop the violating state of keys no query serves now."""
@@ -150,12 +166,16 @@ class PollParser:
 
     # -- metrics --------------------------------------------------------------------------
 
-    def metric_live(self, q: PlannedQuery, result: Sequence[Any], by_node: NodeRows
-                    ) -> tuple[list[Signal], int, int]:
-        """One metric answer of a live poll → (signals, unmapped, dropped as stale).
+    def metric_live(self, q: PlannedQuery, result: Sequence[Any], by_node: NodeRows,
+                    only: set[Slot] | None = None
+                    ) -> tuple[list[Signal], int, int, list[Slot]]:
+        """One metric answer of a live poll → (signals, unmapped, dropped as stale, owed).
 
         Emits only violating series and the one recovery of a series that violated when it
         was last emitted (see the package docstring); the worst of duplicate series counts.
+        ``owed``: the currently violating series absent from the answer whose GPU is fresh —
+        their recovery needs their real value (the follow-up query). ``only``: consider these
+        series only (the answer of that follow-up).
         """
         tests = q.tests()
         single = tests[0] if len(tests) == 1 else None
@@ -193,6 +213,12 @@ class PollParser:
             if not bad and gpu not in viol[node]:
                 continue
             slot = (node, gpu)
+            if only is not None and slot not in only:
+                continue
+            if bad and node not in self.host_of:
+                host = self.host_matcher(labels)
+                if host is not None:
+                    self.host_of[node] = host
             old = best.get(slot)
             if old is None or (bad and not old[1]) or (
                     bad is old[1] and (v < old[0] if lower else v > old[0])):
@@ -218,6 +244,36 @@ class PollParser:
                     del viol[node]
             signals.append(Signal(node, source, kind, key, v, scraped, gpu,
                                   self.detail(node, gpu, "rule", rule)))
+        owed: list[Slot] = []
+        if only is None:
+            stamp = self.stamp
+            for node, gpus in viol.items():
+                for gpu in gpus:
+                    if (node, gpu) not in best and stamp(by_node, node, gpu) is not None:
+                        owed.append((node, gpu))
+        return signals, unmapped, stale, owed
+
+    def recovery(self, queries: Sequence[PlannedQuery], result: Sequence[Any],
+                 by_node: NodeRows, owed: dict[int, set[Slot]]
+                 ) -> tuple[list[Signal], int, int]:
+        """The answer of the recovery follow-up (entries tagged with ``TAG_LABEL`` = the
+        query's index in ``queries``) → (signals, unmapped, dropped as stale)."""
+        per: dict[int, list[Any]] = defaultdict(list)
+        for entry in result:
+            labels = labels_of(entry)
+            try:
+                per[int(labels[TAG_LABEL])].append(entry)  # type: ignore[index]
+            except _MALFORMED:
+                self.malformed += 1
+        signals: list[Signal] = []
+        unmapped = stale = 0
+        for i, entries in sorted(per.items()):
+            if i not in owed or not 0 <= i < len(queries):
+                continue
+            sigs, bad, old, _ = self.metric_live(queries[i], entries, by_node, owed[i])
+            signals.extend(sigs)
+            unmapped += bad
+            stale += old
         return signals, unmapped, stale
 
     def metric_history(self, q: PlannedQuery, result: Sequence[Any]) -> list[Signal]:
@@ -275,12 +331,34 @@ class PollParser:
             out.append(XidSeries(node, gpu, metric, xid, tuple(samples(entry))))
         return out, unmapped
 
-    def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float
+    def xid_flagged(self, result: Sequence[Any]) -> tuple[set[tuple[str, str]], int]:
+        """The XID pre-query's answer → ((label, value) selecting each listed GPU's node,
+        unmapped). Only the labels are read: any answer shape listing series will do."""
+        hosts: set[tuple[str, str]] = set()
+        unmapped = 0
+        for entry in result:
+            labels = labels_of(entry)
+            if labels is None:
+                self.malformed += 1
+                continue
+            node = self.node_of(labels)
+            host = self.host_matcher(labels) if node is not None else None
+            if node is None or host is None:
+                unmapped += 1
+                continue
+            self.host_of[node] = host
+            hosts.add(host)
+        return hosts, unmapped
+
+    def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float,
+                 known: Callable[[str, GpuRef], bool] | None = None
                  ) -> tuple[list[XidEvent], int, int]:
         """The XID answer of a live poll → (events, unmapped, samples).
 
         A series whose every sample is ``"0"`` on a GPU whose cursor already says "no XID,
-        no counts" changes nothing but the cursor's time: it skips the per-sample work.
+        no counts" changes nothing but the cursor's time: it skips the per-sample work. A GPU
+        without a cursor for which ``known`` is true gets the implicit baseline "last code 0,
+        no counts" (see :meth:`XidTracker.baseline`) before its samples are read.
         """
         quiet: list[tuple[_XidCursor, float, Any]] = []
         busy: list[tuple[str, GpuRef, Any, dict[str, Any], Any]] = []
@@ -301,6 +379,8 @@ class PollParser:
             if metric != XID_GAUGE and metric != XID_COUNT:
                 continue
             cur = cursors.get((node, gpu))
+            if cur is None and known is not None and known(node, gpu):
+                cur = tracker.baseline(node, gpu)
             if cur is not None and (cur.code == 0 if metric == XID_GAUGE
                                     else cur.counts == {} and not labels.get("xid")):
                 try:

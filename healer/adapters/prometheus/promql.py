@@ -5,8 +5,8 @@ from __future__ import annotations
 import operator
 import re
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from healer.core.policy import Aggregation, MetricRule, Op, PolicySet, XidRule
 from healer.errors import ConfigError
@@ -22,6 +22,8 @@ DEFAULT_HOST_LABELS = ("Hostname", "hostname")
 GPU_LABELS = ("gpu", "UUID", "uuid", "DCGM_FI_DEV_SERIAL")
 JOB_LABEL = "hpc_job"
 UP_MARK = "healer_up"
+#: The label that tells the parts of the recovery follow-up apart (the query's index).
+TAG_LABEL = "healer_q"
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -51,16 +53,52 @@ def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def selector(metric: str, matchers: Mapping[str, str] | None = None) -> str:
-    """``metric{k="v",...}`` with the values escaped."""
+def _matchers(matchers: Mapping[str, str] | None, regex: Mapping[str, str] | None
+              ) -> list[str]:
+    out: list[str] = []
+    for op, given in (("=", matchers), ("=~", regex)):
+        for k, v in (given or {}).items():
+            if not _LABEL_NAME.match(k):
+                raise ConfigError(f"{k!r} is not a Prometheus label name")
+            out.append(f"{k}{op}{_quote(v)}")
+    return out
+
+
+def selector(metric: str, matchers: Mapping[str, str] | None = None,
+             regex: Mapping[str, str] | None = None) -> str:
+    """``metric{k="v",...,r=~"a|b"}`` with the values escaped (``regex``: ``=~`` matchers)."""
     if not _METRIC_NAME.match(metric):
         raise ConfigError(f"{metric!r} is not a Prometheus metric name")
-    if not matchers:
-        return metric
-    for k in matchers:
-        if not _LABEL_NAME.match(k):
-            raise ConfigError(f"{k!r} is not a Prometheus label name")
-    return metric + "{" + ",".join(f"{k}={_quote(v)}" for k, v in matchers.items()) + "}"
+    parts = _matchers(matchers, regex)
+    return metric + "{" + ",".join(parts) + "}" if parts else metric
+
+
+def alternation(values: Iterable[str]) -> str:
+    """A regex (RE2, anchored by Prometheus) matching exactly these values: ``a|b\\.c``."""
+    return "|".join(re.escape(v) for v in sorted(set(values)))
+
+
+def host_regexes(hosts: Iterable[tuple[str, str]], limit: int = 4000
+                 ) -> list[dict[str, str]]:
+    """(label, value) pairs → ``=~`` matcher maps, one label each, each regex under ``limit``
+    characters (a long host list is chunked: one query per map)."""
+    by_label: dict[str, list[str]] = defaultdict(list)
+    for label, value in sorted(set(hosts)):
+        by_label[label].append(value)
+    out: list[dict[str, str]] = []
+    for label, values in by_label.items():
+        chunk: list[str] = []
+        size = 0
+        for v in values:
+            n = len(re.escape(v)) + 1
+            if chunk and size + n > limit:
+                out.append({label: alternation(chunk)})
+                chunk, size = [], 0
+            chunk.append(v)
+            size += n
+        if chunk:
+            out.append({label: alternation(chunk)})
+    return out
 
 
 def group_labels(host_labels: Sequence[str] = DEFAULT_HOST_LABELS,
@@ -76,11 +114,13 @@ def group_labels(host_labels: Sequence[str] = DEFAULT_HOST_LABELS,
 
 
 def metric_expr(rule: MetricRule, *, by: Sequence[str],
-                matchers: Mapping[str, str] | None = None, join: str = "") -> str:
-    """The fleet-wide PromQL of one metric rule (a ``promql`` rule: its expression as given)."""
+                matchers: Mapping[str, str] | None = None, join: str = "",
+                regex: Mapping[str, str] | None = None) -> str:
+    """The fleet-wide PromQL of one metric rule (a ``promql`` rule: its expression as given;
+    ``regex`` restricts a generated one to some hosts, see :func:`host_regexes`)."""
     if rule.promql:
         return rule.promql.strip()
-    sel = selector(rule.field, matchers)
+    sel = selector(rule.field, matchers, regex)
     match rule.aggregation:
         case Aggregation.VALUE:
             inner = sel
@@ -96,14 +136,49 @@ def metric_expr(rule: MetricRule, *, by: Sequence[str],
     return f"{agg} by ({', '.join(by)}) ({inner})"
 
 
-def xid_expr(window: float, matchers: Mapping[str, str] | None = None) -> str:
-    """The raw samples of both XID series over ``window`` seconds (a range-vector query)."""
-    parts = [f'__name__=~"{XID_GAUGE}|{XID_COUNT}"']
-    for k, v in (matchers or {}).items():
-        if not _LABEL_NAME.match(k):
-            raise ConfigError(f"{k!r} is not a Prometheus label name")
-        parts.append(f"{k}={_quote(v)}")
+def xid_expr(window: float, matchers: Mapping[str, str] | None = None,
+             regex: Mapping[str, str] | None = None) -> str:
+    """The raw samples of both XID series over ``window`` seconds (a range-vector query),
+    of some hosts only with ``regex`` (see :func:`host_regexes`)."""
+    parts = [f'__name__=~"{XID_GAUGE}|{XID_COUNT}"', *_matchers(matchers, regex)]
     return "{" + ",".join(parts) + "}" + f"[{duration(window)}]"
+
+
+def xid_prequery_expr(window: float, *, by: Sequence[str],
+                      matchers: Mapping[str, str] | None = None) -> str:
+    """The GPUs with an XID to report in ``window`` (an instant query, one row per GPU).
+
+    A GPU whose last-XID gauge was 0 throughout and that has no per-XID count series has
+    nothing to report; every other GPU is listed: gauge non-zero or changed, a count above 0,
+    or a count series with an ``xid`` label present in the window.
+    """
+    w = duration(window)
+    gauge = selector(XID_GAUGE, matchers)
+    count = selector(XID_COUNT, matchers)
+    named = XID_COUNT + "{" + ",".join([*_matchers(matchers, None), 'xid!=""']) + "}"
+    return (f"max by ({', '.join(by)}) (max_over_time({gauge}[{w}]) > 0 or "
+            f"changes({gauge}[{w}]) > 0 or max_over_time({count}[{w}]) > 0 or "
+            f"count_over_time({named}[{w}]))")
+
+
+def server_filter(expr: str, predicates: Sequence[tuple[Op, float]]) -> str:
+    """``(expr) > t`` with the loosest threshold, so Prometheus returns only violating series.
+
+    ``>``/``>=`` predicates: the lowest threshold (``>=`` when tied); ``<``/``<=``: the
+    highest. No filter (``expr`` as is) for ``==``/``!=`` or predicates of both directions.
+    """
+    if not predicates:
+        return expr
+    ops = {op for op, _ in predicates}
+    if ops <= {Op.GT, Op.GE}:
+        t = min(t for _, t in predicates)
+        op = ">=" if (Op.GE, t) in predicates else ">"
+    elif ops <= {Op.LT, Op.LE}:
+        t = max(t for _, t in predicates)
+        op = "<=" if (Op.LE, t) in predicates else "<"
+    else:
+        return expr
+    return f"({expr}) {op} {t!r}"
 
 
 def freshness_expr(*, by: Sequence[str], heartbeat: str = DEFAULT_HEARTBEAT,
@@ -127,10 +202,16 @@ class PlannedQuery:
     """
 
     key: str  # the Signal key (MetricRule.key)
-    expr: str
+    expr: str  # what a live poll sends: ``base`` with the server-side filter
     op: Op  # the first rule's operator: which of duplicate series is the worst
     rules: tuple[str, ...]  # "policy/rule"
     predicates: tuple[tuple[Op, float], ...] = ()
+    base: str = ""  # the unfiltered expression (backtests, recoveries); "" = ``expr``
+    rule: MetricRule | None = field(default=None, compare=False)  # to restrict to hosts
+
+    @property
+    def unfiltered(self) -> str:
+        return self.base or self.expr
 
     def violates(self, value: float) -> bool:
         """Whether ``value`` satisfies at least one predicate (NaN/±Inf never do)."""
@@ -156,14 +237,19 @@ class QueryPlan:
 
     @property
     def queries_per_poll(self) -> int:
-        """HTTP queries one poll sends: the metric queries, the XID query, freshness."""
+        """Queries of a poll's first round: the metric queries, the XID pre-query, freshness
+        (follow-ups, when needed, come on top: see ``PollStats.queries``)."""
         return len(self.metrics) + (1 if self.xid else 0) + 1
 
 
 def plan_queries(policies: PolicySet, *, by: Sequence[str],
                  matchers: Mapping[str, str] | None = None, join: str = "") -> QueryPlan:
-    """One query per distinct metric expression of every policy, one XID query if needed."""
-    exprs: dict[str, tuple[str, Op, list[str], list[tuple[Op, float]]]] = {}
+    """One query per distinct metric expression of every policy, one XID query if needed.
+
+    Each query's ``expr`` carries the server-side filter of its predicates
+    (:func:`server_filter`); ``base`` is the unfiltered expression.
+    """
+    exprs: dict[str, tuple[str, Op, list[str], list[tuple[Op, float]], MetricRule]] = {}
     keys: dict[str, set[str]] = defaultdict(set)
     xid = False
     for policy in policies.policies:
@@ -172,13 +258,14 @@ def plan_queries(policies: PolicySet, *, by: Sequence[str],
                 xid = True
             elif isinstance(rule, MetricRule):
                 expr = metric_expr(rule, by=by, matchers=matchers, join=join)
-                entry = exprs.setdefault(expr, (rule.key, rule.op, [], []))
+                entry = exprs.setdefault(expr, (rule.key, rule.op, [], [], rule))
                 entry[2].append(f"{policy.name}/{rule.name}")
                 pred = (rule.op, float(rule.threshold))
                 if pred not in entry[3]:
                     entry[3].append(pred)
                 keys[rule.key].add(expr)
-    metrics = tuple(PlannedQuery(key, expr, op, tuple(rules), tuple(preds))
-                    for expr, (key, op, rules, preds) in exprs.items())
+    metrics = tuple(PlannedQuery(key, server_filter(expr, preds), op, tuple(rules),
+                                 tuple(preds), expr, first)
+                    for expr, (key, op, rules, preds, first) in exprs.items())
     conflicts = tuple(sorted(k for k, e in keys.items() if len(e) > 1))
     return QueryPlan(metrics, xid, conflicts)

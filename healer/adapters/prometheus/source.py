@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -24,8 +25,9 @@ from tenacity import (
 )
 
 from healer.adapters.calls import timed
+from healer.adapters.prometheus.followup import Pending, recovery_queries
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
-from healer.adapters.prometheus.http import Http, decode_result
+from healer.adapters.prometheus.http import Http, decode_result, gc_paused
 from healer.adapters.prometheus.parse import NodeMap, PollParser
 from healer.adapters.prometheus.promql import (
     DEFAULT_HEARTBEAT,
@@ -35,11 +37,13 @@ from healer.adapters.prometheus.promql import (
     QueryPlan,
     freshness_expr,
     group_labels,
+    host_regexes,
     plan_queries,
     xid_expr,
+    xid_prequery_expr,
 )
 from healer.adapters.prometheus.xid import XidEvent, XidTracker
-from healer.core.model import Signal, SignalKind
+from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.policy import PolicySet
 from healer.errors import ConfigError, HealerError, PermanentError, TransientError
 from healer.ports import Clock, SignalSink
@@ -70,6 +74,7 @@ class PollStats:
     outage: bool
     errors: tuple[str, ...] = ()
     malformed_samples: int = 0  # entries skipped: wrong shape, NaN or ±Inf
+    rounds: int = 1  # 2 when follow-up queries were answered (see ``follow_up_queries``)
 
 
 class _WallClock:
@@ -152,6 +157,7 @@ class PrometheusSource:
                                           forget_after=forget_after)
         self.xids = XidTracker()
         self._xid_last_eval: float | None = None
+        self._pending: Pending | None = None
         self._sem = asyncio.Semaphore(max(1, max_concurrency))
         # its own threads: a slow Prometheus never starves the process' default pool, and
         # other threaded work in the process never delays a poll
@@ -262,14 +268,37 @@ class PrometheusSource:
             window = now - self._xid_last_eval + self.xid_overlap
         return min(max(window, 1.0), self.xid_max_lookback), since
 
+    def xid_prequery(self, now: float) -> str:
+        return xid_prequery_expr(self._xid_window(_ms(now))[0], by=self._metric_by,
+                                 matchers=self.matchers)
+
     def poll_queries(self, now: float) -> list[str]:
-        """The expressions a poll at ``now`` sends: freshness, XIDs (if any rule needs them),
-        then every metric query of the plan. The keys of :meth:`parse_poll`'s ``bodies``."""
+        """The first round of a poll at ``now``: freshness, the XID pre-query (if any rule
+        needs XIDs), then every metric query of the plan (``q.expr``, server-side filtered).
+
+        The protocol of a caller without HTTP (what :meth:`poll_once` does)::
+
+            exprs = src.poll_queries(now)           # round 1
+            while exprs:                            # at most one more round
+                signals += src.parse_poll(now, {e: answer(e, at=now) for e in exprs})
+                exprs = src.follow_up_queries(now)  # [] when the poll is complete
+
+        Every query is an instant query evaluated at ``now``. A caller that stops after
+        round 1 loses nothing for good: owed recoveries and unfetched XIDs come with a later
+        poll (the XID window is not advanced until its raw samples were parsed).
+        """
         out = [self.freshness_query]
         if self.plan.xid:
-            out.append(xid_expr(self._xid_window(_ms(now))[0], self.matchers))
+            out.append(self.xid_prequery(now))
         out.extend(q.expr for q in self.plan.metrics)
         return out
+
+    def follow_up_queries(self, now: float) -> list[str]:
+        """The queries the poll at ``now`` still needs after its first round was parsed:
+        host-restricted raw XID samples, the recovery query (see :mod:`.followup`); ``[]``
+        when complete. Answer them at ``now`` and hand them to :meth:`parse_poll`."""
+        p = self._pending
+        return p.exprs if p is not None and p.now == _ms(now) else []
 
     async def poll_once(self, now: float | None = None) -> list[Signal]:
         """Query the whole fleet once (every query evaluated at ``now``); return the signals.
@@ -283,30 +312,49 @@ class PrometheusSource:
             await self._in_thread(self._headers_refresh)
         except PermanentError as e:
             return self._unreachable(now, started, requests_before, str(e), 0)
-        plan = self.plan
-        names = {q.expr: f"query of {', '.join(q.rules)}" for q in plan.metrics}
-        names[self.freshness_query] = "freshness query"
-        exprs = self.poll_queries(now)
-        if plan.xid:
-            names[exprs[1]] = "XID query"
-        results = await asyncio.gather(*(self.query(e, now, names[e]) for e in exprs),
-                                       return_exceptions=True)
+        with gc_paused():  # the decoded answers live until parsed: no collection scans them
+            names = {q.expr: f"query of {', '.join(q.rules)}" for q in self.plan.metrics}
+            names[self.freshness_query] = "freshness query"
+            exprs = self.poll_queries(now)
+            if self.plan.xid:
+                names[exprs[1]] = "XID pre-query"
+            signals = self._parse(now, await self._ask(now, exprs, names), started,
+                                  requests_before)
+            follow = self.follow_up_queries(now)
+            if follow:
+                names = dict.fromkeys(self._pending.xid, "XID query") if self._pending else {}
+                bodies = await self._ask(now, follow, names)
+                signals.extend(self._parse_follow_up(now, bodies))
+            return signals
+
+    async def _ask(self, now: float, exprs: list[str], names: Mapping[str, str]
+                   ) -> dict[str, Answer]:
+        results = await asyncio.gather(
+            *(self.query(e, now, names.get(e, "recovery query")) for e in exprs),
+            return_exceptions=True)
         bodies: dict[str, Answer] = {}
         for expr, r in zip(exprs, results, strict=True):
             if isinstance(r, BaseException) and not isinstance(r, HealerError):
                 raise r
             bodies[expr] = r
-        return self._parse(now, bodies, started, requests_before)
+        return bodies
 
     def parse_poll(self, now: float, bodies: Mapping[str, Answer]) -> list[Signal]:
-        """One poll's answers (keyed by :meth:`poll_queries`' expressions) → its signals.
+        """One round's answers (keyed by the expressions of :meth:`poll_queries` or, for the
+        second round, :meth:`follow_up_queries`) → its signals.
 
         Exactly what :meth:`poll_once` does after its HTTP requests, state included (the
         freshness tracker, the XID cursors, the violating set, ``last_poll``): a benchmark
         or a replay feeds raw bodies here without HTTP. A missing or failed answer counts as
-        a failed query.
+        a failed query. Answers to the pending follow-ups of the poll at ``now`` are its
+        second round; anything else starts a new poll (a pending follow-up is dropped).
         """
-        return self._parse(_ms(now), bodies, time.monotonic(), self._http.requests)
+        now = _ms(now)
+        with gc_paused():
+            p = self._pending
+            if p is not None and p.now == now and any(e in bodies for e in p.exprs):
+                return self._parse_follow_up(now, bodies)
+            return self._parse(now, bodies, time.monotonic(), self._http.requests)
 
     def _answer(self, bodies: Mapping[str, Answer], expr: str, what: str
                 ) -> list[Any] | HealerError:
@@ -323,6 +371,7 @@ class PrometheusSource:
     def _parse(self, now: float, bodies: Mapping[str, Answer], started: float,
                requests_before: int) -> list[Signal]:
         plan, parser = self.plan, self.parser
+        self._pending = None
         errors: list[str] = []
         n_queries = plan.queries_per_poll
         fresh = self._answer(bodies, self.freshness_query, "freshness query")
@@ -339,35 +388,47 @@ class PrometheusSource:
         signals, transitions = self.freshness.observe_nodes(now, by_node, down)
         for node in self.freshness.forgotten:
             parser.forget(node)
+            self.xids.forget(node)
         self._log_transitions(transitions)
         samples = len(fresh)
         failed = xid_events = stale_samples = 0
+        window, since = self._xid_window(now)
+        pending = Pending(now, by_node, window, since)
         if plan.xid:
-            window, since = self._xid_window(now)
-            res = self._answer(bodies, xid_expr(window, self.matchers), "XID query")
+            res = self._answer(bodies, self.xid_prequery(now), "XID pre-query")
             if isinstance(res, HealerError):
                 failed += 1
                 errors.append(self._once("XID query failed", str(res),
                                          permanent=isinstance(res, PermanentError)))
             else:
-                events, bad, n = parser.xid_live(res, self.xids, since)
+                hosts, bad = parser.xid_flagged(res)
                 unmapped += bad
-                samples += n
-                xid_events = len(events)
-                signals.extend(self.xid_signals(events))
-                self._xid_last_eval = now
-        for q in plan.metrics:
+                samples += len(res)
+                host_of = parser.host_of
+                hosts.update(host_of[n] for n in self.xids.active() if n in host_of)
+                pending.xid = [xid_expr(window, self.matchers, rx) for rx in host_regexes(hosts)]
+                if not pending.xid:
+                    self._xid_last_eval = now  # nothing to report anywhere in the window
+        for i, q in enumerate(plan.metrics):
             res = self._answer(bodies, q.expr, f"query of {', '.join(q.rules)}")
             if isinstance(res, HealerError):
                 failed += 1
                 errors.append(self._once("metric query failed", str(res),
                                          permanent=isinstance(res, PermanentError)))
                 continue
-            sigs, bad, old = parser.metric_live(q, res, by_node)
+            sigs, bad, old, owed = parser.metric_live(q, res, by_node)
             signals.extend(sigs)
             unmapped += bad
             samples += len(res)
             stale_samples += old
+            if owed:
+                pending.owed[i] = set(owed)
+        if pending.owed:
+            pending.recovery = recovery_queries(plan.metrics, pending.owed, parser.host_of,
+                                                by=self._metric_by, matchers=self.matchers,
+                                                join=self.join)
+        if pending.exprs:
+            self._pending = pending
         if unmapped and "unmapped" not in self._logged:
             self._logged.add("unmapped")
             log.warning("samples without a node label were ignored", source=self.name,
@@ -382,6 +443,75 @@ class PrometheusSource:
                                self._http.requests - requests_before, samples, len(signals),
                                xid_events, fresh_nodes, stale_nodes, unmapped, stale_samples,
                                False, tuple(errors), parser.malformed))
+        return signals
+
+    def _parse_follow_up(self, now: float, bodies: Mapping[str, Answer]) -> list[Signal]:
+        """The second round of the poll at ``now``: raw XID samples, recoveries."""
+        p = self._pending
+        if p is None:
+            return []
+        self._pending = None
+        parser = self.parser
+        parser.malformed = 0
+        signals: list[Signal] = []
+        errors: list[str] = []
+        failed = unmapped = samples = xid_events = stale = 0
+        if p.xid:
+            last = self._xid_last_eval
+            known_since = self.freshness.known_since
+
+            def known(node: str, gpu: GpuRef) -> bool:
+                first = known_since(node, gpu)
+                return last is not None and first is not None and first <= last
+
+            ok = True
+            for expr in p.xid:
+                res = self._answer(bodies, expr, "XID query")
+                if isinstance(res, HealerError):
+                    ok = False
+                    failed += 1
+                    errors.append(self._once("XID query failed", str(res),
+                                             permanent=isinstance(res, PermanentError)))
+                    continue
+                events, bad, n = parser.xid_live(res, self.xids, p.since, known)
+                unmapped += bad
+                samples += n
+                xid_events += len(events)
+                signals.extend(self.xid_signals(events))
+            if ok:
+                self._xid_last_eval = now
+        for expr in p.recovery:
+            res = self._answer(bodies, expr, "recovery query")
+            if isinstance(res, HealerError):
+                failed += 1
+                errors.append(self._once("recovery query failed", str(res),
+                                         permanent=isinstance(res, PermanentError)))
+                continue
+            sigs, bad, old = parser.recovery(self.plan.metrics, res, p.by_node, p.owed)
+            signals.extend(sigs)
+            unmapped += bad
+            samples += len(res)
+            stale += old
+        last_poll = self.last_poll
+        if last_poll is not None and last_poll.at == now:
+            n = len(p.exprs)
+            self.last_poll = dataclasses.replace(
+                last_poll, queries=last_poll.queries + n,
+                failed_queries=last_poll.failed_queries + failed,
+                http_requests=last_poll.http_requests + n, samples=last_poll.samples + samples,
+                signals=last_poll.signals + len(signals),
+                xid_events=last_poll.xid_events + xid_events,
+                unmapped_samples=last_poll.unmapped_samples + unmapped,
+                stale_samples=last_poll.stale_samples + stale,
+                errors=last_poll.errors + tuple(errors),
+                malformed_samples=last_poll.malformed_samples + parser.malformed, rounds=2)
+            t = self.totals
+            t["queries"] += n
+            t["failed_queries"] += failed
+            t["http_requests"] += n
+            t["samples"] += samples
+            t["signals"] += len(signals)
+            t["xid_events"] += xid_events
         return signals
 
     def xid_signals(self, events: Iterable[XidEvent], parser: PollParser | None = None

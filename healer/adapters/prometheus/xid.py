@@ -111,6 +111,24 @@ class XidTracker:
                     events.extend(XidEvent(key[0], key[1], code, t, via) for _ in range(n))
         return events
 
+    def baseline(self, node: str, gpu: GpuRef) -> _XidCursor:
+        """The implicit baseline of a GPU never fetched before: "last code 0, no counts".
+
+        A live poll fetches the raw XID samples only of GPUs the pre-query lists; a GPU it
+        did not list had nothing to report (gauge 0, no count series) up to that poll. So a
+        GPU known (from the freshness answer) at the last completed XID poll and never
+        fetched since starts from code 0 and no counts, before every sample of its first
+        fetch: its first fetched sample is compared with that, and an XID that is already
+        its first sample is still one occurrence (reported once, as for any cursor).
+        """
+        cur = self._cursors[(node, gpu)] = _XidCursor(-math.inf, 0, {})
+        return cur
+
+    def active(self) -> set[str]:
+        """Nodes with a GPU whose cursor holds a non-zero code or counts: fetched every poll
+        until they read 0 again (so a return to 0 is never missed)."""
+        return {k[0] for k, c in self._cursors.items() if c.code or c.counts}
+
     def forget(self, node: str) -> None:
         for key in [k for k in self._cursors if k[0] == node]:
             del self._cursors[key]
