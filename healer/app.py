@@ -324,7 +324,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
                 log.error("policy reload failed; keeping the policies in force",
                           problems=[str(p) for p in e.problems])
                 continue
-            ctl.policies = new
+            ctl.set_policies(new)
             for src in sources:
                 set_policies = getattr(src, "set_policies", None)
                 if set_policies is not None:

@@ -27,11 +27,11 @@ Nodes are selected by Kubernetes labels: every node seen in the telemetry gets `
 
 Fidelity notes. Samples of a node at a step where it had no fresh heartbeat are dropped, like
 the daemon does (range functions keep answering from old samples while an exporter is down;
-stale telemetry is unknown, never a fault). A node's signal history is kept compact (per GPU
-and metric only the latest sample and the samples where a rule's condition started to hold),
-which gives the health evaluation exactly the same verdicts as the full history, and wake-ups
-that cannot change anything are skipped (see :class:`HistoryReplay`); the unit tests check
-that the timeline equals the plain :class:`Replay`'s. History is fetched a day at a time
+stale telemetry is unknown, never a fault). The engine is the daemon's
+(:class:`healer.core.engine.Engine`): a node's signal history is kept bounded (per GPU and
+metric only the latest sample and the samples where a rule's condition started to hold), which
+gives the health evaluation exactly the same verdicts as the full history, and wake-ups that
+cannot change anything are skipped. History is fetched a day at a time
 (:func:`fetch_history`). XID windows that began before ``start`` are not seen. A node that a
 spare replaced and that is repaired (``repair_after``) returns to the pool as a spare; if an
 XID of it is still inside its rule's window when it serves again, a new incident opens, as it
@@ -59,8 +59,8 @@ from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.budget import BudgetView, breaker_status, population
 from healer.core.fleet import past_incident
-from healer.core.health import Verdict, evaluate_node
-from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
+from healer.core.health import Verdict
+from healer.core.machine import Decision, Trigger, TriggerKind
 from healer.core.model import (
     GpuRef,
     HealthState,
@@ -73,13 +73,9 @@ from healer.core.model import (
 )
 from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.policy import (
-    ConditionRule,
-    MetricRule,
     Mode,
-    Op,
     Policy,
     PolicySet,
-    XidRule,
 )
 from healer.core.topology import DOMAIN_LABEL, TIER_PREFIX, match_level
 from healer.errors import ConfigError, HealerError
@@ -512,6 +508,7 @@ class BacktestWorld(SimWorld):
         """A node joins the fleet (with its Slurm node, named like it)."""
         self.nodes[node.name] = node
         self.slurm[node.name] = SimSlurmNode(node.name, node.name)
+        self.touch(node.name)
         self.changes += 1
 
     def _spare(self, n: int, like: Mapping[str, str]) -> SimNode:
@@ -521,20 +518,18 @@ class BacktestWorld(SimWorld):
         return SimNode(f"{SPARE_PREFIX}{n:03d}", labels, spare=True,
                        taints=[Taint(SPARE_TAINT, "true", "NoSchedule")])
 
-    def _free_spares(self, node: str) -> list[SimNode]:
-        return [n for n in self.nodes.values()
-                if n.spare and not n.claimed_by and n.ready and n.name != node]
-
     def _do_ClaimSpare(self, act: a.ClaimSpare, now: float) -> Result:
-        mine = any(n.claimed_by == act.incident for n in self.nodes.values())
+        claimed = self.nodes.get(self._claims.get(act.incident, ""))
+        mine = claimed is not None and claimed.claimed_by == act.incident
         if self.unlimited and not mine:
             bad = self.nodes[act.node]
             dom = bad.labels.get(DOMAIN_LABEL)
-            free = self._free_spares(act.node)
+            free = self.free_spares(act.node)
             if not free or (dom and all(n.labels.get(DOMAIN_LABEL) != dom for n in free)):
                 self._made += 1
                 spare = self._spare(self._made, bad.labels)
                 self.nodes[spare.name] = spare
+                self.touch(spare.name)
         res = super()._do_ClaimSpare(act, now)
         if not mine and res[0] is StepStatus.DONE:
             self.pool_changes.append((now, 1, act.incident))
@@ -563,292 +558,33 @@ class BacktestWorld(SimWorld):
         return out
 
 
-# ---------------------------------------------------------------------------------------------
-# A compact signal history per node (gives the health evaluation the same verdicts)
-
-
-class _Series:
-    __slots__ = ("latest", "runs")
-
-    def __init__(self, latest: Signal, runs: list[tuple[Signal | None, Signal] | None]) -> None:
-        self.latest = latest
-        # per threshold test: (the sample before the run, the run's first sample) while the
-        # latest sample passes the test; None while it does not
-        self.runs = runs
-
-
-class _NodeSignals:
-    """What :func:`healer.core.health.evaluate` can still look at, per node.
-
-    Metrics: per (key, GPU) the latest sample and, for every threshold on that key that the
-    latest sample passes, the first sample of its current run and the one before it (the
-    ``for:`` walk-back stops there). XIDs: those younger than the longest XID window, plus the
-    newest per source. Fresh and stale markers: the newest per source. Conditions: the newest
-    per type plus those younger than the longest condition window.
-    """
-
-    def __init__(self, tests: Mapping[str, tuple[tuple[Op, float], ...]], xid_window: float,
-                 condition_window: float, gap: float) -> None:
-        self.tests = tests
-        self.xid_window = xid_window
-        self.condition_window = condition_window
-        self.gap = gap
-        self.series: dict[tuple[str, GpuRef | None], _Series] = {}
-        self.xids: list[Signal] = []
-        self.newest: dict[tuple[SignalKind, str], Signal] = {}
-        self.conditions: dict[str, list[Signal]] = defaultdict(list)
-        self.fresh_at = -1.0  # the newest FRESH heartbeat
-        #: the newest XID per source: still fresh data after its window passed
-        self.last_xid: dict[str, Signal] = {}
-
-    def add(self, s: Signal) -> bool:
-        """Remember ``s``; False when it cannot change the verdict by itself."""
-        if s.kind is SignalKind.METRIC:
-            ser = self.series.get((s.key, s.gpu))
-            if ser is not None and s.value == ser.latest.value \
-                    and s.observed_at - ser.latest.observed_at <= self.gap:
-                ser.latest = s  # the same value again: every threshold test is unchanged
-                return False
-        match s.kind:
-            case SignalKind.METRIC:
-                return self._metric(s)
-            case SignalKind.XID:
-                self.xids.append(s)
-                old = self.last_xid.get(s.source)
-                if old is None or s.observed_at >= old.observed_at:
-                    self.last_xid[s.source] = s
-                return True
-            case SignalKind.CONDITION:
-                self.conditions[s.key].append(s)
-                return True
-            case SignalKind.FRESH:
-                self._newest(s)
-                self.fresh_at = max(self.fresh_at, s.observed_at)
-                return False
-            case _:  # STALE
-                self._newest(s)
-                return True
-
-    def _newest(self, s: Signal) -> None:
-        k = (s.kind, s.source)
-        old = self.newest.get(k)
-        if old is None or s.observed_at >= old.observed_at:
-            self.newest[k] = s
-
-    def _metric(self, s: Signal) -> bool:
-        tests = self.tests.get(s.key, ())
-        key = (s.key, s.gpu)
-        ser = self.series.get(key)
-        if ser is None:
-            self.series[key] = _Series(s, [(None, s) if op.test(s.value, thr) else None
-                                           for op, thr in tests])
-            return True
-        prev = ser.latest
-        changed = s.value != prev.value or s.observed_at - prev.observed_at > self.gap
-        for i, (op, thr) in enumerate(tests):
-            if not op.test(s.value, thr):
-                ser.runs[i] = None
-            elif ser.runs[i] is None:
-                ser.runs[i] = (prev, s)
-        ser.latest = s
-        return changed
-
-    def signals(self, now: float) -> list[Signal]:
-        self.xids = [x for x in self.xids if now - x.observed_at < self.xid_window]
-        out: list[Signal] = list(self.xids)
-        present = {id(x) for x in self.xids}
-        out.extend(x for x in self.last_xid.values() if id(x) not in present)
-        out.extend(self.newest.values())
-        for ser in self.series.values():
-            kept = {id(ser.latest): ser.latest}
-            for run in ser.runs:
-                if run is not None:
-                    before, first = run
-                    kept[id(first)] = first
-                    if before is not None:
-                        kept[id(before)] = before
-            out.extend(kept.values())
-        for key, obs in self.conditions.items():
-            recent = [o for o in obs[:-1] if now - o.value < self.condition_window]
-            self.conditions[key] = [*recent, obs[-1]]
-            out.extend(self.conditions[key])
-        return out
-
-
-def _rule_index(policies: PolicySet) -> tuple[dict[str, tuple[tuple[Op, float], ...]], float,
-                                              float]:
-    tests: dict[str, list[tuple[Op, float]]] = defaultdict(list)
-    xid_window = 0.0
-    condition_window = 0.0
-    for p in policies.policies:
-        for r in p.rules:
-            if isinstance(r, MetricRule):
-                if (r.op, r.threshold) not in tests[r.key]:
-                    tests[r.key].append((r.op, r.threshold))
-            elif isinstance(r, XidRule):
-                xid_window = max(xid_window, r.within)
-            elif isinstance(r, ConditionRule):
-                condition_window = max(condition_window, r.within)
-    return {k: tuple(v) for k, v in tests.items()}, xid_window, condition_window
-
-
 class HistoryReplay(Replay):
-    """:class:`Replay` for history: a compact signal history, fewer no-op wake-ups, a log of
-    verdict changes.
-
-    Call :meth:`attach` before running. What it skips, each exactly a no-op in the engine:
-
-    * an evaluation for an unchanged sample, unless the node waits for admission (a verdict
-      re-checks the guardrails then); a changed sample, an XID, a stale marker, a gap in a
-      series or the first fresh sample after stale telemetry still wakes it;
-    * the rechecks of a healthy node with no rule even half-matching while its telemetry is
-      fresh: only a changed sample can change that verdict; the rechecks resume as soon as the
-      node misses a heartbeat;
-    * the polls of a record in Repair with no step open (only its deadline matters) and of an
-      incident held by its observe-only mode (nothing but a new verdict changes it);
-    * rebuilding the guardrails' view of the fleet when no record and no node changed.
-    """
+    """:class:`Replay` for history: signals arrive one poll (instant) at a time, and every
+    verdict change is logged (for the stale stretches of the report). The engine keeps each
+    node's signals bounded and wakes only what a signal can change, as in the daemon."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.step = 60.0
         self.backtest_world: BacktestWorld | None = None
         self.verdict_log: dict[str, list[tuple[float, HealthState, str]]] = defaultdict(list)
-        self.evaluations = 0
-        self._tests, self._xid_window, self._condition_window = _rule_index(self.policies)
-        self._compact: dict[str, _NodeSignals] = {}
-        self._selecting: dict[tuple[tuple[str, str], ...], list[Policy]] = {}
-        self._quiet: set[str] = set()  # healthy, fresh nodes evaluated only on a change
-        self._version = 0
-        self._view_key: tuple[int, int] | None = None
-        self._view: BudgetView | None = None
-        self._user_on_step = self.on_step
-        self.on_step = self._stepped
 
     def attach(self, world: BacktestWorld, step: float) -> None:
         self.backtest_world = world
         self.step = step
 
-    # -- feeding -------------------------------------------------------------------------
-
     def feeder(self, batch: Sequence[Signal]) -> Callable[[float], None]:
         """A callback that delivers ``batch`` (signals of one instant) when it is due."""
 
         def feed(now: float) -> None:
-            awaiting = {n for n, r in self.records.items() if Phase(r.phase) in
-                        PENDING_ADMISSION and not _observe_held(r)}
-            compact, last_state = self._compact, self._last_state
-            woken: set[str] = set()
-            for sig in batch:
-                node = sig.node
-                hist = compact.get(node)
-                if hist is None:
-                    hist = compact[node] = self._history()
-                changed = hist.add(sig)
-                if node in woken:
-                    continue
-                last = last_state.get(node)
-                if sig.kind is SignalKind.FRESH:
-                    wake = last is None or last is HealthState.STALE
-                else:
-                    wake = changed or last is None or node in awaiting
-                if wake:
-                    woken.add(node)
-                    self._schedule(self._eval_due, "eval", node, self.now)
-            if self._quiet:
-                late = now - 1.5 * self.step
-                for node in sorted(self._quiet):
-                    hist = compact.get(node)
-                    if hist is None or hist.fresh_at < late:
-                        self._quiet.discard(node)
-                        self._schedule(self._eval_due, "eval", node, self.now)
+            self.ingest(batch)
 
         return feed
 
-    def _history(self) -> _NodeSignals:
-        return _NodeSignals(self._tests, self._xid_window, self._condition_window,
-                            1.5 * self.step)
-
-    def _on_signal(self, sig: Signal) -> None:
-        node = sig.node
-        hist = self._compact.get(node)
-        if hist is None:
-            hist = self._compact[node] = self._history()
-        changed = hist.add(sig)
-        last = self._last_state.get(node)
-        if sig.kind is SignalKind.FRESH:
-            wake = last is None or last is HealthState.STALE
-        else:
-            wake = changed or last is None or self._awaits_verdicts(node)
-        if wake:
-            self._schedule(self._eval_due, "eval", node, self.now)
-
-    def _awaits_verdicts(self, node: str) -> bool:
-        rec = self.records.get(node)
-        return rec is not None and Phase(rec.phase) in PENDING_ADMISSION \
-            and not _observe_held(rec)
-
-    # -- verdicts ------------------------------------------------------------------------
-
-    def verdict(self, node: str) -> Verdict:
-        self.evaluations += 1
-        world = self.backtest_world
-        sim = world.nodes.get(node) if world is not None else None
-        policies: list[Policy] = []
-        if sim is not None:
-            key = tuple(sorted(sim.labels.items()))
-            found = self._selecting.get(key)
-            if found is None:
-                found = self._selecting[key] = self.policies.policies_for(sim.view(self.now))
-            policies = found
-        hist = self._compact.get(node)
-        v = evaluate_node(node, hist.signals(self.now) if hist is not None else [], policies,
-                          self.now)
+    def on_verdict(self, node: str, verdict: Verdict) -> None:
         log = self.verdict_log[node]
-        if not log or log[-1][1] is not v.state:
-            log.append((self.now, v.state, v.summary()))
-        if (v.state is HealthState.HEALTHY and not v.matches and hist is not None
-                and hist.fresh_at >= self.now and not self._awaits_verdicts(node)):
-            self._quiet.add(node)
-            return replace(v, recheck_after=None)
-        self._quiet.discard(node)
-        return v
-
-    # -- steps ---------------------------------------------------------------------------
-
-    def _stepped(self, now: float, before: BudgetView, record: NodeRecord | None,
-                 trigger: Trigger, decision: Decision) -> None:
-        if decision.record is not record:
-            self._version += 1
-        if self._user_on_step is not None:
-            self._user_on_step(now, before, record, trigger, decision)
-
-    def view(self) -> BudgetView:
-        world = self.backtest_world
-        key = (self._version, world.changes if world is not None else -1)
-        if self._view is None or key != self._view_key:
-            self._view = super().view()
-            self._view_key = key
-        return self._view
-
-    def _schedule(self, due: dict[str, float], kind: str, node: str, t: float) -> None:
-        if kind == "tick":
-            rec = self.records.get(node)
-            if rec is not None and _observe_held(rec):
-                return
-            if rec is not None and Phase(rec.phase) is Phase.REPAIR \
-                    and all(s.done for s in rec.ledger) and not self.policies.fleet.paused:
-                deadline = phase_deadline(rec, self.policies.get(rec.policy))
-                if deadline is None:
-                    return
-                t = max(t, deadline)
-        super()._schedule(due, kind, node, t)
-
-
-def _observe_held(rec: NodeRecord) -> bool:
-    """An incident held back only because its policy observes."""
-    return Phase(rec.phase) in PENDING_ADMISSION and rec.blocked is not None \
-        and rec.blocked.guardrail == "observe-only"
+        if not log or log[-1][1] is not verdict.state:
+            log.append((self.now, verdict.state, verdict.summary()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1029,7 +765,8 @@ class Backtest:
                                    latencies=self.latencies, spares=spares,
                                    spare_labels=spare_labels, repair_after=repair_after)
         self.collector = _Collector()
-        self.replay = HistoryReplay(self.evaluated, self.world, start, on_step=self.collector)
+        self.replay = HistoryReplay(self.evaluated, self.world, start, on_step=self.collector,
+                                    keep_timeline=False)
         self.replay.attach(self.world, step)
         self.seen: set[str] = set()
         self.signals = 0

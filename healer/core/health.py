@@ -35,9 +35,7 @@ from healer.core.policy import (
     StalenessRule,
     XidRule,
 )
-
-#: Samples older than this are not trusted when a policy has no staleness rule.
-DEFAULT_SAMPLE_MAX_AGE = 300.0
+from healer.core.signals import DEFAULT_SAMPLE_MAX_AGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +192,9 @@ def _metric(
     rule: MetricRule, samples: Iterable[Signal], now: float, max_age: float
 ) -> tuple[RuleMatch | None, float | None]:
     per_entity: dict[GpuRef | None, list[Signal]] = defaultdict(list)
+    key = rule.key
     for s in samples:
-        if s.key == rule.key:
+        if s.key == key:
             per_entity[s.gpu].append(s)
     confirmed: list[tuple[GpuRef | None, float, float]] = []
     pending: list[tuple[GpuRef | None, float, float]] = []

@@ -1,5 +1,9 @@
-"""The controller: signals and node events in, one serial worker per node, intent persisted
-before every action, outcomes fed back as triggers.
+"""The controller: the daemon's driver of the engine. Signals and node events in, one serial
+worker per node, intent persisted before every action, outcomes fed back as triggers.
+
+Every decision is :class:`healer.core.engine.Engine`'s (the same engine ``healer simulate`` and
+``healer backtest`` drive); this module adds the daemon's I/O: asyncio workers and timers, the
+state store, leadership, and the triggers that admins cause through node labels/annotations.
 
 Per node, a trigger is handled like this (in the node's worker, never two at once)::
 
@@ -18,16 +22,14 @@ repeated. Losing leadership stops all work at once.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import structlog
 
 from healer.core.budget import BudgetView, usage
-from healer.core.fleet import budget_view, verdict_needs_step
-from healer.core.health import evaluate_node
+from healer.core.engine import Engine
 from healer.core.machine import (
     EXCLUDE_LABEL,
     Decision,
@@ -35,7 +37,6 @@ from healer.core.machine import (
     TriggerKind,
     recorded_events,
     releases,
-    step,
 )
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import MAY_BE_CORDONED, Phase
@@ -45,10 +46,10 @@ from healer.obs.logging import OnceLogger
 from healer.ports import Clock, NodeEvent, StateStore, StoredRecord
 from healer.runtime.dispatcher import Dispatcher
 from healer.runtime.executor import Executor
+from healer.runtime.timers import Timers
 
 log = structlog.get_logger("healer.controller")
 
-PAUSE_ANNOTATION = "healer.io/paused"
 #: On taking the lead, the Events of remediations closed this recently are written again.
 RECENTLY_CLOSED = 3600.0
 REPAIR_RESULT = "healer.io/repair-result"
@@ -68,8 +69,6 @@ Item = Trigger | Evaluate
 
 @dataclass
 class RuntimeSettings:
-    history_seconds: float = 2 * 86400.0
-    """How long signals are kept per node (must exceed every rule's window)."""
     retention_seconds: float = 30 * 86400.0
     """Closed records older than this no longer count for breakers and retry budgets."""
     idle_worker_seconds: float = 60.0
@@ -96,25 +95,48 @@ class Controller:
     def __init__(self, *, policies: PolicySet, executor: Executor, store: StateStore,
                  clock: Clock, settings: RuntimeSettings | None = None,
                  observer: Any = None) -> None:
-        self.policies = policies
         self.executor = executor
         self.store = store
         self.clock = clock
         self.settings = settings or RuntimeSettings()
         self.observer = observer  # metrics hooks (healer.obs), optional
-        self.records: dict[str, StoredRecord] = {}  # open records, by node
-        self.history: dict[str, NodeRecord] = {}  # every known record, by incident id
-        self.nodes: dict[str, NodeView] = {}
-        self.signals: dict[str, list[Signal]] = defaultdict(list)
-        self.last_state: dict[str, HealthState] = {}
+        self.engine = Engine(policies, paused=self.settings.paused)
+        self._stored: dict[str, StoredRecord] = {}  # the store's handle of each open record
         self.stats = Stats()
         self.leading = False
         self._lock = asyncio.Lock()
         self._dispatcher: Dispatcher[Item] | None = None
-        self._timers: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._timers: Timers[tuple[str, str], Item] = Timers(clock, self._fire,
+                                                             name="controller-timers")
         self._seen: dict[str, tuple[Any, ...]] = {}  # node → last derived-trigger state
         self._warm_until = 0.0
         self._outage = OnceLogger("healer.controller")
+
+    # -- state (the engine's) -------------------------------------------------------------------
+
+    @property
+    def policies(self) -> PolicySet:
+        return self.engine.policies
+
+    def set_policies(self, policies: PolicySet) -> None:
+        """A policy reload: held incidents are looked at again under the new policies."""
+        for node in self.engine.set_policies(policies):
+            self._submit(node, Trigger(TriggerKind.TICK, node, self.clock.now()))
+
+    @property
+    def nodes(self) -> Mapping[str, NodeView]:
+        return self.engine.nodes
+
+    @property
+    def history(self) -> Mapping[str, NodeRecord]:
+        """Every known record, by incident id."""
+        return self.engine.history
+
+    @property
+    def records(self) -> dict[str, StoredRecord]:
+        """The open records by node, with their store handles (suspicions have none)."""
+        return {n: self._stored.get(n) or StoredRecord(r, r.incident.id)
+                for n, r in self.engine.records.items()}
 
     # -- leadership ------------------------------------------------------------------------------
 
@@ -128,11 +150,11 @@ class Controller:
         log.info("leading", open=len(self.records), known=len(self.history))
         now = self.clock.now()
         self._seen.clear()
-        for node in sorted(self.records):
+        for node in sorted(self.engine.records):
             self._submit(node, Trigger(TriggerKind.RESUME, node, now))
             if node in self.nodes:
                 self._derive_triggers(self.nodes[node], now)
-        for node in sorted(set(self.nodes) | set(self.signals)):
+        for node in sorted(set(self.nodes) | set(self.engine.signals)):
             self._submit(node, Evaluate(now))
         # a remediation closed just before the previous leader died may not have had its
         # last Events written: write them again (idempotent by key; open ones do it on RESUME)
@@ -144,8 +166,6 @@ class Controller:
     async def stop_leading(self) -> None:
         """Stop acting at once: no queued item is handled, timers are cancelled."""
         self.leading = False
-        for t in self._timers.values():
-            t.cancel()
         self._timers.clear()
         if self._dispatcher is not None:
             await self._dispatcher.close()
@@ -154,47 +174,20 @@ class Controller:
 
     async def load(self) -> None:
         stored = await self.store.list()
-        self.records.clear()
-        self.history.clear()
         cutoff = self.clock.now() - self.settings.retention_seconds
-        for s in sorted(stored, key=lambda s: s.record.incident.opened_at):
-            rec = s.record
-            if rec.incident.opened_at >= cutoff or not releases(rec):
-                self.history[rec.incident.id] = rec
-            if not releases(rec):
-                prev = self.records.get(rec.node)
-                if prev is not None and prev.record.incident.opened_at > rec.incident.opened_at:
-                    continue
-                self.records[rec.node] = s
-                # re-seed what cannot be observed again: the events that opened the incident
-                known = set(self.signals[rec.node])
-                self.signals[rec.node].extend(e for e in rec.incident.evidence if e not in known)
+        self.engine.load((s.record for s in stored), keep_closed_since=cutoff)
+        self._stored = {}
+        for s in stored:
+            if self.engine.records.get(s.record.node) is s.record:
+                self._stored[s.record.node] = s
 
     # -- intake ------------------------------------------------------------------------------
 
     async def on_signals(self, signals: Sequence[Signal]) -> None:
         """The TelemetrySource sink."""
         now = self.clock.now()
-        touched: set[str] = set()
-        for sig in signals:
-            hist = self.signals[sig.node]
-            if sig.kind is SignalKind.XID and sig in hist[-256:]:
-                continue  # the same occurrence re-reported (a source's restart, re-seeding)
-            hist.append(sig)
-            if sig.kind is not SignalKind.FRESH or self.last_state.get(sig.node) in (
-                    None, HealthState.STALE):
-                touched.add(sig.node)
-        for node in touched:
-            self._prune(node, now)
+        for node in sorted(self.engine.ingest(signals)):
             self._submit(node, Evaluate(now))
-
-    def _prune(self, node: str, now: float) -> None:
-        hist = self.signals[node]
-        cutoff = now - self.settings.history_seconds
-        if hist and (hist[0].observed_at < cutoff or len(hist) > 20000):
-            kept = [s for s in hist if s.observed_at >= cutoff]
-            # keep the latest heartbeat of each source even if old, for staleness
-            self.signals[node] = kept[-20000:]
 
     async def on_node_event(self, ev: NodeEvent) -> None:
         """Node watch events: cache, condition signals, and the triggers admins cause."""
@@ -205,32 +198,31 @@ class Controller:
             return
         n = ev.node
         if ev.type == "DELETED":
-            self.nodes.pop(n.name, None)
+            self.engine.remove_node(n.name)
             return
         prev = self.nodes.get(n.name)
-        self.nodes[n.name] = n
-        sigs = [Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
-                       now, None, Signal.details(status=c.status, reason=c.reason,
-                                                 message=c.message[:200]))
-                for c in n.conditions]
+        relabelled = self.engine.set_node(n)
         changed = prev is None or prev.conditions != n.conditions
         if changed:
-            self.signals[n.name].extend(sigs)
-            self._prune(n.name, now)
+            self.engine.ingest(
+                Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
+                       now, None, Signal.details(status=c.status, reason=c.reason,
+                                                 message=c.message[:200]))
+                for c in n.conditions)
+        if changed or relabelled:
             self._submit(n.name, Evaluate(now))
         self._derive_triggers(n, now)
         if prev is not None and prev.labels != n.labels:
             spare_sel = self.policies.fleet.spare_selector
             if spare_sel.matches(n.labels) and not spare_sel.matches(prev.labels):
-                for node, s in list(self.records.items()):
-                    if Phase(s.record.phase) is Phase.HELD_FOR_CAPACITY:
+                for node, r in list(self.engine.records.items()):
+                    if Phase(r.phase) is Phase.HELD_FOR_CAPACITY:
                         self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
 
     def _derive_triggers(self, n: NodeView, now: float) -> None:
-        s = self.records.get(n.name)
-        if s is None:
+        rec = self.engine.records.get(n.name)
+        if rec is None:
             return
-        rec = s.record
         ann = n.annotations
         phase = Phase(rec.phase)
         state = (n.unschedulable, ann.get(INCIDENT_ANNOTATION), ann.get(CORDONED_BY),
@@ -268,10 +260,10 @@ class Controller:
     async def _handle(self, node: str, item: Item) -> None:
         if not self.leading:
             return
-        s = self.records.get(node)
+        rec = self.engine.records.get(node)
         with structlog.contextvars.bound_contextvars(
-                node=node, incident=s.record.incident.id if s else None,
-                phase=s.record.phase if s else "Healthy"):
+                node=node, incident=rec.incident.id if rec else None,
+                phase=rec.phase if rec else "Healthy"):
             if isinstance(item, Evaluate):
                 trigger = self._evaluate(node)
                 if trigger is None:
@@ -282,42 +274,35 @@ class Controller:
 
     def _evaluate(self, node: str) -> Trigger | None:
         now = self.clock.now()
-        view = self.nodes.get(node)
-        if view is None:
+        warming = now < self._warm_until
+        ev = self.engine.evaluate(node, now, hold_healthy=warming)
+        v = ev.verdict
+        if v is None:
             return None
-        policies = self.policies.policies_for(view)
-        v = evaluate_node(node, self.signals.get(node, []), policies, now)
-        prev = self.last_state.get(node)
-        self.last_state[node] = v.state
-        if v.recheck_after is not None:
-            self._schedule(node, "evaluate", max(v.recheck_after, 0.05), Evaluate(now))
-        rec = self.records.get(node)
-        if prev == v.state and not verdict_needs_step(v, rec.record if rec else None):
+        if ev.recheck_at is not None:
+            self._schedule(node, "evaluate", ev.recheck_at - now, Evaluate(now))
+        if ev.trigger is None:
+            if warming and v.state is HealthState.HEALTHY and node in self.engine.records:
+                # not yet: the signals that opened this incident may simply not be back yet
+                self._schedule(node, "evaluate", self._warm_until - now + 0.01, Evaluate(now))
             return None
-        if rec is not None and v.state is HealthState.HEALTHY and now < self._warm_until:
-            # not yet: the signals that opened this incident may simply not be back yet
-            self.last_state.pop(node, None)
-            self._schedule(node, "evaluate", self._warm_until - now + 0.01, Evaluate(now))
-            return None
-        if prev != v.state:
+        if ev.changed:
             log.info("verdict", node=node, state=v.state.value, summary=v.summary())
-        return Trigger(TriggerKind.VERDICT, node, now, verdict=v)
+        return ev.trigger
 
     def view(self) -> BudgetView:
-        paused_nodes = frozenset(n for n, v in self.nodes.items()
-                                 if v.annotations.get(PAUSE_ANNOTATION, "").lower() == "true")
-        return budget_view(self.policies, self.nodes, (s.record for s in self.records.values()),
-                           self.history.values(), paused=self.settings.paused,
-                           paused_nodes=paused_nodes)
+        """What the guardrails see now (O(1): the engine's incremental fleet index)."""
+        self.engine.paused = self.settings.paused
+        return self.engine.view()
 
     async def _step(self, node: str, trigger: Trigger) -> None:
         async with self._lock:
             if not self.leading:
                 return
-            stored = self.records.get(node)
-            record = stored.record if stored is not None else None
+            record = self.engine.records.get(node)
+            stored = self._stored.get(node)
             now = self.clock.now()
-            decision = step(record, trigger, now, self.view())
+            decision = self.engine.decide(node, trigger, now, self.view())
             self.stats.steps += 1
             new = decision.record
             if new is not None and new != record and Phase(new.phase) is not Phase.SUSPECT:
@@ -343,38 +328,29 @@ class Controller:
             self.stats.actions += 1
             for t in await self.executor.run(act, decision.record):
                 self._submit(node, t)
-        if decision.record is not None and decision.recheck_after is not None:
-            pending = self._timers.get((node, "tick"))
+        tick = self.engine.next_tick(node, decision, now)
+        if tick is not None:
             idle = decision.record == record and not decision.actions
-            if not (idle and pending is not None and not pending.done()):
+            if not (idle and self._timers.pending((node, "tick"))):
                 # a decision that changed nothing keeps the pending tick: a stream of such
                 # triggers (telemetry every second) must not postpone a poll forever
-                self._schedule(node, "tick", max(decision.recheck_after, 0.05),
-                               Trigger(TriggerKind.TICK, node, now + decision.recheck_after))
+                self._schedule(node, "tick", tick - now, Trigger(TriggerKind.TICK, node, tick))
 
     def _commit(self, node: str, decision: Decision, stored: StoredRecord | None) -> None:
+        self.engine.commit(node, decision)
         new = decision.record
-        if new is None:
-            self.records.pop(node, None)
-            return
-        if Phase(new.phase) is Phase.SUSPECT:
-            self.records[node] = StoredRecord(new, new.incident.id)
+        if new is None or Phase(new.phase) is Phase.SUSPECT or releases(new):
+            self._stored.pop(node, None)
             return
         assert stored is not None
-        stored = replace(stored, record=new)
-        self.history[new.incident.id] = new
-        if releases(new):
-            self.records.pop(node, None)
-        else:
-            self.records[node] = stored
+        self._stored[node] = replace(stored, record=new)
 
     async def _reload(self, node: str, record: NodeRecord | None) -> None:
         fresh = {s.record.node: s for s in await self.store.list() if not releases(s.record)}
         if node in fresh:
-            self.records[node] = fresh[node]
-            self.history[fresh[node].record.incident.id] = fresh[node].record
+            self._commit(node, Decision(fresh[node].record), fresh[node])
         elif record is not None:
-            self.records.pop(node, None)
+            self._commit(node, Decision(None), None)
 
     def _observe(self, node: str, trigger: Trigger, decision: Decision,
                  before: NodeRecord | None) -> None:
@@ -387,21 +363,15 @@ class Controller:
             self.observer.on_decision(node, trigger, decision, before)
 
     def _schedule(self, node: str, kind: str, delay: float, item: Item) -> None:
-        key = (node, kind)
-        old = self._timers.get(key)
-        if old is not None and not old.done():
-            old.cancel()
-
-        async def fire() -> None:
-            await self.clock.sleep(delay)
-            self._timers.pop(key, None)
-            if isinstance(item, Trigger):
-                self._submit(node, replace(item, at=self.clock.now()))
-            else:
-                self._submit(node, Evaluate(self.clock.now()))
-
         if self.leading:
-            self._timers[key] = asyncio.create_task(fire(), name=f"timer:{node}:{kind}")
+            self._timers.schedule((node, kind), delay, item)
+
+    def _fire(self, key: tuple[str, str], item: Item) -> None:
+        now = self.clock.now()
+        if isinstance(item, Trigger):
+            self._submit(key[0], replace(item, at=now))
+        else:
+            self._submit(key[0], Evaluate(now))
 
     async def collect_garbage(self) -> int:
         """Delete closed records older than the retention period (they no longer count for the
@@ -414,7 +384,7 @@ class Controller:
             rec = s.record
             if releases(rec) and rec.phase_since < cutoff and rec.incident.opened_at < cutoff:
                 await self.store.delete(s.name)
-                self.history.pop(rec.incident.id, None)
+                self.engine.forget(rec.incident.id)
                 gone += 1
         if gone:
             log.info("deleted closed remediations past retention", count=gone)
@@ -440,5 +410,5 @@ class Controller:
             await self._dispatcher.drain(grace)
 
     def open_phase(self, node: str) -> Phase:
-        s = self.records.get(node)
-        return Phase(s.record.phase) if s is not None else Phase.HEALTHY
+        rec = self.engine.records.get(node)
+        return Phase(rec.phase) if rec is not None else Phase.HEALTHY

@@ -1,36 +1,39 @@
-"""A deterministic discrete-event replay of the real engine (evaluate → step → actions).
+"""The simulator's driver of the engine: a simulated clock, an event queue and a world.
 
 Used by ``healer simulate`` (scripted fault traces), ``healer backtest`` (history from
-Prometheus) and the property tests. It behaves like the runtime: one record per node, a fresh
-:class:`~healer.core.budget.BudgetView` before every step, actions answered by a world (the
-:class:`~healer.sim.world.SimWorld` simulator, or a read-only world for backtests), rechecks
-scheduled from ``Decision.recheck_after``. Nothing here sleeps or reads a clock.
+Prometheus) and the property tests. All the deciding is :class:`healer.core.engine.Engine`'s,
+the same object the daemon drives; this module adds only what a simulation needs: a discrete
+event queue (signals, triggers, timers and callbacks in time order), a world that answers the
+actions (the :class:`~healer.sim.world.SimWorld` simulator, or the backtest's optimistic world)
+and a timeline of what happened. Nothing here sleeps or reads a clock.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from healer.core.actions import Action, EmitEvent
 from healer.core.budget import BudgetView
-from healer.core.fleet import budget_view, verdict_needs_step
-from healer.core.health import Verdict, evaluate_node
-from healer.core.machine import Decision, Trigger, TriggerKind, releases, step
+from healer.core.engine import Engine
+from healer.core.health import Verdict
+from healer.core.machine import Decision, Trigger, TriggerKind, releases
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import Phase
 from healer.core.policy import PolicySet
 
-#: Signals older than this are dropped from a node's history.
-HISTORY_SECONDS = 3 * 86400.0
-
 
 class World(Protocol):
     def node_views(self, now: float) -> dict[str, NodeView]: ...
+
+    def touched(self) -> set[str]:
+        """The nodes whose view may have changed since the last call (and forget them)."""
+        ...
+
+    def view_of(self, node: str, now: float) -> NodeView | None: ...
 
     def execute(self, action: Action, now: float) -> list[tuple[float, Trigger]]: ...
 
@@ -51,7 +54,6 @@ class Replay:
     world: World
     start: float
     timeline: list[TimelineEntry] = field(default_factory=list)
-    records: dict[str, NodeRecord] = field(default_factory=dict)
     closed: list[NodeRecord] = field(default_factory=list)
     decisions: list[tuple[float, NodeRecord | None, Trigger, Decision]] = field(
         default_factory=list)
@@ -59,15 +61,27 @@ class Replay:
     #: called with (now, view before the step, record before, trigger, decision)
     on_step: Callable[[float, BudgetView, NodeRecord | None, Trigger, Decision], None] | None = None
     keep_decisions: bool = False
+    keep_timeline: bool = True
 
     def __post_init__(self) -> None:
         self.now = self.start
+        self.engine = Engine(self.policies)
+        for view in self.world.node_views(self.start).values():
+            self.engine.set_node(view)
+        self.world.touched()
         self._queue: list[tuple[float, int, str, Any]] = []
         self._seq = itertools.count()
-        self._signals: dict[str, list[Signal]] = defaultdict(list)
         self._tick_due: dict[str, float] = {}
         self._eval_due: dict[str, float] = {}
-        self._last_state: dict[str, HealthState] = {}
+
+    @property
+    def records(self) -> dict[str, NodeRecord]:
+        """The open records, by node."""
+        return self.engine.records
+
+    @property
+    def evaluations(self) -> int:
+        return self.engine.evaluations
 
     # -- scheduling --------------------------------------------------------------------------
 
@@ -76,6 +90,10 @@ class Replay:
 
     def add_signal(self, sig: Signal) -> None:
         self.at(sig.observed_at, "signal", sig)
+
+    def add_signals(self, t: float, batch: list[Signal]) -> None:
+        """Signals of one instant, delivered together (one poll)."""
+        self.at(t, "signals", batch)
 
     def add_callback(self, t: float, fn: Callable[[float], None]) -> None:
         self.at(t, "call", fn)
@@ -86,7 +104,9 @@ class Replay:
             self.now = max(self.now, t)
             match kind:
                 case "signal":
-                    self._on_signal(payload)
+                    self.ingest((payload,))
+                case "signals":
+                    self.ingest(payload)
                 case "eval":
                     if self._eval_due.get(payload) == t:
                         del self._eval_due[payload]
@@ -99,6 +119,7 @@ class Replay:
                     self.process(payload)
                 case "call":
                     payload(self.now)
+                    self._sync_world()
         self.now = max(self.now, until)
 
     def _schedule(self, due: dict[str, float], kind: str, node: str, t: float) -> None:
@@ -108,77 +129,83 @@ class Replay:
         due[node] = t
         self.at(t, kind, node)
 
+    def _sync_world(self) -> None:
+        """Tell the engine about the nodes the world changed (never the whole fleet)."""
+        for name in sorted(self.world.touched()):
+            view = self.world.view_of(name, self.now)
+            if view is None:
+                self.engine.remove_node(name)
+                continue
+            if self.engine.set_node(view):
+                self._schedule(self._eval_due, "eval", name, self.now)
+
     # -- signals and verdicts ----------------------------------------------------------------
 
-    def _on_signal(self, sig: Signal) -> None:
-        hist = self._signals[sig.node]
-        hist.append(sig)
-        if len(hist) > 4096 or hist[0].observed_at < self.now - HISTORY_SECONDS:
-            cutoff = self.now - HISTORY_SECONDS
-            self._signals[sig.node] = [s for s in hist if s.observed_at >= cutoff]
-        if sig.kind is not SignalKind.FRESH or sig.node not in self._last_state \
-                or self._last_state[sig.node] is HealthState.STALE:
-            self._schedule(self._eval_due, "eval", sig.node, self.now)
+    def ingest(self, signals: Iterable[Signal]) -> None:
+        for node in sorted(self.engine.ingest(signals)):
+            self._schedule(self._eval_due, "eval", node, self.now)
 
     def verdict(self, node: str) -> Verdict:
-        view = self.world.node_views(self.now).get(node)
-        policies = self.policies.policies_for(view) if view is not None else []
-        return evaluate_node(node, self._signals.get(node, []), policies, self.now)
+        return self.engine.verdict(node, self.now)
 
     def _evaluate(self, node: str) -> None:
-        v = self.verdict(node)
-        prev = self._last_state.get(node)
-        self._last_state[node] = v.state
-        if v.recheck_after is not None:
-            self._schedule(self._eval_due, "eval", node, self.now + max(v.recheck_after, 0.001))
-        rec = self.records.get(node)
-        if prev == v.state and not verdict_needs_step(v, rec):
+        ev = self.engine.evaluate(node, self.now)
+        if ev.verdict is None:
             return
-        if prev != v.state and not (prev is None and v.state is HealthState.HEALTHY):
+        if ev.recheck_at is not None:
+            self._schedule(self._eval_due, "eval", node, ev.recheck_at)
+        v = ev.verdict
+        if ev.changed and self.keep_timeline and not (
+                v.state is HealthState.HEALTHY and ev.previous is None):
             self.timeline.append(TimelineEntry(self.now, node, "verdict",
                                                f"{v.state.value}: {v.summary()}"))
-        self.process(Trigger(TriggerKind.VERDICT, node, self.now, verdict=v))
+        self.on_verdict(node, v)
+        if ev.trigger is not None:
+            self.process(ev.trigger)
+
+    def on_verdict(self, node: str, verdict: Verdict) -> None:
+        """Every evaluation's verdict (a hook for drivers that log them)."""
 
     # -- steps --------------------------------------------------------------------------------
 
     def view(self) -> BudgetView:
-        return budget_view(self.policies, self.world.node_views(self.now),
-                           self.records.values(), self.all_records())
+        return self.engine.view()
 
     def process(self, trigger: Trigger) -> Decision:
         node = trigger.node
-        record = self.records.get(node)
-        before = self.view()
-        decision = step(record, trigger, self.now, before)
+        engine = self.engine
+        record = engine.records.get(node)
+        before = engine.view()
+        decision = engine.decide(node, trigger, self.now, before)
         if self.on_step is not None:
             self.on_step(self.now, before, record, trigger, decision)
         if self.keep_decisions:
             self.decisions.append((self.now, record, trigger, decision))
         if self.on_decision is not None:
             self.on_decision(self.now, trigger, decision)
-        for src, dst, label in decision.transitions:
-            self.timeline.append(TimelineEntry(self.now, node, "transition",
-                                               f"{src.value} → {dst.value}  ({label})",
-                                               src.value, dst.value))
+        if self.keep_timeline:
+            for src, dst, label in decision.transitions:
+                self.timeline.append(TimelineEntry(self.now, node, "transition",
+                                                   f"{src.value} → {dst.value}  ({label})",
+                                                   src.value, dst.value))
+        engine.commit(node, decision)
         new = decision.record
-        if new is None:
-            self.records.pop(node, None)
-        elif releases(new):
-            self.records.pop(node, None)
+        if new is not None and Phase(new.phase) is not Phase.SUSPECT and releases(new):
             self.closed.append(new)
-        else:
-            self.records[node] = new
         for act in decision.actions:
-            if isinstance(act, EmitEvent):
-                self.timeline.append(TimelineEntry(self.now, node, "event",
-                                                   f"{act.reason}: {act.note}"))
-            else:
-                self.timeline.append(TimelineEntry(self.now, node, "action", act.describe()))
+            if self.keep_timeline:
+                if isinstance(act, EmitEvent):
+                    self.timeline.append(TimelineEntry(self.now, node, "event",
+                                                       f"{act.reason}: {act.note}"))
+                else:
+                    self.timeline.append(TimelineEntry(self.now, node, "action",
+                                                       act.describe()))
             for t, trig in self.world.execute(act, self.now):
                 self.at(t, "trigger", trig)
-        if new is not None and decision.recheck_after is not None:
-            self._schedule(self._tick_due, "tick", node,
-                           self.now + max(decision.recheck_after, 0.001))
+        self._sync_world()
+        tick = engine.next_tick(node, decision, self.now)
+        if tick is not None:
+            self._schedule(self._tick_due, "tick", node, tick)
         return decision
 
     def inject(self, trigger: Trigger) -> None:

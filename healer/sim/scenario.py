@@ -230,6 +230,7 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
             def admin_uncordon(now: float, node: str = f.node) -> None:
                 world.nodes[node].unschedulable = False
                 world.nodes[node].annotations.pop("healer.io/cordoned-by", None)
+                world.touch(node)
                 replay.process(Trigger(TriggerKind.ADMIN_UNCORDON, node, now))
             replay.add_callback(t0, admin_uncordon)
     _schedule_repairs(replay, world)  # repair results come from the world once a node is marked

@@ -101,16 +101,38 @@ class SimWorld:
         self._validation_started: dict[str, float] = {}
         self.pending_repairs: list[tuple[float, str, str, bool]] = []  # at, node, incident, ok
         self.capacity_changed_at: list[float] = []
+        self._touched: set[str] = set(self.nodes)
+        self._host_of: dict[str, str] = {n.name: n.name for n in nodes if not n.spare}
+        self._claims: dict[str, str] = {}  # incident -> claimed spare
 
     # -- views -------------------------------------------------------------------------------
 
     def node_views(self, now: float) -> dict[str, NodeView]:
         return {n: s.view(now) for n, s in self.nodes.items()}
 
+    def view_of(self, node: str, now: float) -> NodeView | None:
+        n = self.nodes.get(node)
+        return n.view(now) if n is not None else None
+
+    def touch(self, *nodes: str) -> None:
+        """Note that these nodes changed (a scripted admin action, a new node)."""
+        self._touched.update(n for n in nodes if n)
+
+    def touched(self) -> set[str]:
+        """The nodes whose view may have changed since the last call (then forgotten)."""
+        out, self._touched = self._touched, set()
+        return out
+
     def slurm_name(self, node: str) -> str:
         """The Slurm node whose slurmd runs on Kubernetes node ``node`` ("" if none)."""
+        name = self._host_of.get(node)
+        if name is not None:
+            s = self.slurm.get(name)
+            if s is not None and s.host == node:
+                return name
         for s in self.slurm.values():
             if s.host == node:
+                self._host_of[node] = s.name
                 return s.name
         return ""
 
@@ -138,6 +160,8 @@ class SimWorld:
         handler = getattr(self, f"_do_{type(action).__name__}")
         out: list[tuple[float, Trigger]] = []
         res = handler(action, now)
+        # what an action may change: its node, and the spare or target it names
+        self.touch(action.node, getattr(action, "spare", ""), getattr(action, "target", ""))
         if res is None:
             return out
         if isinstance(res, SlurmObservation):
@@ -203,17 +227,22 @@ class SimWorld:
         return self._ok()
 
     def _do_ClaimSpare(self, act: a.ClaimSpare, now: float) -> Result:
-        for n in self.nodes.values():
-            if n.claimed_by == act.incident:
-                return self._ok(spare=n.name)  # idempotent: already claimed by this incident
-        free = [n.view(now) for n in self.nodes.values()
-                if n.spare and not n.claimed_by and n.ready and n.name != act.node]
+        claimed = self.nodes.get(self._claims.get(act.incident, ""))
+        if claimed is not None and claimed.claimed_by == act.incident:
+            return self._ok(spare=claimed.name)  # idempotent: already claimed by this incident
+        free = [n.view(now) for n in self.free_spares(act.node)]
         ranked = rank_spares(self.nodes[act.node].view(now), free)
         if not ranked:
             return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
         best = self.nodes[ranked[0].name]
         best.claimed_by = act.incident
+        self._claims[act.incident] = best.name
         return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
+
+    def free_spares(self, node: str) -> list[SimNode]:
+        """The spares that ``node``'s incident may claim."""
+        return [n for n in self.nodes.values()
+                if n.spare and not n.claimed_by and n.ready and n.name != node]
 
     def _do_MoveWorkload(self, act: a.MoveWorkload, now: float) -> Result:
         if act.incident in self._moved_at:

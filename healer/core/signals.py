@@ -1,0 +1,212 @@
+"""Bounded per-node signal state: what :func:`healer.core.health.evaluate` still needs, no more.
+
+A telemetry source sends every fresh GPU's samples every poll; keeping them all would make
+memory and evaluation cost grow with uptime. :class:`NodeSignals` keeps, per node, only what a
+rule of the policy set can still look at, pre-indexed by rule (:class:`RuleIndex`):
+
+* **metrics**: per (key, GPU) the latest sample and, for every distinct threshold test of that
+  key, the first sample of the current run of samples passing it plus the sample before that
+  run (``for:`` walks back from the latest sample while the test holds and stops there);
+* **XIDs**: the occurrences younger than the longest XID window, plus the newest per source (it
+  is still fresh data after its window passed), at most :data:`XID_LIMIT`; an occurrence that a
+  source reports again (a restart, re-seeding from a record's evidence) is kept once;
+* **conditions**: per type the newest observation plus the distinct observations younger than
+  the longest N-in-window rule's window, at most :data:`CONDITION_LIMIT` per type;
+* **fresh and stale markers**: the newest of each kind per source.
+
+:meth:`NodeSignals.signals` gives the evaluation exactly the verdicts it would give on the full
+history (the backtest's unit tests compare the two timelines). Memory per node is therefore a
+constant of the policy set: ``series * (1 + 2 * tests)`` metric samples (8 GPUs x the default
+policies' 7 keys x at most 2 tests: at most 280 samples), ≤ 64 XIDs, ≤ 16 observations per
+condition type, two markers per source.
+
+:meth:`NodeSignals.add` says whether a signal can change the verdict by itself: a sample equal
+to the previous one of its series (within ``gap`` seconds of it) cannot, nor can a heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from healer.core.model import GpuRef, Signal, SignalKind
+from healer.core.policy import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
+
+#: At most this many XID occurrences are kept per node (a storm keeps the newest).
+XID_LIMIT = 64
+#: At most this many observations are kept per condition type and node.
+CONDITION_LIMIT = 16
+#: Samples older than this are not trusted when a policy has no staleness rule.
+DEFAULT_SAMPLE_MAX_AGE = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class RuleIndex:
+    """What the policy set's rules need from a node's signals, computed once per policy set."""
+
+    tests: Mapping[str, tuple[tuple[Op, float], ...]]  # metric key → distinct threshold tests
+    xid_window: float  # the longest XID rule window
+    condition_window: float  # the longest N-in-window condition rule window
+    sample_max_age: float  # samples older than this are untrusted by every policy
+
+    @classmethod
+    def of(cls, policies: PolicySet) -> RuleIndex:
+        tests: dict[str, list[tuple[Op, float]]] = {}
+        xid_window = 0.0
+        condition_window = 0.0
+        max_ages: list[float] = []
+        for p in policies.policies:
+            stale = [r.after for r in p.rules if isinstance(r, StalenessRule)]
+            max_ages.append(min(stale, default=DEFAULT_SAMPLE_MAX_AGE))
+            for r in p.rules:
+                if isinstance(r, MetricRule):
+                    entry = tests.setdefault(r.key, [])
+                    if (r.op, r.threshold) not in entry:
+                        entry.append((r.op, r.threshold))
+                elif isinstance(r, XidRule):
+                    xid_window = max(xid_window, r.within)
+                elif isinstance(r, ConditionRule):
+                    condition_window = max(condition_window, r.within)
+        return cls({k: tuple(v) for k, v in tests.items()}, xid_window, condition_window,
+                   min(max_ages, default=DEFAULT_SAMPLE_MAX_AGE))
+
+
+class _Series:
+    __slots__ = ("latest", "runs")
+
+    def __init__(self, latest: Signal, runs: list[tuple[Signal | None, Signal] | None]) -> None:
+        self.latest = latest
+        # per threshold test: (the sample before the run, the run's first sample) while the
+        # latest sample passes the test; None while it does not
+        self.runs = runs
+
+
+class NodeSignals:
+    """The bounded signal state of one node (see the module docstring)."""
+
+    __slots__ = ("conditions", "fresh_at", "gap", "index", "last_xid", "newest", "series",
+                 "xids")
+
+    def __init__(self, index: RuleIndex, gap: float | None = None) -> None:
+        self.index = index
+        # a same-value sample after a gap longer than this may end an untrusted stretch
+        self.gap = index.sample_max_age if gap is None else min(gap, index.sample_max_age)
+        self.series: dict[tuple[str, GpuRef | None], _Series] = {}
+        self.xids: list[Signal] = []
+        self.last_xid: dict[str, Signal] = {}
+        self.newest: dict[tuple[SignalKind, str], Signal] = {}
+        self.conditions: dict[str, list[Signal]] = {}
+        self.fresh_at = -1.0  # the newest FRESH heartbeat
+
+    def add(self, s: Signal) -> bool:
+        """Remember ``s``; False when it cannot change the verdict by itself."""
+        match s.kind:
+            case SignalKind.METRIC:
+                return self._metric(s)
+            case SignalKind.XID:
+                return self._xid(s)
+            case SignalKind.CONDITION:
+                return self._condition(s)
+            case SignalKind.FRESH:
+                self._newest(s)
+                self.fresh_at = max(self.fresh_at, s.observed_at)
+                return False
+            case _:  # STALE
+                self._newest(s)
+                return True
+
+    def extend(self, signals: Iterable[Signal]) -> bool:
+        changed = False
+        for s in signals:
+            changed = self.add(s) or changed
+        return changed
+
+    def _newest(self, s: Signal) -> None:
+        k = (s.kind, s.source)
+        old = self.newest.get(k)
+        if old is None or s.observed_at >= old.observed_at:
+            self.newest[k] = s
+
+    def _metric(self, s: Signal) -> bool:
+        key = (s.key, s.gpu)
+        ser = self.series.get(key)
+        tests = self.index.tests.get(s.key, ())
+        if ser is None:
+            self.series[key] = _Series(s, [(None, s) if op.test(s.value, thr) else None
+                                           for op, thr in tests])
+            return True
+        prev = ser.latest
+        if s.observed_at < prev.observed_at:
+            return False  # out of order: the latest sample already says more
+        if s.value == prev.value and s.observed_at - prev.observed_at <= self.gap:
+            ser.latest = s  # the same value again: every threshold test is unchanged
+            return False
+        runs = ser.runs
+        if len(runs) != len(tests):  # the policy set changed: restart the runs here
+            runs[:] = [None] * len(tests)
+        for i, (op, thr) in enumerate(tests):
+            if not op.test(s.value, thr):
+                runs[i] = None
+            elif runs[i] is None:
+                runs[i] = (prev, s)
+        ser.latest = s
+        return True
+
+    def _xid(self, s: Signal) -> bool:
+        if s in self.xids or self.last_xid.get(s.source) == s:
+            return False  # the same occurrence re-reported
+        self.xids.append(s)
+        if len(self.xids) > XID_LIMIT:
+            self.xids.sort(key=lambda x: x.observed_at)
+            del self.xids[:-XID_LIMIT]
+        old = self.last_xid.get(s.source)
+        if old is None or s.observed_at >= old.observed_at:
+            self.last_xid[s.source] = s
+        return True
+
+    def _condition(self, s: Signal) -> bool:
+        obs = self.conditions.setdefault(s.key, [])
+        if obs and obs[-1].value == s.value and obs[-1].detail == s.detail:
+            obs[-1] = s  # the same observation again (a relist, a heartbeat)
+            return False
+        obs.append(s)
+        if len(obs) > CONDITION_LIMIT:
+            del obs[:-CONDITION_LIMIT]
+        return True
+
+    def prune(self, now: float) -> None:
+        """Drop what no rule can look at any more (called before each evaluation)."""
+        if self.xids:
+            window = self.index.xid_window
+            self.xids = [x for x in self.xids if now - x.observed_at < window]
+        window = self.index.condition_window
+        for key, obs in self.conditions.items():
+            if len(obs) > 1:
+                self.conditions[key] = [*(o for o in obs[:-1] if now - o.value < window),
+                                        obs[-1]]
+
+    def signals(self, now: float) -> list[Signal]:
+        """The signals to evaluate at ``now`` (pruned first)."""
+        self.prune(now)
+        out: list[Signal] = list(self.xids)
+        present = {id(x) for x in self.xids}
+        out.extend(x for x in self.last_xid.values() if id(x) not in present)
+        out.extend(self.newest.values())
+        for ser in self.series.values():
+            kept = {id(ser.latest): ser.latest}
+            for run in ser.runs:
+                if run is not None:
+                    before, first = run
+                    kept[id(first)] = first
+                    if before is not None:
+                        kept[id(before)] = before
+            out.extend(kept.values())
+        for obs in self.conditions.values():
+            out.extend(obs)
+        return out
+
+    def size(self) -> int:
+        """How many signals are held (for metrics and the memory bound's tests)."""
+        held = len(self.xids) + len(self.last_xid) + len(self.newest)
+        held += sum(1 + 2 * sum(r is not None for r in s.runs) for s in self.series.values())
+        return held + sum(len(o) for o in self.conditions.values())
