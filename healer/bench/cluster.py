@@ -38,6 +38,8 @@ from .policies import BENCH_LABEL
 log = structlog.get_logger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 DOMAIN = "accelerator.topograph.run/domain"
+#: phases of a NodeRemediation that is over ("" : no phase written yet counts as open)
+CLOSED = frozenset({"Done", "Cancelled", "Recovered", "Escalated", "Healthy"})
 
 
 async def wait_until(pred: Callable[[], Awaitable[bool] | bool], limit: float, what: str,
@@ -64,9 +66,13 @@ class Seen:
     drain: dict[str, float] = field(default_factory=dict)
     cordoned: dict[str, float] = field(default_factory=dict)
     phases: dict[str, str] = field(default_factory=dict)  # NR name -> phase
+    node_phase: dict[str, str] = field(default_factory=dict)  # node -> its latest NR's phase
 
     def open(self) -> int:
-        return sum(1 for p in self.phases.values() if p not in ("Done", "Cancelled", "Healthy"))
+        return sum(1 for p in self.phases.values() if p not in CLOSED)
+
+    def closed(self, node: str) -> bool:
+        return self.node_phase.get(node, "") in CLOSED
 
 
 class BenchCluster:
@@ -137,6 +143,23 @@ class BenchCluster:
             node, {"status": {"conditions": [cond]}},  # type: ignore[call-arg]
             _content_type="application/strategic-merge-patch+json", field_manager="bench-agent")
 
+    async def heal(self, nodes: list[str], limit: float) -> None:
+        """What an admin does once the GPU is fixed: the condition back to True, then an
+        uncordon, which cancels healer's remediation; returns once every one is closed."""
+        assert self.api is not None
+        core = client.CoreV1Api(self.api)
+        sem = asyncio.Semaphore(64)
+
+        async def one(node: str) -> None:
+            async with sem:
+                await self.set_condition(node, "True", "Healthy")
+                await core.patch_node(node, {"spec": {"unschedulable": False}})
+
+        await asyncio.gather(*(one(n) for n in nodes))
+        await wait_until(lambda: all(self.seen.closed(n) for n in nodes), limit,
+                         f"the remediations of {len(nodes)} healed node(s) to close",
+                         interval=0.05)
+
     # -- watches --------------------------------------------------------------------------
 
     async def start_watches(self) -> None:
@@ -200,7 +223,9 @@ class BenchCluster:
                 self.seen.remediation[node] = now
                 self.seen.remediation_wall[node] = time.time()
             st = raw.get("status") or {}
-            self.seen.phases[raw.get("metadata", {}).get("name", "")] = str(st.get("phase", ""))
+            phase = str(st.get("phase", ""))
+            self.seen.phases[raw.get("metadata", {}).get("name", "")] = phase
+            self.seen.node_phase[node] = phase
             if node not in self.seen.drain and any(
                     s.get("step") == "drain" for s in st.get("ledger") or []):
                 self.seen.drain[node] = now

@@ -78,7 +78,9 @@ async def run_group(sizes: TelemetrySizes, repeats: int, seed: int,
     rss_large = Figure("telemetry", f"steady RSS, {large:,} nodes", "MiB", 300.0)
     rss_growth = Figure("telemetry", f"RSS growth, poll 3 -> {sizes.long_polls:,}, "
                                      f"{small:,} nodes", "MiB", 10.0)
-    cpu_drift = Figure("telemetry", f"CPU/poll last 10 / polls 2-4, {small:,} nodes", "x", 1.2)
+    w = max(3, sizes.long_polls // 10)
+    cpu_drift = Figure("telemetry", f"CPU/poll, median last {w} / polls 2-{w + 1}, "
+                                    f"{small:,} nodes", "x", 1.2)
     path = "poll_once"
     for r in range(repeats):
         res = await run_worker(small, sizes.polls, seed + r)
@@ -97,7 +99,7 @@ async def run_group(sizes: TelemetrySizes, repeats: int, seed: int,
             res = await run_worker(small, sizes.long_polls, seed + r)
             cpu, rss = res["cpu"], res["rss_mb"]
             rss_growth.add(rss[-1] - rss[2])
-            cpu_drift.add(statistics.mean(cpu[-10:]) / statistics.mean(cpu[1:4]))
+            cpu_drift.add(statistics.median(cpu[-w:]) / statistics.median(cpu[1:w + 1]))
             say(f"  telemetry flat-over-time: {sizes.long_polls:,} polls at {small:,} nodes in "
                 f"{time.monotonic() - t0:.0f}s; RSS {rss[2]:.0f} -> {rss[-1]:.0f} MiB")
     rss_growth.note = "one run (the first repeat): RSS after the last poll - after the third"

@@ -23,7 +23,7 @@ ROWS = [
     ("telemetry", "CPU of the first poll"),
     ("telemetry", "steady RSS"),
     ("telemetry", "RSS growth"),
-    ("telemetry", "CPU/poll last 10"),
+    ("telemetry", "CPU/poll, median last"),
     ("engine", "decisions/s, 1,000 nodes"),
     ("engine", "decisions/s with the simulated world, 1,000 nodes"),
     ("engine", "decisions/s, 2,000 nodes"),
@@ -36,6 +36,7 @@ ROWS = [
     ("stack", "burst of 20"),
     ("stack", "daemon idle CPU"),
     ("stack", "daemon RSS"),
+    ("stack", "20 healed -> all remediations closed"),
     ("promql", "XID scraped -> NodeRemediation p50"),
 ]
 
