@@ -112,7 +112,7 @@ def trace(nodes: int, seed: int, *, background: float = 0.01, storm: float = 0.0
 
 
 def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
-         until: float) -> tuple[Replay, list[tuple[float, int]], dict[str, float],
+         until: float) -> tuple[Replay, list[tuple[float, int, int]], dict[str, float],
                                 dict[str, float], list[float]]:
     world = SimWorld(nodes, latencies=Latencies(api=1.0, pod_start=45.0, validation=120.0))
     out_changes: list[tuple[float, int, int]] = []  # (time, ±1 out of service, ±1 active)
