@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from healer.core.machine import IGNORED, TRANSITIONS
 from healer.core.phases import ACTIVE, TERMINAL, Phase
-from healer.core.policy import Policy, XidRule
+from healer.core.policy import MetricRule, Policy, XidRule
 from healer.errors import PolicyError
 from healer.policy.catalog import default_catalog
 from healer.policy.schema import json_schema
@@ -240,6 +241,71 @@ def policies_configmap_yaml() -> str:
     return GENERATED_YAML.format(src="policies/default.yaml") + _literal_dump(body)
 
 
+def _record_name(rule: MetricRule) -> str:
+    from healer.adapters.prometheus.promql import duration
+
+    base = re.sub(r"[^a-z0-9]+", "_", rule.field.lower()).strip("_")
+    if rule.promql:
+        return f"healer:rule_{re.sub(r'[^a-z0-9]+', '_', rule.name.lower())}:by_gpu"
+    if rule.aggregation.value == "value":
+        return f"healer:{base}:{'min' if rule.op.value in ('<', '<=') else 'max'}_by_gpu"
+    return f"healer:{base}:{rule.aggregation.value}_{duration(rule.window)}_by_gpu"
+
+
+def recording_rules_yaml(policy_file: Path | None = None) -> str:
+    """Recording rules that pre-aggregate what healer's policies read, per GPU and per node.
+
+    Per metric rule, its fleet-wide expression (the one the daemon's poll sends) recorded per
+    GPU, and the number of GPUs over its threshold per node; per node, the newest heartbeat and
+    the number of GPUs reporting. Prometheus evaluates them once per interval for healer, the
+    dashboards and (sharded) query front ends alike (docs/scaling.md).
+    """
+    import yaml
+
+    from healer.adapters.prometheus.promql import (
+        DEFAULT_HEARTBEAT,
+        DEFAULT_HOST_LABELS,
+        group_labels,
+        metric_expr,
+        server_filter,
+    )
+    from healer.policy.load import load_policy_set
+
+    src = policy_file or ROOT / "policies" / "default.yaml"
+    policies = load_policy_set([src])
+    by = group_labels()
+    node_by = ", ".join((*DEFAULT_HOST_LABELS, "instance"))
+    per_gpu: list[dict[str, Any]] = []
+    per_node: list[dict[str, Any]] = [
+        {"record": "healer:dcgm_heartbeat_timestamp_seconds:max_by_node",
+         "expr": f"max by ({node_by}) (timestamp({DEFAULT_HEARTBEAT}))"},
+        {"record": "healer:dcgm_gpus:count_by_node",
+         "expr": f"count by ({node_by}) ({DEFAULT_HEARTBEAT})"},
+    ]
+    seen: set[str] = set()
+    for p in policies.policies:
+        for r in p.rules:
+            if not isinstance(r, MetricRule):
+                continue
+            name = _record_name(r)
+            expr = metric_expr(r, by=by)
+            if name not in seen:
+                seen.add(name)
+                per_gpu.append({"record": name, "expr": expr})
+            per_node.append({
+                "record": "healer:rule_violating_gpus:count_by_node",
+                "expr": f"count by ({node_by}) ({server_filter(name, [(r.op, r.threshold)])})",
+                "labels": {"policy": p.name, "rule": r.name}})
+    # one group: its rules run in order, so the per-node counts read this round's per-GPU values
+    doc = {"groups": [{"name": "healer", "interval": "15s", "rules": per_gpu + per_node}]}
+    rel = src.relative_to(ROOT) if src.is_relative_to(ROOT) else src.name
+    head = (GENERATED_YAML.format(src=rel) +
+            "# Recording rules for what healer's policies read (docs/scaling.md): each metric\n"
+            "# rule's fleet-wide expression per GPU, GPUs over each rule's threshold per node,\n"
+            "# and per node the newest DCGM heartbeat and the GPUs reporting.\n")
+    return head + yaml.safe_dump(doc, sort_keys=False, width=100)
+
+
 def metrics_markdown() -> str:
     from healer.obs.metrics import METRICS
 
@@ -293,6 +359,7 @@ def generated_files(build_parser: Callable[[], argparse.ArgumentParser]) -> dict
         ROOT / "deploy" / "helm" / "healer" / "crds" / "noderemediations.healer.io.yaml":
             crd_yaml(),
         ROOT / "deploy" / "policies-configmap.yaml": policies_configmap_yaml(),
+        ROOT / "deploy" / "prometheus" / "healer-recording-rules.yaml": recording_rules_yaml(),
         ROOT / "docs" / "workflow.md": workflow_markdown(),
         ROOT / "docs" / "xid-catalog.md": xid_markdown(),
         ROOT / "docs" / "policy-reference.md": policy_reference(),
