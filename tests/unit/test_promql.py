@@ -203,7 +203,9 @@ def test_source_node_map_and_queries_without_a_connection() -> None:
         assert src.plan.queries_per_poll == 3
         assert 'job="dcgm"' in src.plan.metrics[0].expr
         assert 'up{job="dcgm"} == 0' in src.freshness_query
-        assert "hpc_job" in src.freshness_query
+        # per node, not per GPU: the job labels come with the per-GPU follow-up rows
+        assert "healer_fresh" in src.freshness_query
+        assert "hpc_job" not in src.freshness_query
         assert "hpc_job" not in src.plan.metrics[0].expr
     finally:
         src.close()

@@ -13,8 +13,17 @@ poll sends a fixed set of **fleet-wide** instant queries, all evaluated at the s
   previous poll. A per-GPU cursor turns a change of the last value and every increase of a count
   into one ``Signal(XID, value=code)`` per new occurrence, reported once. A repeated identical
   XID is visible only through the count series (the last value does not change);
-* one for freshness: the newest heartbeat sample (``timestamp()``) per node and GPU, plus the
-  exporters whose ``up`` is 0.
+* one for freshness, proportional to nodes, not GPUs: per node (host, ``instance``) the
+  newest heartbeat sample (``timestamp()``) and how many GPUs have a heartbeat at most
+  ``stale_after`` old (two rows, told apart by ``FRESH_MARK``), plus the exporters whose
+  ``up`` is 0 (:func:`node_freshness_expr`). The per-GPU rows (UUID, serial and ``hpc_job``
+  labels) come in the follow-up, host-restricted, only for the nodes that need them: a node
+  seen for the first time, whose fresh-GPU count differs from its known GPUs (a GPU missing,
+  old, added), that was stale, that has a metric signal or an XID to report, or whose turn
+  it is in the inventory refresh (every node once per about ``forget_after / 4``, spread
+  over the polls by a hash of its name). A node judged from its two rows alone is FRESH (or
+  ``series-old``) at once; the others' FRESH/STALE comes with the follow-up (see
+  :mod:`.nodes`).
 
 **What a live poll emits for metrics (the contract with the core).** The core evaluates a
 metric rule only from the series it receives, the latest signal per (node, GPU, key) deciding;
@@ -32,9 +41,12 @@ forgets the node, a key's when no query serves it after a policy reload. Of dupl
 of one GPU (one per job) the worst counts, a violating one before a healthy one. A NaN or ±Inf
 value is not a reading: it is skipped (counted as malformed), never a violation nor a
 recovery. Signals are stamped with the time their GPU was last scraped (an instant query's own
-timestamp is only the evaluation time); samples of a GPU or node with no heartbeat in this poll
-are dropped (range functions still see their old samples), its STALE signal says why. The
-backtest path (:meth:`PrometheusSource.history`, range queries) is not filtered: every sample.
+timestamp is only the evaluation time): a node's metric signals come in the follow-up round,
+with its per-GPU rows, unless those rows were in the first answer; recoveries of a node whose
+rows were not fetched take the node's newest scrape time. Samples of a GPU or node with no
+heartbeat in this poll are dropped (range functions still see their old samples), its STALE
+signal says why. The backtest path (:meth:`PrometheusSource.history`, range queries) is not
+filtered: every sample.
 
 Stale telemetry is *unknown*, never healthy and never failed: a node whose series are absent
 (exporter down, scrape failing, series gone) or older than ``stale_after``, a GPU whose series
@@ -52,8 +64,10 @@ Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx an
 (a bad ``promql`` rule, bad credentials).
 
 Modules: :mod:`.promql` (pure query generation), :mod:`.labels`, :mod:`.xid` (cursor),
-:mod:`.freshness`, :mod:`.parse` (answers → signals), :mod:`.http`, :mod:`.source` (the
-poll), :mod:`.history` (backtests).
+:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
+(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.rounds` (the parse
+of both rounds), :mod:`.stats`, :mod:`.http`, :mod:`.source` (the poll), :mod:`.history`
+(backtests).
 """
 
 from healer.adapters.prometheus.freshness import FreshnessTracker, FreshRow, Transition
@@ -76,13 +90,15 @@ from healer.adapters.prometheus.promql import (
     group_labels,
     host_regexes,
     metric_expr,
+    node_freshness_expr,
     plan_queries,
     selector,
     server_filter,
     xid_expr,
     xid_prequery_expr,
 )
-from healer.adapters.prometheus.source import Answer, PollStats, PrometheusSource
+from healer.adapters.prometheus.source import PrometheusSource
+from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker
 
 __all__ = [
@@ -91,6 +107,7 @@ __all__ = [
     "NodeMap",
     "PlannedQuery", "PollParser", "PollStats", "PrometheusSource", "QueryPlan", "Transition",
     "XidEvent", "XidSeries", "XidTracker", "decode_result", "duration", "freshness_expr",
-    "gpu_ref", "group_labels", "host_regexes", "metric_expr", "node_name", "plan_queries",
+    "gpu_ref", "group_labels", "host_regexes", "metric_expr", "node_freshness_expr", "node_name",
+    "plan_queries",
     "selector", "server_filter", "xid_expr", "xid_prequery_expr",
 ]

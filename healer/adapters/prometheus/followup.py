@@ -1,10 +1,13 @@
 """A live poll's second round: the follow-up queries its first round's answers call for.
 
-At most two kinds, both restricted to a few hosts with a regex matcher on the host label
+At most three kinds, all restricted to a few hosts with a regex matcher on the host label
 (``Hostname=~"a|b"``, chunked when long), both evaluated at the poll's time:
 
 * the raw XID samples (:func:`~.promql.xid_expr`) of the hosts the XID pre-query listed,
   plus those whose cursor still holds a non-zero code or counts;
+* the per-GPU freshness rows (:func:`~.promql.freshness_expr`, no ``up`` part) of the nodes
+  that need them: new, GPU count changed, was stale, with a metric signal or an XID to
+  report, or due for the inventory refresh (see :mod:`.nodes`); parsed first;
 * ONE recovery query for every currently violating series that is absent from the filtered
   answer of its metric query while its GPU is fresh: the unfiltered expression of each such
   query restricted to those hosts, tagged ``healer_q=<index of the query in the plan>``
@@ -17,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from healer.adapters.prometheus.freshness import NodeRows
-from healer.adapters.prometheus.parse import Slot
+from healer.adapters.prometheus.freshness import NodeSummary
+from healer.adapters.prometheus.nodes import PollView
+from healer.adapters.prometheus.parse import Emission, Slot
 from healer.adapters.prometheus.promql import (
     TAG_LABEL,
     PlannedQuery,
@@ -35,16 +39,21 @@ class Pending:
     """The follow-ups a poll's first round left, with what their parse needs."""
 
     now: float
-    by_node: NodeRows
+    view: PollView  # the first round's
     window: float
     since: float
+    fresh: list[str] = field(default_factory=list)  # per-GPU rows (host-restricted)
     xid: list[str] = field(default_factory=list)  # raw XID queries (host-restricted)
     recovery: list[str] = field(default_factory=list)
     owed: dict[int, set[Slot]] = field(default_factory=dict)  # query index → series
+    fetch: set[str] = field(default_factory=set)  # nodes whose per-GPU rows are asked for
+    held: set[str] = field(default_factory=set)  # of them, those whose FRESH/STALE waits
+    nodes: NodeSummary = field(default_factory=dict)  # the first round's summaries
+    deferred: dict[int, list[Emission]] = field(default_factory=dict)  # query index →
 
     @property
     def exprs(self) -> list[str]:
-        return [*self.xid, *self.recovery]
+        return [*self.fresh, *self.xid, *self.recovery]
 
 
 def recovery_queries(queries: Sequence[PlannedQuery], owed: Mapping[int, set[Slot]],

@@ -45,7 +45,7 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
     fresh_at: dict[float, NodeRows] = defaultdict(dict)
     down_at: dict[float, set[str]] = defaultdict(set)
     for a, b in chunks:
-        for entry in await src.query_range(src.freshness_query, a, b, step):
+        for entry in await src.query_range(src.gpu_freshness_query, a, b, step):
             labels = labels_of(entry)
             if labels is None:
                 continue

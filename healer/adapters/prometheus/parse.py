@@ -2,9 +2,9 @@
 
 :class:`PollParser` holds what must outlive one poll: the GPU and detail caches, the per-key
 set of currently violating series (for the one recovery signal, see the package docstring)
-and the jobs per GPU of the last freshness answer. A malformed entry (not an object, a label
-map that is not one, a value that is not ``[time, "number"]``, a NaN or ±Inf) is skipped and
-counted in ``malformed``; it never raises.
+and the jobs per GPU of each node's last per-GPU freshness rows (:mod:`.nodes`). A malformed
+entry (not an object, a label map that is not one, a value that is not ``[time, "number"]``,
+a NaN or ±Inf) is skipped and counted in ``malformed``; it never raises.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from healer.adapters.prometheus.freshness import NodeRows
 from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name, samples
+from healer.adapters.prometheus.nodes import PollView
 from healer.adapters.prometheus.promql import (
     JOB_LABEL,
     TAG_LABEL,
-    UP_MARK,
     XID_COUNT,
     XID_GAUGE,
     PlannedQuery,
@@ -30,6 +29,8 @@ from healer.core.policy import Op
 
 NodeMap = Callable[[dict[str, Any]], str | None]
 Slot = tuple[str, GpuRef | None]
+#: (node, GPU, value, violates): one series a metric answer emits
+Emission = tuple[str, GpuRef | None, float, bool]
 _INF = math.inf
 _MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError)
 
@@ -45,7 +46,8 @@ class PollParser:
         self.gpu = GpuCache()
         #: signal key → node → the GPUs whose last emitted sample violated a predicate
         self.violating: dict[str, dict[str, set[GpuRef | None]]] = {}
-        self.jobs: dict[tuple[str, GpuRef], tuple[str, ...]] = {}
+        #: node → GPU → its ``hpc_job`` labels, as of the node's last per-GPU rows
+        self.jobs: dict[str, dict[GpuRef, tuple[str, ...]]] = {}
         self.malformed = 0  # since the last reset, by the caller
         self._details: dict[tuple[str, str, tuple[str, ...] | None],
                             tuple[tuple[str, str], ...]] = {}
@@ -75,7 +77,8 @@ class PollParser:
 
     def detail(self, node: str, gpu: GpuRef | None, name: str, value: str
                ) -> tuple[tuple[str, str], ...]:
-        jobs = self.jobs.get((node, gpu)) if gpu is not None else None
+        of_node = self.jobs.get(node) if gpu is not None else None
+        jobs = of_node.get(gpu) if of_node is not None and gpu is not None else None
         key = (name, value, jobs)
         out = self._details.get(key)
         if out is None:
@@ -92,90 +95,27 @@ class PollParser:
         for nodes in self.violating.values():
             nodes.pop(node, None)
         self.host_of.pop(node, None)
+        self.jobs.pop(node, None)
 
     def keep_keys(self, keys: set[str]) -> None:
         """After a policy reload: drop the violating state of keys no query serves now."""
         for key in [k for k in self.violating if k not in keys]:
             del self.violating[key]
 
-    # -- freshness ------------------------------------------------------------------------
-
-    def fresh(self, result: Sequence[Any]) -> tuple[NodeRows, set[str], int]:
-        """The freshness answer → (rows per node, instances whose ``up`` is 0, unmapped)."""
-        by_node: NodeRows = {}
-        down: set[str] = set()
-        unmapped = malformed = 0
-        jobs: dict[tuple[str, GpuRef], set[str]] = defaultdict(set)
-        gpu_of = self.gpu
-        node_of = self.node_of
-        for entry in result:
-            try:
-                raw = entry["value"]
-                ts = float(raw[1])
-                float(raw[0])
-                labels = entry.get("metric") or {}
-                if not -_INF < ts < _INF or not isinstance(labels, dict) or len(raw) != 2:
-                    raise ValueError(ts)
-            except _MALFORMED:
-                malformed += 1
-                continue
-            if UP_MARK in labels:
-                down.add(str(labels.get("instance", "")))
-                continue
-            node = node_of(labels)
-            if node is None:
-                unmapped += 1
-                continue
-            gpu = gpu_of(labels)
-            row = by_node.get(node)
-            if row is None:
-                instance = labels.get("instance", "")
-                row = by_node[node] = (instance if isinstance(instance, str) else "", {})
-            newest = row[1]
-            old = newest.get(gpu)
-            if old is None or ts > old:
-                newest[gpu] = ts
-            job = labels.get(JOB_LABEL)
-            if job and gpu is not None:
-                jobs[(node, gpu)].add(str(job))
-        self.jobs = {k: tuple(sorted(v)) for k, v in jobs.items()}
-        self.malformed += malformed
-        return by_node, down, unmapped
-
-    @staticmethod
-    def stamp(by_node: NodeRows, node: str, gpu: GpuRef | None) -> float | None:
-        """When this GPU (or node) was last scraped: the stamp of its metric samples.
-
-        A GPU is matched by its full identity, else by its index (a ``promql`` rule's result
-        may lack the UUID); a node-level sample takes the node's newest scrape. None: no
-        heartbeat now (exporter down, GPU missing), so the sample is not fresh data.
-        """
-        row = by_node.get(node)
-        if row is None:
-            return None
-        newest = row[1]
-        if gpu is None or (gpu.index < 0 and not gpu.uuid):
-            return max(newest.values())
-        exact = newest.get(gpu)
-        if exact is not None:
-            return exact
-        if gpu.index >= 0:
-            same = [ts for g, ts in newest.items() if g is not None and g.index == gpu.index]
-            return max(same) if same else None
-        return None
-
     # -- metrics --------------------------------------------------------------------------
 
-    def metric_live(self, q: PlannedQuery, result: Sequence[Any], by_node: NodeRows,
+    def metric_live(self, q: PlannedQuery, result: Sequence[Any], view: PollView,
                     only: set[Slot] | None = None
-                    ) -> tuple[list[Signal], int, int, list[Slot]]:
-        """One metric answer of a live poll → (signals, unmapped, dropped as stale, owed).
+                    ) -> tuple[list[Signal], int, int, list[Slot], list[Emission]]:
+        """One metric answer of a live poll → (signals, unmapped, dropped as stale, owed,
+        deferred).
 
         Emits only violating series and the one recovery of a series that violated when it
         was last emitted (see the package docstring); the worst of duplicate series counts.
         ``owed``: the currently violating series absent from the answer whose GPU is fresh —
         their recovery needs their real value (the follow-up query). ``only``: consider these
-        series only (the answer of that follow-up).
+        series only (the answer of that follow-up). ``deferred``: what a node without per-GPU
+        rows would emit (``view.defers``): :meth:`emit` it with the follow-up's view.
         """
         tests = q.tests()
         single = tests[0] if len(tests) == 1 else None
@@ -224,12 +164,33 @@ class PollParser:
                     bad is old[1] and (v < old[0] if lower else v > old[0])):
                 best[slot] = (v, bad)
         self.malformed += malformed
+        deferred: list[Emission] = []
+        items: list[Emission] = []
+        defers = view.defers
+        for (node, gpu), (v, bad) in best.items():
+            (deferred if defers(node) else items).append((node, gpu, v, bad))
+        signals, stale = self.emit(q, items, view)
+        owed: list[Slot] = []
+        if only is None:
+            stamp = view.stamp
+            for node, gpus in viol.items():
+                for gpu in gpus:
+                    if (node, gpu) not in best and stamp(node, gpu) is not None:
+                        owed.append((node, gpu))
+        return signals, unmapped, stale, owed, deferred
+
+    def emit(self, q: PlannedQuery, items: Sequence[Emission], view: PollView
+             ) -> tuple[list[Signal], int]:
+        """(node, GPU, value, violates) of one query → (signals, dropped as stale); updates
+        the violating set."""
+        viol = self.violating.setdefault(q.key, {})
         signals: list[Signal] = []
         stale = 0
         rule = ",".join(q.rules)
         key, source, kind = q.key, self.source, SignalKind.METRIC
-        for (node, gpu), (v, bad) in best.items():
-            scraped = self.stamp(by_node, node, gpu)
+        stamp = view.stamp
+        for node, gpu, v, bad in items:
+            scraped = stamp(node, gpu)
             if scraped is None:
                 # no heartbeat from it now: range functions (increase, rate, ...) still see
                 # old samples, but they say nothing fresh; the STALE signal says why
@@ -238,23 +199,17 @@ class PollParser:
             if bad:
                 viol.setdefault(node, set()).add(gpu)
             else:
-                gpus = viol[node]
-                gpus.discard(gpu)
-                if not gpus:
-                    del viol[node]
+                gpus = viol.get(node)
+                if gpus is not None:
+                    gpus.discard(gpu)
+                    if not gpus:
+                        del viol[node]
             signals.append(Signal(node, source, kind, key, v, scraped, gpu,
                                   self.detail(node, gpu, "rule", rule)))
-        owed: list[Slot] = []
-        if only is None:
-            stamp = self.stamp
-            for node, gpus in viol.items():
-                for gpu in gpus:
-                    if (node, gpu) not in best and stamp(by_node, node, gpu) is not None:
-                        owed.append((node, gpu))
-        return signals, unmapped, stale, owed
+        return signals, stale
 
     def recovery(self, queries: Sequence[PlannedQuery], result: Sequence[Any],
-                 by_node: NodeRows, owed: dict[int, set[Slot]]
+                 view: PollView, owed: dict[int, set[Slot]]
                  ) -> tuple[list[Signal], int, int]:
         """The answer of the recovery follow-up (entries tagged with ``TAG_LABEL`` = the
         query's index in ``queries``) → (signals, unmapped, dropped as stale)."""
@@ -270,7 +225,7 @@ class PollParser:
         for i, entries in sorted(per.items()):
             if i not in owed or not 0 <= i < len(queries):
                 continue
-            sigs, bad, old, _ = self.metric_live(queries[i], entries, by_node, owed[i])
+            sigs, bad, old, _, _ = self.metric_live(queries[i], entries, view, owed[i])
             signals.extend(sigs)
             unmapped += bad
             stale += old
@@ -331,10 +286,12 @@ class PollParser:
             out.append(XidSeries(node, gpu, metric, xid, tuple(samples(entry))))
         return out, unmapped
 
-    def xid_flagged(self, result: Sequence[Any]) -> tuple[set[tuple[str, str]], int]:
+    def xid_flagged(self, result: Sequence[Any]
+                    ) -> tuple[set[tuple[str, str]], int, set[str]]:
         """The XID pre-query's answer → ((label, value) selecting each listed GPU's node,
-        unmapped). Only the labels are read: any answer shape listing series will do."""
+        unmapped, the nodes). Only the labels are read: any answer shape listing series."""
         hosts: set[tuple[str, str]] = set()
+        nodes: set[str] = set()
         unmapped = 0
         for entry in result:
             labels = labels_of(entry)
@@ -348,7 +305,8 @@ class PollParser:
                 continue
             self.host_of[node] = host
             hosts.add(host)
-        return hosts, unmapped
+            nodes.add(node)
+        return hosts, unmapped, nodes
 
     def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float,
                  known: Callable[[str, GpuRef], bool] | None = None

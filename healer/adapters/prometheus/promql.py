@@ -22,6 +22,8 @@ DEFAULT_HOST_LABELS = ("Hostname", "hostname")
 GPU_LABELS = ("gpu", "UUID", "uuid", "DCGM_FI_DEV_SERIAL")
 JOB_LABEL = "hpc_job"
 UP_MARK = "healer_up"
+#: The label that tells the rows of the per-node freshness query apart (``newest``/``gpus``).
+FRESH_MARK = "healer_fresh"
 #: The label that tells the parts of the recovery follow-up apart (the query's index).
 TAG_LABEL = "healer_q"
 
@@ -182,14 +184,44 @@ def server_filter(expr: str, predicates: Sequence[tuple[Op, float]]) -> str:
 
 
 def freshness_expr(*, by: Sequence[str], heartbeat: str = DEFAULT_HEARTBEAT,
-                   matchers: Mapping[str, str] | None = None, join: str = "") -> str:
-    """Newest heartbeat sample time per GPU, plus every failing scrape target (``up == 0``)."""
+                   matchers: Mapping[str, str] | None = None, join: str = "",
+                   regex: Mapping[str, str] | None = None, up: bool = True) -> str:
+    """Newest heartbeat sample time per GPU, plus every failing scrape target (``up == 0``).
+
+    The per-GPU rows (UUID, serial and job labels): the follow-up of the nodes that need them
+    (``regex`` restricts it to their hosts, ``up=False`` leaves the ``up`` part out)."""
+    inner = f"timestamp({selector(heartbeat, matchers, regex)})"
+    if join:
+        inner = f"({inner}) {join.strip()}"
+    out = f"max by ({', '.join(by)}) ({inner})"
+    if not up:
+        return out
+    return f"{out} or {_up_down(matchers)}"
+
+
+def _up_down(matchers: Mapping[str, str] | None) -> str:
+    return f'label_replace({selector("up", matchers)} == 0, "{UP_MARK}", "0", "", "")'
+
+
+def node_freshness_expr(*, by_node: Sequence[str], by_gpu: Sequence[str],
+                        stale_after: float, heartbeat: str = DEFAULT_HEARTBEAT,
+                        matchers: Mapping[str, str] | None = None, join: str = "") -> str:
+    """A live poll's freshness query: two rows per node, whatever its number of GPUs.
+
+    ``FRESH_MARK="newest"``: the newest heartbeat sample time of the node (``by_node``:
+    host labels, ``instance``, extras); ``FRESH_MARK="gpus"``: how many distinct GPUs
+    (``by_gpu`` groups) have a heartbeat at most ``stale_after`` old (no row when none has);
+    plus every failing scrape target (``up == 0``) as in :func:`freshness_expr`.
+    """
     inner = f"timestamp({selector(heartbeat, matchers)})"
     if join:
         inner = f"({inner}) {join.strip()}"
-    up = selector("up", matchers)
-    return (f"max by ({', '.join(by)}) ({inner}) or "
-            f'label_replace({up} == 0, "{UP_MARK}", "0", "", "")')
+    node = ", ".join(by_node)
+    newest = f"max by ({node}) ({inner})"
+    gpus = (f"count by ({node}) (max by ({', '.join(by_gpu)}) ({inner}) "
+            f">= time() - {float(stale_after)!r})")
+    return (f'label_replace({newest}, "{FRESH_MARK}", "newest", "", "") or '
+            f'label_replace({gpus}, "{FRESH_MARK}", "gpus", "", "") or {_up_down(matchers)}')
 
 
 @dataclass(frozen=True, slots=True)

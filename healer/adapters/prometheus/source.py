@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from tenacity import (
 )
 
 from healer.adapters.calls import timed
-from healer.adapters.prometheus.followup import Pending, recovery_queries
+from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
 from healer.adapters.prometheus.http import Http, decode_result, gc_paused
 from healer.adapters.prometheus.parse import NodeMap, PollParser
@@ -37,45 +35,19 @@ from healer.adapters.prometheus.promql import (
     QueryPlan,
     freshness_expr,
     group_labels,
-    host_regexes,
+    node_freshness_expr,
     plan_queries,
-    xid_expr,
     xid_prequery_expr,
 )
+from healer.adapters.prometheus.rounds import first_round, second_round
+from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.adapters.prometheus.xid import XidEvent, XidTracker
-from healer.core.model import GpuRef, Signal, SignalKind
+from healer.core.model import Signal, SignalKind
 from healer.core.policy import PolicySet
 from healer.errors import ConfigError, HealerError, PermanentError, TransientError
 from healer.ports import Clock, SignalSink
 
 log = structlog.get_logger("healer.adapters.prometheus")
-
-#: One query's answer handed to :meth:`PrometheusSource.parse_poll`: the raw HTTP body, the
-#: decoded ``result`` list, or the error the query ended with.
-Answer = bytes | list[Any] | HealerError
-
-
-@dataclass(frozen=True, slots=True)
-class PollStats:
-    """What one poll did, for metrics and logs."""
-
-    at: float  # the poll's evaluation time
-    duration: float  # wall seconds the poll took
-    queries: int
-    failed_queries: int
-    http_requests: int
-    samples: int
-    signals: int
-    xid_events: int
-    fresh_nodes: int
-    stale_nodes: int
-    unmapped_samples: int  # samples without a node label (see host_labels / node_map)
-    stale_samples: int  # emitted-worthy samples of nodes without a heartbeat now (dropped)
-    outage: bool
-    errors: tuple[str, ...] = ()
-    malformed_samples: int = 0  # entries skipped: wrong shape, NaN or ±Inf
-    rounds: int = 1  # 2 when follow-up queries were answered (see ``follow_up_queries``)
-
 
 class _WallClock:
     def now(self) -> float:
@@ -149,8 +121,14 @@ class PrometheusSource:
         self._clock: Clock = clock if clock is not None else _WallClock()
         self._metric_by = group_labels(self.host_labels, self.extra_labels)
         self._fresh_by = group_labels(self.host_labels, self.extra_labels, jobs=True)
-        self.freshness_query = freshness_expr(by=self._fresh_by, heartbeat=heartbeat,
-                                              matchers=self.matchers, join=join)
+        #: per GPU (backtests: every GPU's scrape time, ``up == 0``)
+        self.gpu_freshness_query = freshness_expr(by=self._fresh_by, heartbeat=heartbeat,
+                                                  matchers=self.matchers, join=join)
+        #: a live poll's: per node (see the package docstring)
+        self.freshness_query = node_freshness_expr(
+            by_node=(*self.host_labels, "instance", *self.extra_labels),
+            by_gpu=self._metric_by, stale_after=stale_after, heartbeat=heartbeat,
+            matchers=self.matchers, join=join)
         self.parser = PollParser(source, self.host_labels, node_map)
         self.plan = self._plan(policies)
         self.freshness = FreshnessTracker(source, stale_after=stale_after,
@@ -158,6 +136,8 @@ class PrometheusSource:
         self.xids = XidTracker()
         self._xid_last_eval: float | None = None
         self._pending: Pending | None = None
+        self.polls = 0  # first rounds parsed (spreads the per-GPU inventory refresh)
+        self.node_hash: dict[str, int] = {}  # node → crc32 of its name (the refresh's turn)
         self._sem = asyncio.Semaphore(max(1, max_concurrency))
         # its own threads: a slow Prometheus never starves the process' default pool, and
         # other threaded work in the process never delays a poll
@@ -295,7 +275,9 @@ class PrometheusSource:
 
     def follow_up_queries(self, now: float) -> list[str]:
         """The queries the poll at ``now`` still needs after its first round was parsed:
-        host-restricted raw XID samples, the recovery query (see :mod:`.followup`); ``[]``
+        host-restricted per-GPU freshness rows, raw XID samples, the recovery query (see
+        :mod:`.followup`; FRESH/STALE of nodes whose GPU count changed and the metric signals
+        of nodes without per-GPU rows come with this round); ``[]``
         when complete. Answer them at ``now`` and hand them to :meth:`parse_poll`."""
         p = self._pending
         return p.exprs if p is not None and p.now == _ms(now) else []
@@ -322,7 +304,9 @@ class PrometheusSource:
                                   requests_before)
             follow = self.follow_up_queries(now)
             if follow:
-                names = dict.fromkeys(self._pending.xid, "XID query") if self._pending else {}
+                p = self._pending
+                names = {**dict.fromkeys(p.fresh, "per-GPU freshness query"),
+                         **dict.fromkeys(p.xid, "XID query")} if p else {}
                 bodies = await self._ask(now, follow, names)
                 signals.extend(self._parse_follow_up(now, bodies))
             return signals
@@ -370,149 +354,14 @@ class PrometheusSource:
 
     def _parse(self, now: float, bodies: Mapping[str, Answer], started: float,
                requests_before: int) -> list[Signal]:
-        plan, parser = self.plan, self.parser
-        self._pending = None
-        errors: list[str] = []
-        n_queries = plan.queries_per_poll
-        fresh = self._answer(bodies, self.freshness_query, "freshness query")
-        if isinstance(fresh, HealerError):
-            failed = sum(1 for e in self.poll_queries(now)
-                         if isinstance(bodies.get(e), HealerError) or e not in bodies)
-            return self._unreachable(now, started, requests_before, str(fresh), failed)
-        if self.outage:
-            log.info("prometheus reachable again", source=self.name, url=self.url,
-                     down_for=round(now - (self.outage_since or now), 1))
-            self.outage, self.outage_since = False, None
-        parser.malformed = 0
-        by_node, down, unmapped = parser.fresh(fresh)
-        signals, transitions = self.freshness.observe_nodes(now, by_node, down)
-        for node in self.freshness.forgotten:
-            parser.forget(node)
-            self.xids.forget(node)
-        self._log_transitions(transitions)
-        samples = len(fresh)
-        failed = xid_events = stale_samples = 0
-        window, since = self._xid_window(now)
-        pending = Pending(now, by_node, window, since)
-        if plan.xid:
-            res = self._answer(bodies, self.xid_prequery(now), "XID pre-query")
-            if isinstance(res, HealerError):
-                failed += 1
-                errors.append(self._once("XID query failed", str(res),
-                                         permanent=isinstance(res, PermanentError)))
-            else:
-                hosts, bad = parser.xid_flagged(res)
-                unmapped += bad
-                samples += len(res)
-                host_of = parser.host_of
-                hosts.update(host_of[n] for n in self.xids.active() if n in host_of)
-                pending.xid = [xid_expr(window, self.matchers, rx) for rx in host_regexes(hosts)]
-                if not pending.xid:
-                    self._xid_last_eval = now  # nothing to report anywhere in the window
-        for i, q in enumerate(plan.metrics):
-            res = self._answer(bodies, q.expr, f"query of {', '.join(q.rules)}")
-            if isinstance(res, HealerError):
-                failed += 1
-                errors.append(self._once("metric query failed", str(res),
-                                         permanent=isinstance(res, PermanentError)))
-                continue
-            sigs, bad, old, owed = parser.metric_live(q, res, by_node)
-            signals.extend(sigs)
-            unmapped += bad
-            samples += len(res)
-            stale_samples += old
-            if owed:
-                pending.owed[i] = set(owed)
-        if pending.owed:
-            pending.recovery = recovery_queries(plan.metrics, pending.owed, parser.host_of,
-                                                by=self._metric_by, matchers=self.matchers,
-                                                join=self.join)
-        if pending.exprs:
-            self._pending = pending
-        if unmapped and "unmapped" not in self._logged:
-            self._logged.add("unmapped")
-            log.warning("samples without a node label were ignored", source=self.name,
-                        host_labels=list(self.host_labels), count=unmapped)
-        if parser.malformed and "malformed" not in self._logged:
-            self._logged.add("malformed")
-            log.warning("malformed samples (wrong shape, NaN or Inf) were ignored",
-                        source=self.name, count=parser.malformed)
-        fresh_nodes = sum(1 for s in signals if s.kind is SignalKind.FRESH)
-        stale_nodes = len({s.node for s in signals if s.kind is SignalKind.STALE})
-        self._record(PollStats(now, time.monotonic() - started, n_queries, failed,
-                               self._http.requests - requests_before, samples, len(signals),
-                               xid_events, fresh_nodes, stale_nodes, unmapped, stale_samples,
-                               False, tuple(errors), parser.malformed))
+        signals = first_round(self, now, bodies, started, requests_before)
+        p = self._pending
+        if p is not None and not p.exprs:  # held or deferred, nothing to ask: finish now
+            signals.extend(second_round(self, now, {}))
         return signals
 
     def _parse_follow_up(self, now: float, bodies: Mapping[str, Answer]) -> list[Signal]:
-        """The second round of the poll at ``now``: raw XID samples, recoveries."""
-        p = self._pending
-        if p is None:
-            return []
-        self._pending = None
-        parser = self.parser
-        parser.malformed = 0
-        signals: list[Signal] = []
-        errors: list[str] = []
-        failed = unmapped = samples = xid_events = stale = 0
-        if p.xid:
-            last = self._xid_last_eval
-            known_since = self.freshness.known_since
-
-            def known(node: str, gpu: GpuRef) -> bool:
-                first = known_since(node, gpu)
-                return last is not None and first is not None and first <= last
-
-            ok = True
-            for expr in p.xid:
-                res = self._answer(bodies, expr, "XID query")
-                if isinstance(res, HealerError):
-                    ok = False
-                    failed += 1
-                    errors.append(self._once("XID query failed", str(res),
-                                             permanent=isinstance(res, PermanentError)))
-                    continue
-                events, bad, n = parser.xid_live(res, self.xids, p.since, known)
-                unmapped += bad
-                samples += n
-                xid_events += len(events)
-                signals.extend(self.xid_signals(events))
-            if ok:
-                self._xid_last_eval = now
-        for expr in p.recovery:
-            res = self._answer(bodies, expr, "recovery query")
-            if isinstance(res, HealerError):
-                failed += 1
-                errors.append(self._once("recovery query failed", str(res),
-                                         permanent=isinstance(res, PermanentError)))
-                continue
-            sigs, bad, old = parser.recovery(self.plan.metrics, res, p.by_node, p.owed)
-            signals.extend(sigs)
-            unmapped += bad
-            samples += len(res)
-            stale += old
-        last_poll = self.last_poll
-        if last_poll is not None and last_poll.at == now:
-            n = len(p.exprs)
-            self.last_poll = dataclasses.replace(
-                last_poll, queries=last_poll.queries + n,
-                failed_queries=last_poll.failed_queries + failed,
-                http_requests=last_poll.http_requests + n, samples=last_poll.samples + samples,
-                signals=last_poll.signals + len(signals),
-                xid_events=last_poll.xid_events + xid_events,
-                unmapped_samples=last_poll.unmapped_samples + unmapped,
-                stale_samples=last_poll.stale_samples + stale,
-                errors=last_poll.errors + tuple(errors),
-                malformed_samples=last_poll.malformed_samples + parser.malformed, rounds=2)
-            t = self.totals
-            t["queries"] += n
-            t["failed_queries"] += failed
-            t["http_requests"] += n
-            t["samples"] += samples
-            t["signals"] += len(signals)
-            t["xid_events"] += xid_events
-        return signals
+        return second_round(self, now, bodies)
 
     def xid_signals(self, events: Iterable[XidEvent], parser: PollParser | None = None
                     ) -> list[Signal]:

@@ -1,0 +1,160 @@
+"""The freshness answers of a poll → per-node summaries, per-GPU rows, sample stamps.
+
+A live poll asks for two rows per node (:func:`~.promql.node_freshness_expr`: the newest
+heartbeat, the number of fresh GPUs) and, in its follow-up, the per-GPU rows
+(:func:`~.promql.freshness_expr`: UUID, serial and job labels) of the few nodes that need them
+(see :meth:`~.freshness.FreshnessTracker.observe_summary`). An answer may mix both shapes: a
+row with neither ``FRESH_MARK`` nor ``UP_MARK`` is a per-GPU row.
+
+:class:`PollView` stamps a poll's metric samples: with the scrape time of their GPU when the
+node's per-GPU rows are known this poll, else with the node's newest scrape time (its GPU count
+matched its known GPUs, so none is missing); None when the node has no heartbeat (dropped).
+In the first round the emission of a node without per-GPU rows is *deferred* to the follow-up
+(``defers``), which fetches its rows: its signals carry their GPU's stamp and job labels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from healer.adapters.prometheus.freshness import NodeRows, NodeSummary
+from healer.adapters.prometheus.promql import FRESH_MARK, JOB_LABEL, UP_MARK
+from healer.core.model import GpuRef
+
+if TYPE_CHECKING:
+    from healer.adapters.prometheus.parse import PollParser
+
+_INF = math.inf
+_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError)
+
+
+@dataclass(slots=True)
+class Freshness:
+    """One freshness answer, read."""
+
+    rows: NodeRows = field(default_factory=dict)  # per-GPU rows (exact)
+    nodes: NodeSummary = field(default_factory=dict)  # per-node summaries
+    down: set[str] = field(default_factory=set)  # instances whose ``up`` is 0
+    unmapped: int = 0
+
+
+def read_freshness(parser: PollParser, result: Sequence[Any]) -> Freshness:
+    """A freshness answer (either shape, see the module) → :class:`Freshness`.
+
+    The job labels of every node with per-GPU rows replace that node's in ``parser.jobs``; a
+    summarised node's selecting host label is remembered (``parser.host_of``) the first time.
+    """
+    out = Freshness()
+    by_node, nodes, down = out.rows, out.nodes, out.down
+    unmapped = malformed = newest_rows = 0
+    jobs: dict[str, dict[GpuRef, set[str]]] = defaultdict(lambda: defaultdict(set))
+    gpu_of = parser.gpu
+    node_of = parser.node_of
+    host_of = parser.host_of
+    for entry in result:
+        try:
+            raw = entry["value"]
+            v = float(raw[1])
+            float(raw[0])
+            labels = entry.get("metric") or {}
+            if not -_INF < v < _INF or not isinstance(labels, dict) or len(raw) != 2:
+                raise ValueError(v)
+        except _MALFORMED:
+            malformed += 1
+            continue
+        mark = labels.get(FRESH_MARK)
+        if mark is None and UP_MARK in labels:
+            down.add(str(labels.get("instance", "")))
+            continue
+        node = node_of(labels)
+        if node is None:
+            unmapped += 1
+            continue
+        if mark is not None:
+            summary = nodes.get(node)
+            if summary is None:
+                instance = labels.get("instance", "")
+                summary = nodes[node] = [instance if isinstance(instance, str) else "",
+                                         -_INF, 0]
+                if node not in host_of:
+                    host = parser.host_matcher(labels)
+                    if host is not None:
+                        host_of[node] = host
+            if mark == "newest":
+                newest_rows += 1
+                if v > summary[1]:
+                    summary[1] = v
+            elif mark == "gpus":
+                summary[2] += int(v)
+            continue
+        gpu = gpu_of(labels)
+        row = by_node.get(node)
+        if row is None:
+            instance = labels.get("instance", "")
+            row = by_node[node] = (instance if isinstance(instance, str) else "", {})
+            if node not in host_of:
+                host = parser.host_matcher(labels)
+                if host is not None:
+                    host_of[node] = host
+        newest = row[1]
+        old = newest.get(gpu)
+        if old is None or v > old:
+            newest[gpu] = v
+        job = labels.get(JOB_LABEL)
+        if job and gpu is not None:
+            jobs[node][gpu].add(str(job))
+    if newest_rows < len(nodes):
+        for node in [n for n, s in nodes.items() if s[1] == -_INF]:
+            del nodes[node]  # a count without its newest row: not a heartbeat
+    all_jobs = parser.jobs
+    for node in by_node:
+        got = jobs.get(node)
+        if got:
+            all_jobs[node] = {g: tuple(sorted(v)) for g, v in got.items()}
+        else:
+            all_jobs.pop(node, None)
+    parser.malformed += malformed
+    out.unmapped = unmapped
+    return out
+
+
+class PollView:
+    """What a poll knows of each node's scrape times; see the module."""
+
+    __slots__ = ("defer", "nodes", "rows")
+
+    def __init__(self, rows: NodeRows, nodes: NodeSummary, *, defer: bool) -> None:
+        self.rows = rows
+        self.nodes = nodes
+        self.defer = defer
+
+    def defers(self, node: str) -> bool:
+        """Whether this node's metric signals wait for its per-GPU rows (the follow-up)."""
+        return self.defer and node not in self.rows and node in self.nodes
+
+    def stamp(self, node: str, gpu: GpuRef | None) -> float | None:
+        """When this GPU (or node) was last scraped: the stamp of its metric samples.
+
+        With per-GPU rows: a GPU is matched by its full identity, else by its index (a
+        ``promql`` rule's result may lack the UUID); a node-level sample takes the node's
+        newest scrape. Without: the node's newest scrape. None: no heartbeat now (exporter
+        down, GPU missing), so the sample is not fresh data.
+        """
+        row = self.rows.get(node)
+        if row is None:
+            summary = self.nodes.get(node)
+            return None if summary is None else float(summary[1])
+        newest = row[1]
+        if gpu is None or (gpu.index < 0 and not gpu.uuid):
+            return max(newest.values())
+        exact = newest.get(gpu)
+        if exact is not None:
+            return exact
+        if gpu.index >= 0:
+            same = [ts for g, ts in newest.items() if g is not None and g.index == gpu.index]
+            return max(same) if same else None
+        return None
