@@ -104,6 +104,9 @@ class SimWorld:
         self._touched: set[str] = set(self.nodes)
         self._host_of: dict[str, str] = {n.name: n.name for n in nodes if not n.spare}
         self._claims: dict[str, str] = {}  # incident -> claimed spare
+        self._by_domain: dict[str, set[str]] = {}  # NVLink domain -> its nodes
+        for n in nodes:
+            self._index(n)
 
     # -- views -------------------------------------------------------------------------------
 
@@ -116,7 +119,17 @@ class SimWorld:
 
     def touch(self, *nodes: str) -> None:
         """Note that these nodes changed (a scripted admin action, a new node)."""
-        self._touched.update(n for n in nodes if n)
+        for name in nodes:
+            if name:
+                self._touched.add(name)
+                n = self.nodes.get(name)
+                if n is not None:
+                    self._index(n)
+
+    def _index(self, n: SimNode) -> None:
+        dom = n.labels.get(DOMAIN_LABEL)
+        if dom:
+            self._by_domain.setdefault(dom, set()).add(n.name)
 
     def touched(self) -> set[str]:
         """The nodes whose view may have changed since the last call (then forgotten)."""
@@ -240,9 +253,21 @@ class SimWorld:
         return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
 
     def free_spares(self, node: str) -> list[SimNode]:
-        """The spares that ``node``'s incident may claim."""
-        return [n for n in self.nodes.values()
-                if n.spare and not n.claimed_by and n.ready and n.name != node]
+        """The spares that ``node``'s incident may claim: those of its NVLink domain when it
+        has any (a spare there always ranks first), else every free spare."""
+
+        def free(n: SimNode | None) -> bool:
+            return n is not None and n.spare and not n.claimed_by and n.ready \
+                and n.name != node
+
+        bad = self.nodes.get(node)
+        dom = bad.labels.get(DOMAIN_LABEL) if bad is not None else None
+        if dom:
+            near = [self.nodes[m] for m in sorted(self._by_domain.get(dom, ()))
+                    if free(self.nodes.get(m))]
+            if near:
+                return near
+        return [n for n in self.nodes.values() if free(n)]
 
     def _do_MoveWorkload(self, act: a.MoveWorkload, now: float) -> Result:
         if act.incident in self._moved_at:
