@@ -156,7 +156,8 @@ class Answers:
         The queries are recognised by shape, not by exact text, so that the source's query
         plan may change: the freshness query (``timestamp(``), raw XID samples (a range
         selector ``{__name__=~...}[w]``), the XID pre-query (``changes(`` of the XID gauge),
-        recovery queries (``label_replace(..., "healer_q", ...)`` joined with ``or``), and
+        recovery queries (``label_replace(..., "healer_q", ...)`` joined with ``or``; a
+        freshness query tagged ``healer_fresh`` gets per-node rows: newest and GPU count), and
         metric queries (a DCGM field, optionally with a trailing comparison: Prometheus then
         returns only the series that pass it). A host matcher ``Hostname=~"..."`` restricts
         any of them. Anything else gets an empty vector (counted in ``unknown``).
@@ -164,7 +165,7 @@ class Answers:
         self.requests += 1
         hosts = _host_filter(expr)
         if "timestamp(" in expr:
-            return self._freshness(at, hosts)
+            return self._freshness(at, hosts, per_node='"healer_fresh"' in expr)
         if expr.lstrip().startswith("{__name__=~"):
             return self._xid_raw(expr, at, hosts)
         if "changes(" in expr and XID_GAUGE in expr:
@@ -189,9 +190,23 @@ class Answers:
         self.unknown += 1
         return _wrap("vector", [])
 
-    def _freshness(self, at: float, hosts: re.Pattern[str] | None) -> bytes:
+    def _freshness(self, at: float, hosts: re.Pattern[str] | None,
+                   per_node: bool = False) -> bytes:
         f = self.fleet
         ts = f"{at:.3f}".encode()
+        if per_node:  # the newest heartbeat and the count of fresh GPUs, per node
+            out = []
+            for i in range(f.nodes):
+                name = f.names[i]
+                if hosts is not None and not hosts.fullmatch(name):
+                    continue
+                base = {"Hostname": name, "instance": f.instance(i)}
+                last = _fmt(self._last_scrape(at, f.offset(i))).encode()
+                out.append(b'{"metric":' + json.dumps(base | {"healer_fresh": "newest"})
+                           .encode() + b',"value":[' + ts + b',"' + last + b'"]}')
+                out.append(b'{"metric":' + json.dumps(base | {"healer_fresh": "gpus"})
+                           .encode() + b',"value":[' + ts + b',"%d"]}' % f.gpus)
+            return _wrap("vector", out)
         rows = [i for i in range(f.nodes) if hosts is None or hosts.fullmatch(f.names[i])]
         dyn = [b'{"metric":' + json.dumps(_labels_grouped(f, i, g)).encode()
                + b',"value":[' + ts + b',"' + _fmt(self._last_scrape(at, f.offset(i)))
