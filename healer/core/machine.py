@@ -72,6 +72,8 @@ from healer.core.policy import (
 EXCLUDE_LABEL = "healer.io/exclude"
 #: Prefix of every Slurm drain reason healer sets.
 REASON_PREFIX = "healer: "
+#: How often a node held for capacity asks the spare pool again when no spare has appeared.
+HELD_RETRY = 300.0
 
 
 class TriggerKind(enum.Enum):
@@ -1155,7 +1157,11 @@ def _recheck(ctx: Ctx) -> float | None:
         candidates.append(max(d - ctx.now, 0.0))
     if ctx.backoff is not None:
         return min([ctx.backoff, *candidates])
-    if phase in (Phase.DEGRADING, Phase.FAILED):
+    if phase is Phase.HELD_FOR_CAPACITY and not any(not s.done for s in rec.ledger):
+        # a spare appearing wakes it (a CAPACITY trigger); the tick is only a backstop, so a
+        # fleet with many nodes held does not ask the spare pool every poll
+        candidates.append(max(st.poll_interval, HELD_RETRY))
+    elif phase in (Phase.DEGRADING, Phase.FAILED):
         adm = ctx._admission
         if adm is not None and adm.recheck_after is not None:
             candidates.append(adm.recheck_after)

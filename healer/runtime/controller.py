@@ -41,6 +41,7 @@ from healer.core.machine import (
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import MAY_BE_CORDONED, Phase
 from healer.core.policy import PolicySet
+from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConflictError, HealerError
 from healer.obs.logging import OnceLogger
 from healer.ports import Clock, NodeEvent, StateStore, StoredRecord
@@ -215,9 +216,22 @@ class Controller:
         if prev is not None and prev.labels != n.labels:
             spare_sel = self.policies.fleet.spare_selector
             if spare_sel.matches(n.labels) and not spare_sel.matches(prev.labels):
-                for node, r in list(self.engine.records.items()):
-                    if Phase(r.phase) is Phase.HELD_FOR_CAPACITY:
-                        self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
+                for node in self._held_for(n):
+                    self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
+
+    def _held_for(self, spare: NodeView) -> list[str]:
+        """The nodes held for capacity that a new spare should wake: those of its NVLink
+        domain, else the one held longest (not every held node: one spare serves one, and
+        the others' backstop tick tries again)."""
+        held = [r for r in self.engine.records.values()
+                if Phase(r.phase) is Phase.HELD_FOR_CAPACITY]
+        dom = spare.labels.get(DOMAIN_LABEL)
+        near = [r.node for r in held if dom and (v := self.nodes.get(r.node)) is not None
+                and v.labels.get(DOMAIN_LABEL) == dom]
+        if near:
+            return near
+        oldest = min(held, key=lambda r: (r.phase_since, r.node), default=None)
+        return [oldest.node] if oldest is not None else []
 
     def _derive_triggers(self, n: NodeView, now: float) -> None:
         rec = self.engine.records.get(n.name)

@@ -367,3 +367,34 @@ async def test_a_step_retried_through_an_outage_is_logged_once_and_its_recovery_
     assert [e["event"] for e in about] == ["outage", "recovered"], about
     assert "slurmctld unreachable" in about[0]["error"]
     await h.close()
+
+
+async def test_nodes_held_for_capacity_wait_for_a_spare_not_for_every_poll() -> None:
+    """Held nodes do not ask the spare pool every poll (at fleet scale each ask is an API
+    read): a spare appearing wakes the held node of its NVLink domain at once, and the others
+    only retry on the slow backstop."""
+    no_spares = [v for v in fleet() if "spare" not in v.name]
+    fakes = fake_ports(no_spares)
+    h = await make(fakes=fakes)
+    try:
+        for node in ("gpu-0", "gpu-2"):  # domains a and b
+            await h.xid(node)
+        await h.run(60)
+        assert h.phase("gpu-0") is Phase.HELD_FOR_CAPACITY
+        assert h.phase("gpu-2") is Phase.HELD_FOR_CAPACITY
+        spares = h.fakes["spares"]
+        asked = spares.count("claim")  # type: ignore[attr-defined]
+        await h.run(200)  # 40 polls of 5 s: no spare appeared, nobody asks (backstop: 300 s)
+        assert spares.count("claim") == asked  # type: ignore[attr-defined]
+        nodes = h.fakes["nodes"]
+        nodes.add(NodeView("spare-b", GPU_LABELS | {DOMAIN: "b"}, {}, False,  # type: ignore[attr-defined]
+                           (Taint("healer.io/spare", "true", "NoSchedule"),)))
+        nodes.set("spare-b", labels={"healer.io/role": "spare"})  # type: ignore[attr-defined]
+        await h.run(30)
+        assert h.phase("gpu-2") in (Phase.SWAPPING, Phase.ANNOTATING, Phase.UNDRAINING,
+                                    Phase.REPAIR)
+        assert h.phase("gpu-0") is Phase.HELD_FOR_CAPACITY  # another domain's spare: not woken
+        woken = [args for m, args in spares.calls[asked:] if m == "claim"]  # type: ignore[attr-defined]
+        assert {a[0] for a in woken} == {"gpu-2"}
+    finally:
+        await h.close()

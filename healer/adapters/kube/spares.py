@@ -3,14 +3,17 @@
 A spare is a node matching the fleet's spare selector (default ``healer.io/role=spare``) and
 tainted ``healer.io/spare=true:NoSchedule`` so nothing lands on it by accident. Claiming one is
 a single merge patch guarded by the node's ``resourceVersion``: it marks the claim
-(``healer.io/claimed-by=<incident>``), takes the node out of the pool (removes the spare label
-and taint) and adds the labels a NodeSet needs to place its slurmd there. Two claimers racing
+(``healer.io/claimed-by=<incident>``, and the label ``healer.io/claim=<digest of the incident>``
+so that "the spare this incident holds" is one label-selected read, never a list of the fleet),
+takes the node out of the pool (removes the spare label and taint) and adds the labels a NodeSet
+needs to place its slurmd there. Two claimers racing
 for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
 topology-aware (same NVLink domain, then the lowest shared fabric tier, then any).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +27,7 @@ from healer.errors import ConflictError
 
 CLAIMED_BY = "healer.io/claimed-by"
 CLAIMED_AT = "healer.io/claimed-at"
+CLAIM_LABEL = "healer.io/claim"
 SPARE_TAINT = "healer.io/spare"
 REPAIR_LABEL = "healer.io/repair"
 REPAIR_RESULT = "healer.io/repair-result"
@@ -60,11 +64,18 @@ class KubeSparePool:
         ranked = rank_spares(bad, [v for v, _ in await self._free()])
         return ranked[0].name if ranked else None
 
-    async def claim(self, node: str, incident: str) -> str | None:
-        items, _ = await self.nodes.list_raw()
-        for raw in items:  # idempotent: this incident already holds a spare
+    async def held_by(self, incident: str) -> str | None:
+        """The spare ``incident`` holds, if any (one label-selected read)."""
+        items, _ = await self.nodes.list_raw(f"{CLAIM_LABEL}={claim_digest(incident)}")
+        for raw in items:
             if (raw["metadata"].get("annotations") or {}).get(CLAIMED_BY) == incident:
                 return str(raw["metadata"]["name"])
+        return None
+
+    async def claim(self, node: str, incident: str) -> str | None:
+        held = await self.held_by(incident)
+        if held is not None:  # idempotent: this incident already holds a spare
+            return held
         bad = await self.nodes.get(node)
         if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
             self.claim_labels = dict(await self._provider())
@@ -83,6 +94,7 @@ class KubeSparePool:
     def _claim_patch(self, raw: dict[str, Any], incident: str) -> dict[str, Any]:
         labels: dict[str, str | None] = dict.fromkeys(self.selector.match_labels)
         labels.update(self.claim_labels)
+        labels[CLAIM_LABEL] = claim_digest(incident)
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
         annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
@@ -108,6 +120,7 @@ class KubeSparePool:
         labels: dict[str, str | None] = dict(self.selector.match_labels)
         labels.update(dict.fromkeys(self.claim_labels))
         labels[REPAIR_LABEL] = None
+        labels[CLAIM_LABEL] = None
         return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
                              "labels": labels,
                              "annotations": {CLAIMED_BY: None, CLAIMED_AT: None,
@@ -127,6 +140,11 @@ class KubeSparePool:
             dom = v.labels.get(DOMAIN_LABEL, "none")
             out[dom] = out.get(dom, 0) + 1
         return out
+
+
+def claim_digest(incident: str) -> str:
+    """A label value naming ``incident`` (incident ids may exceed a label value's 63 bytes)."""
+    return hashlib.sha256(incident.encode()).hexdigest()[:40]
 
 
 def _now() -> str:
