@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from healer.core.budget import BudgetView
 from healer.core.capacity import FleetIndex
 from healer.core.health import Verdict, evaluate_node
-from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline, releases, step
+from healer.core.machine import (
+    Decision,
+    Trigger,
+    TriggerKind,
+    counts_as_active,
+    phase_deadline,
+    record_out_of_service,
+    releases,
+    step,
+)
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.policy import Policy, PolicySet
@@ -51,6 +60,18 @@ class Evaluation:
     @property
     def changed(self) -> bool:
         return self.verdict is not None and self.verdict.state is not self.previous
+
+
+def takes_capacity(before: NodeRecord | None, decision: Decision) -> bool:
+    """Does ``decision`` open an incident or take capacity (a ``maxConcurrent`` slot, a node
+    out of service)? Those are checked against the guardrails and recorded atomically."""
+    new = decision.record
+    if new is None or Phase(new.phase) is Phase.SUSPECT:
+        return False
+    if before is None or Phase(before.phase) is Phase.SUSPECT:
+        return True
+    return (counts_as_active(new) and not counts_as_active(before)) or (
+        record_out_of_service(new) and not record_out_of_service(before))
 
 
 def observe_held(rec: NodeRecord) -> bool:

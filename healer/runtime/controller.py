@@ -7,16 +7,20 @@ state store, leadership, and the triggers that admins cause through node labels/
 
 Per node, a trigger is handled like this (in the node's worker, never two at once)::
 
-    [fleet lock]  view = fleet snapshot; decision = step(record, trigger, now, view)
-                  store.save(decision.record)          # intent, before any action runs
-    [no lock]     for action in decision.actions: outcome triggers → the same node's queue
-                  schedule a TICK after decision.recheck_after
+    [fleet lock]  view = the engine's fleet index; decision = engine.decide(node, trigger)
+                  if it opens an incident or takes capacity:
+                      store.save(decision.record); engine.commit   # intent, before any action
+    [no lock]     otherwise: store.save(decision.record); engine.commit
+                  for action in decision.actions: outcome triggers → the same node's queue
+                  schedule a TICK at engine.next_tick(...)
 
 The fleet lock makes "check the guardrails, then record the admission" atomic across nodes, so
-two nodes can never both take the last slot. On becoming leader the controller re-reads every
-NodeRemediation from the API (not a cache) and sends each open one a RESUME, which re-issues
-the steps whose outcome was never recorded (actions are idempotent); completed steps are never
-repeated. Losing leadership stops all work at once.
+two nodes can never both take the last slot; a decision that takes nothing (a step's outcome, a
+poll, giving capacity back) is written outside it, so one slow write does not stall the fleet.
+On becoming leader the controller re-reads every NodeRemediation from the API (not a cache)
+and sends each open one a RESUME, which re-issues the steps whose outcome was never recorded
+(actions are idempotent); completed steps are never repeated. Losing leadership stops all work
+at once.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 import structlog
 
 from healer.core.budget import BudgetView, usage
-from healer.core.engine import Engine
+from healer.core.engine import Engine, takes_capacity
 from healer.core.machine import (
     EXCLUDE_LABEL,
     Decision,
@@ -318,22 +322,20 @@ class Controller:
             now = self.clock.now()
             decision = self.engine.decide(node, trigger, now, self.view())
             self.stats.steps += 1
-            new = decision.record
-            if new is not None and new != record and Phase(new.phase) is not Phase.SUSPECT:
-                try:
-                    stored = await self.store.save(new, stored)
-                except ConflictError:
-                    # someone else wrote this record: take the API's version and try again
-                    self.stats.conflicts += 1
-                    await self._reload(node, record)
-                    self._schedule(node, "retry", 0.05, trigger)
+            atomic = takes_capacity(record, decision)
+            if atomic:  # checked and recorded under one lock: no two nodes take one slot
+                ok, stored = await self._persist(node, trigger, record, stored, decision)
+                if not ok:
                     return
-                except HealerError as e:
-                    self._outage.failed("state store", str(e))
-                    self._schedule(node, "retry", self.settings.retry_delay, trigger)
-                    return
-                self._outage.ok("state store")
-                self.stats.persisted += 1
+                self._commit(node, decision, stored)
+        if not atomic:
+            # gives capacity back or changes nothing the guardrails count: its write need not
+            # hold up every other node's step (at fleet scale that lock is the bottleneck)
+            if not self.leading:
+                return
+            ok, stored = await self._persist(node, trigger, record, stored, decision)
+            if not ok:
+                return
             self._commit(node, decision, stored)
         self._observe(node, trigger, decision, record)
         if decision.transitions and node in self.nodes:
@@ -349,6 +351,29 @@ class Controller:
                 # a decision that changed nothing keeps the pending tick: a stream of such
                 # triggers (telemetry every second) must not postpone a poll forever
                 self._schedule(node, "tick", tick - now, Trigger(TriggerKind.TICK, node, tick))
+
+    async def _persist(self, node: str, trigger: Trigger, record: NodeRecord | None,
+                       stored: StoredRecord | None, decision: Decision
+                       ) -> tuple[bool, StoredRecord | None]:
+        """Write the decision's record (intent) if it changed; False when it could not be."""
+        new = decision.record
+        if new is None or new == record or Phase(new.phase) is Phase.SUSPECT:
+            return True, stored
+        try:
+            stored = await self.store.save(new, stored)
+        except ConflictError:
+            # someone else wrote this record: take the API's version and try again
+            self.stats.conflicts += 1
+            await self._reload(node, record)
+            self._schedule(node, "retry", 0.05, trigger)
+            return False, stored
+        except HealerError as e:
+            self._outage.failed("state store", str(e))
+            self._schedule(node, "retry", self.settings.retry_delay, trigger)
+            return False, stored
+        self._outage.ok("state store")
+        self.stats.persisted += 1
+        return True, stored
 
     def _commit(self, node: str, decision: Decision, stored: StoredRecord | None) -> None:
         self.engine.commit(node, decision)

@@ -154,3 +154,22 @@ def test_a_stale_node_wakes_on_its_next_heartbeat() -> None:
     assert e.evaluate("n1", T0).verdict is not None
     assert e.last_state["n1"] is HealthState.STALE
     assert e.ingest([fresh(T0 + 15)]) == {"n1"}
+
+
+def test_only_decisions_that_take_capacity_are_written_under_the_fleet_lock() -> None:
+    from healer.core.engine import takes_capacity
+    from healer.core.model import Outcome, StepRecord
+
+    failed = record(Phase.FAILED)
+    drain = StepRecord("drain", T0, finished_at=T0 + 1, outcome=Outcome.OK)
+    draining = record(Phase.DRAINING, ledger=(drain,))
+    cordoned = record(Phase.CORDONED, ledger=(drain,))
+    done = record(Phase.DONE)
+    suspect = record(Phase.SUSPECT)
+    assert takes_capacity(None, Decision(failed))  # a new incident counts for the breaker
+    assert takes_capacity(suspect, Decision(failed))
+    assert takes_capacity(failed, Decision(draining))  # admission: a slot, a node out
+    assert not takes_capacity(draining, Decision(cordoned))  # already counted
+    assert not takes_capacity(cordoned, Decision(done))  # gives capacity back
+    assert not takes_capacity(None, Decision(suspect))
+    assert not takes_capacity(failed, Decision(None))
