@@ -11,8 +11,9 @@ publishes it) and the bench watches the API for the NodeRemediation and for the 
 * a burst: ``burst`` nodes patched at once (permissive guardrails): seconds until every one is
   cordoned and its drain step recorded (the drain is requested before the cordon: healer drains
   in Slurm first and cordons once Slurm reports the node drained);
-* idle: with the burst's remediations open (waiting for a spare, none offered), the daemon's
-  RSS and its CPU over an idle window, as % of one core (from /proc/PID/stat). Then the burst's
+* idle: once every one of the burst's remediations waits for a spare (HeldForCapacity, none
+  offered), the daemon's RSS and its CPU over an idle window, as % of one core (from
+  /proc/PID/stat). Then the burst's
   nodes are healed the same way and the next repeat starts with nothing open.
 
 Slurm is stood in for by :class:`healer.bench.daemon.MemorySlurm` (in the daemon process).
@@ -116,6 +117,13 @@ async def run_group(sizes: StackSizes, repeats: int, seed: int,
                 burst.add(max(max(cl.seen.cordoned[b], cl.seen.drain[b])
                               for b in burst_nodes) - t0)
                 opens.append(cl.seen.open())
+
+                def all_held(batch: list[str] = burst_nodes) -> bool:
+                    return all(cl.seen.node_phase.get(b) == "HeldForCapacity" for b in batch)
+
+                # idle means nothing left to do: every remediation has reached its wait
+                await wait_until(all_held, 120 + sizes.burst, f"{sizes.burst} nodes held",
+                                 interval=0.1)
                 cpu0, w0 = cl.daemon_cpu_seconds(), time.monotonic()
                 await asyncio.sleep(sizes.idle_seconds)  # the measurement window itself
                 cpu1, w1 = cl.daemon_cpu_seconds(), time.monotonic()

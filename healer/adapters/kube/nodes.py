@@ -97,8 +97,8 @@ class KubeNodes:
     # -- reads -------------------------------------------------------------------------------
 
     async def get_raw(self, name: str) -> dict[str, Any]:
-        obj = await call(f"get node {name}", lambda: self.core.read_node(name))
-        raw = _raw(obj, self.api)
+        raw = await call(f"get node {name}", lambda: _json(
+            lambda **kw: self.core.read_node(name, **kw)))
         self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
         return raw
 
@@ -182,10 +182,10 @@ class KubeNodes:
     # -- writes --------------------------------------------------------------------------------
 
     async def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        obj = await call(f"patch node {name}", lambda: self.core.patch_node(
-            name, body, _content_type="application/merge-patch+json",  # type: ignore[call-arg]
-            field_manager="healer"))
-        raw = _raw(obj, self.api)
+        raw = await call(f"patch node {name}", lambda: _json(
+            lambda **kw: self.core.patch_node(
+                name, body, _content_type="application/merge-patch+json",  # type: ignore[call-arg]
+                field_manager="healer", **kw)))
         self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
         return raw
 
