@@ -251,9 +251,9 @@ def add_bench_flags(b: argparse.ArgumentParser) -> None:
                    help="runs per figure, printed as min / median / max (default 3; 1 with "
                         "--smoke)")
     b.add_argument("--seed", type=int, default=1, help="seed of the synthetic inputs (default 1)")
-    b.add_argument("--only", default="telemetry,engine,stack,promql",
+    b.add_argument("--only", default="telemetry,engine,stack,promql,shards",
                    help="comma-separated groups to run (default: "
-                        "telemetry,engine,stack,promql)")
+                        "telemetry,engine,stack,promql,shards)")
     b.add_argument("--smoke", action="store_true",
                    help="tiny sizes, about a minute (what `make test` runs)")
     b.add_argument("--nodes", type=int, default=None,

@@ -21,10 +21,10 @@ from typing import Any
 
 from healer.errors import ConfigError
 
-from . import engine, promql, stack, telemetry
+from . import engine, promql, shards, stack, telemetry
 from .report import Figure, table, write_json
 
-GROUPS = ("telemetry", "engine", "stack", "promql")
+GROUPS = ("telemetry", "engine", "stack", "promql", "shards")
 
 
 def _groups(only: str) -> list[str]:
@@ -57,6 +57,9 @@ async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> lis
             st = (stack.StackSizes(args.nodes or 50, 10, 20, 5.0) if smoke
                   else stack.StackSizes(args.nodes or 2000, 50, 500, 30.0))
             figures += await stack.run_group(st, repeats, args.seed, say)
+        elif g == "shards":
+            figures += await asyncio.to_thread(
+                shards.run_group, 800 if smoke else 10_000, [1, 4, 16], args.seed, say)
         else:
             figures += await promql.run_group(promql.PromqlSizes(1 if smoke else 3), repeats,
                                               args.seed, say)

@@ -46,7 +46,7 @@ class ShardingFigures:
     peak_out: int  # most nodes healer held out of service at once, fleet-wide
     limit: int  # the fleet's maxUnavailable, in nodes
     peak_active: int  # most remediations in flight at once, fleet-wide
-    max_concurrent: int  # the fleet's (or policy's, if lower) maxConcurrent
+    max_concurrent: int  # the limit on that: the fleet's, or the incidents' policy's if lower
     replace_p50: float  # seconds from the fault to the spare serving
     replace_p99: float
     breaker_first_block: float | None  # seconds after the storm began
@@ -113,7 +113,7 @@ def trace(nodes: int, seed: int, *, background: float = 0.01, storm: float = 0.0
 
 def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
          until: float) -> tuple[Replay, list[tuple[float, int, int]], dict[str, float],
-                                dict[str, float], list[float]]:
+                                dict[str, float], list[float], set[str]]:
     world = SimWorld(nodes, latencies=Latencies(api=1.0, pod_start=45.0, validation=120.0))
     out_changes: list[tuple[float, int, int]] = []  # (time, ±1 out of service, ±1 active)
     out_now: set[str] = set()
@@ -121,6 +121,7 @@ def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
     opened: dict[str, float] = {}
     replaced: dict[str, float] = {}
     breaker_blocks: list[float] = []
+    policies_seen: set[str] = set()
 
     def on_step(now: float, _view: object, _before: object, trig: Trigger,
                 d: Decision) -> None:
@@ -128,6 +129,7 @@ def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
         if rec is None:
             return
         opened.setdefault(rec.node, rec.incident.opened_at)
+        policies_seen.add(rec.policy)
         if rec.spare and Phase(rec.phase) is Phase.REPAIR:
             replaced.setdefault(rec.node, now)
         if rec.blocked is not None and rec.blocked.guardrail == "breaker":
@@ -153,7 +155,7 @@ def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
 
     replay.add_callback(START, beat)
     replay.run(until)
-    return replay, out_changes, opened, replaced, breaker_blocks
+    return replay, out_changes, opened, replaced, breaker_blocks, policies_seen
 
 
 def simulate(policies: PolicySet, nodes: int, shards: int, faults: list[Fault], *,
@@ -168,13 +170,15 @@ def simulate(policies: PolicySet, nodes: int, shards: int, faults: list[Fault], 
     opened: dict[str, float] = {}
     replaced: dict[str, float] = {}
     blocks: list[float] = []
+    seen: set[str] = set()
     governed = sum(1 for n in fleet_nodes if not n.spare)
     for members in groups.values():
         share = sum(1 for n in members if not n.spare) / governed
         names = {n.name for n in members}
         mine = [f for f in faults if f.node in names]
-        _, ch, op, rep, bl = _run(split(policies, share) if shards > 1 else policies,
-                                  members, mine, until)
+        _, ch, op, rep, bl, pols = _run(split(policies, share) if shards > 1 else policies,
+                                        members, mine, until)
+        seen |= pols
         changes += ch
         opened |= op
         replaced |= rep
@@ -191,7 +195,8 @@ def simulate(policies: PolicySet, nodes: int, shards: int, faults: list[Fault], 
     held = sum(1 for n in storm_faults if n not in replaced)
     limit_q = policies.fleet.guardrails.max_unavailable
     concurrent = [g.max_concurrent for g in (policies.fleet.guardrails,
-                                             *(p.guardrails for p in policies.policies))
+                                             *(p.guardrails for p in policies.policies
+                                               if p.name in seen))
                   if g.max_concurrent is not None]
     first = min((b for b in blocks if b >= storm), default=None)
     return ShardingFigures(

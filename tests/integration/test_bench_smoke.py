@@ -38,6 +38,9 @@ ROWS = [
     ("stack", "daemon RSS"),
     ("stack", "20 healed -> all remediations closed"),
     ("promql", "XID scraped -> NodeRemediation p50"),
+    *[("shards", f"{what}, {who}") for who in ("one leader", "4 shards", "16 shards")
+      for what in ("most in flight at once", "most nodes out at once", "faults replaced",
+                   "fault -> spare serving p50", "fault -> spare serving p99")],
 ]
 
 
