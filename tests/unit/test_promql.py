@@ -30,6 +30,7 @@ from healer.adapters.prometheus import (
     plan_queries,
     selector,
     xid_expr,
+    xid_prequery_expr,
 )
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
 from healer.core.policy import Aggregation, MetricRule, Op, Policy, PolicySet, XidRule
@@ -601,5 +602,38 @@ def test_parse_poll_is_the_poll_path() -> None:
         assert src.last_poll is not None
         assert src.last_poll.outage
         assert src.last_poll.failed_queries == 3
+    finally:
+        src.close()
+
+
+def test_xid_prequery_first_poll_lists_everything_non_zero() -> None:
+    assert xid_prequery_expr(600, by=("Hostname", "gpu")) == (
+        "max by (Hostname, gpu) (max_over_time(DCGM_FI_DEV_XID_ERRORS[10m]) > 0 or "
+        "changes(DCGM_FI_DEV_XID_ERRORS[10m]) > 0 or "
+        "max_over_time(DCGM_EXP_XID_ERRORS_COUNT[10m]) > 0 or "
+        'count_over_time(DCGM_EXP_XID_ERRORS_COUNT{xid!=""}[10m]))')
+
+
+def test_xid_prequery_later_polls_list_only_what_is_new() -> None:
+    g, c = 'DCGM_FI_DEV_XID_ERRORS{job="dcgm"}', 'DCGM_EXP_XID_ERRORS_COUNT{job="dcgm",xid!=""}'
+    got = xid_prequery_expr(45, by=("Hostname", "gpu"), matchers={"job": "dcgm"},
+                            first=False)
+    assert got == (
+        f"max by (Hostname, gpu) (changes({g}[45s]) > 0 or changes({c}[45s]) > 0 or "
+        f"(max_over_time({g}[45s]) > 0 unless count_over_time({g}[45s] offset 45s)) or "
+        f"(count_over_time({c}[45s]) unless count_over_time({c}[45s] offset 45s)) or "
+        f"(count_over_time({c}[45s] offset 45s) unless count_over_time({c}[45s])))")
+    # no "the gauge is non-zero" or "a count series exists": those stay true for ever
+    assert "max_over_time(DCGM_FI_DEV_XID_ERRORS{job=\"dcgm\"}[45s]) > 0 or" not in got
+
+
+def test_source_xid_prequery_is_the_first_polls_until_an_xid_poll_completed() -> None:
+    src = PrometheusSource("http://127.0.0.1:1",
+                           policies(XidRule("x", Severity.FAILED, frozenset({79}))))
+    try:
+        assert "offset" not in src.xid_prequery(T)  # the first poll: everything non-zero
+        src.parse_poll(T, {src.freshness_query: heartbeat(T, ("a", 0)),
+                           src.xid_prequery(T): body([])})
+        assert "offset" in src.xid_prequery(T + 15)  # then only what is new
     finally:
         src.close()

@@ -309,14 +309,16 @@ class PollParser:
         return hosts, unmapped, nodes
 
     def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float,
-                 known: Callable[[str, GpuRef], bool] | None = None
-                 ) -> tuple[list[XidEvent], int, int]:
+                 known: Callable[[str, GpuRef], bool] | None = None,
+                 previous: float = -math.inf) -> tuple[list[XidEvent], int, int]:
         """The XID answer of a live poll → (events, unmapped, samples).
 
         A series whose every sample is ``"0"`` on a GPU whose cursor already says "no XID,
-        no counts" changes nothing but the cursor's time: it skips the per-sample work. A GPU
-        without a cursor for which ``known`` is true gets the implicit baseline "last code 0,
-        no counts" (see :meth:`XidTracker.baseline`) before its samples are read.
+        no counts" changes nothing but the cursor's time: it skips the per-sample work (a GPU
+        whose cursor holds counts goes to the tracker, which sees gone count series). A GPU
+        without a cursor for which ``known`` is true gets the implicit baseline of
+        :meth:`XidTracker.baseline`: its samples at or before ``previous`` (the previous
+        completed XID poll's time) if it has any, else "last code 0, no counts".
         """
         quiet: list[tuple[_XidCursor, float, Any]] = []
         busy: list[tuple[str, GpuRef, Any, dict[str, Any], Any]] = []
@@ -338,8 +340,8 @@ class PollParser:
                 continue
             cur = cursors.get((node, gpu))
             if cur is None and known is not None and known(node, gpu):
-                cur = tracker.baseline(node, gpu)
-            if cur is not None and (cur.code == 0 if metric == XID_GAUGE
+                cur = tracker.baseline(node, gpu, previous)
+            if cur is not None and (cur.code == 0 and not cur.counts if metric == XID_GAUGE
                                     else cur.counts == {} and not labels.get("xid")):
                 try:
                     values = entry["values"]

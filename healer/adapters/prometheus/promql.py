@@ -147,20 +147,40 @@ def xid_expr(window: float, matchers: Mapping[str, str] | None = None,
 
 
 def xid_prequery_expr(window: float, *, by: Sequence[str],
-                      matchers: Mapping[str, str] | None = None) -> str:
+                      matchers: Mapping[str, str] | None = None, first: bool = True) -> str:
     """The GPUs with an XID to report in ``window`` (an instant query, one row per GPU).
 
-    A GPU whose last-XID gauge was 0 throughout and that has no per-XID count series has
-    nothing to report; every other GPU is listed: gauge non-zero or changed, a count above 0,
-    or a count series with an ``xid`` label present in the window.
+    ``first`` (the first poll after start, which reports the lookback and sets the
+    baselines): every GPU whose last-XID gauge was non-zero or changed, with a count above 0,
+    or with a count series with an ``xid`` label present in the window.
+
+    Every later poll (``first=False``) lists only the GPUs with something *new* in the
+    window: the gauge changed, a count series changed (rose, or was reset), or a series is
+    new in the window (samples in ``[now-w, now]``, none in ``[now-2w, now-w]``: a gauge
+    already non-zero at its first scrape, a count series that appeared), or a count series
+    gone from it (its XID left the exporter's count window: the cursor must see it go, or
+    the same XID coming back would not read as a rise). dcgm-exporter's
+    gauge keeps its last non-zero code and its count series persist, so a GPU that once had
+    an XID is not fetched again until something changes: the per-poll cost does not grow
+    with uptime. The window overlaps the previous poll by more than a scrape interval, so a
+    change (the sample and its predecessor) is seen by at least one poll.
     """
     w = duration(window)
     gauge = selector(XID_GAUGE, matchers)
     count = selector(XID_COUNT, matchers)
     named = XID_COUNT + "{" + ",".join([*_matchers(matchers, None), 'xid!=""']) + "}"
-    return (f"max by ({', '.join(by)}) (max_over_time({gauge}[{w}]) > 0 or "
-            f"changes({gauge}[{w}]) > 0 or max_over_time({count}[{w}]) > 0 or "
-            f"count_over_time({named}[{w}]))")
+    if first:
+        return (f"max by ({', '.join(by)}) (max_over_time({gauge}[{w}]) > 0 or "
+                f"changes({gauge}[{w}]) > 0 or max_over_time({count}[{w}]) > 0 or "
+                f"count_over_time({named}[{w}]))")
+    return (f"max by ({', '.join(by)}) (changes({gauge}[{w}]) > 0 or "
+            f"changes({named}[{w}]) > 0 or "
+            f"(max_over_time({gauge}[{w}]) > 0 unless "
+            f"count_over_time({gauge}[{w}] offset {w})) or "
+            f"(count_over_time({named}[{w}]) unless "
+            f"count_over_time({named}[{w}] offset {w})) or "
+            f"(count_over_time({named}[{w}] offset {w}) unless "
+            f"count_over_time({named}[{w}])))")
 
 
 def server_filter(expr: str, predicates: Sequence[tuple[Op, float]]) -> str:

@@ -10,6 +10,7 @@ signals, the raw XID samples and the recoveries, all stamped with those rows.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import zlib
 from collections.abc import Mapping
@@ -84,10 +85,7 @@ def first_round(src: PrometheusSource, now: float, bodies: Mapping[str, Answer],
             hosts, bad, flagged = parser.xid_flagged(res)
             unmapped += bad
             samples += len(res)
-            host_of = parser.host_of
-            active = [n for n in src.xids.active() if n in host_of]
-            hosts.update(host_of[n] for n in active)
-            fetch.update(n for n in (*flagged, *active) if view.defers(n))
+            fetch.update(n for n in flagged if view.defers(n))
             pending.xid = [xid_expr(window, src.matchers, rx) for rx in host_regexes(hosts)]
             if not pending.xid:
                 src._xid_last_eval = now  # nothing to report anywhere in the window
@@ -190,7 +188,8 @@ def second_round(src: PrometheusSource, now: float, bodies: Mapping[str, Answer]
                 errors.append(src._once("XID query failed", str(res),
                                         permanent=isinstance(res, PermanentError)))
                 continue
-            events, bad, n = parser.xid_live(res, src.xids, p.since, known)
+            events, bad, n = parser.xid_live(res, src.xids, p.since, known,
+                                             -math.inf if last is None else last)
             unmapped += bad
             samples += n
             xid_events += len(events)

@@ -250,7 +250,7 @@ class PrometheusSource:
 
     def xid_prequery(self, now: float) -> str:
         return xid_prequery_expr(self._xid_window(_ms(now))[0], by=self._metric_by,
-                                 matchers=self.matchers)
+                                 matchers=self.matchers, first=self._xid_last_eval is None)
 
     def poll_queries(self, now: float) -> list[str]:
         """The first round of a poll at ``now``: freshness, the XID pre-query (if any rule

@@ -47,18 +47,32 @@ class XidTracker:
     per XID. A sample newer than that is compared with its predecessor: a change of the last
     value to a non-zero code is one occurrence; an increase of a count is that many
     occurrences of its XID (both seen in the same scrape count once, the larger wins). The very
-    first sample of a GPU only sets the baseline. Samples must be finite (see
-    :func:`~healer.adapters.prometheus.labels.samples`).
+    first sample of a GPU only sets the baseline (but see :meth:`baseline`). A per-XID count
+    series held by a cursor but absent from a feed holding other series of its GPU is gone
+    (its XID left the exporter's count window): it is dropped from the cursor, so the same XID
+    coming back counts from 0. Samples must be finite (see
+    :func:`~healer.adapters.prometheus.labels.samples`); a series whose every sample is not
+    is still present.
+
+    A live poll fetches the raw samples only of the GPUs whose XID series changed (see
+    :func:`~healer.adapters.prometheus.promql.xid_prequery_expr`): a cursor is not advanced
+    while nothing changes, and stays right, since its GPU's last value and counts are those
+    it holds.
     """
 
     def __init__(self) -> None:
         self._cursors: dict[tuple[str, GpuRef], _XidCursor] = {}
+        #: GPUs given an implicit baseline in this feed → the previous XID poll's time
+        self._implicit: dict[tuple[str, GpuRef], float] = {}
 
     def feed(self, series: Iterable[XidSeries], since: float = -math.inf) -> list[XidEvent]:
         gauges: dict[tuple[str, GpuRef], dict[float, float]] = defaultdict(dict)
         counts: dict[tuple[str, GpuRef], dict[float, dict[int, int]]] = defaultdict(dict)
+        named: dict[tuple[str, GpuRef], set[int]] = defaultdict(set)
         for s in series:
             key = (s.node, s.gpu)
+            if s.xid is not None:
+                named[key].add(s.xid)
             if s.metric == XID_GAUGE:
                 g = gauges[key]
                 for t, v in s.samples:
@@ -71,13 +85,17 @@ class XidTracker:
                     at = c.setdefault(t, {})
                     if s.xid is not None:
                         at[s.xid] = max(at.get(s.xid, 0), int(v))
-        return self._advance(gauges, counts, since)
+        try:
+            return self._advance(gauges, counts, named, since)
+        finally:
+            self._implicit.clear()
 
     def _advance(self, gauges: dict[tuple[str, GpuRef], dict[float, float]],
                  counts: dict[tuple[str, GpuRef], dict[float, dict[int, int]]],
-                 since: float) -> list[XidEvent]:
+                 named: dict[tuple[str, GpuRef], set[int]], since: float) -> list[XidEvent]:
         events: list[XidEvent] = []
         cursors = self._cursors
+        implicit = self._implicit
         empty: dict[float, float] = {}
         empty_counts: dict[float, dict[int, int]] = {}
         for key in sorted(gauges.keys() | counts.keys()):
@@ -85,6 +103,17 @@ class XidTracker:
             if cur is None:
                 cur = cursors[key] = _XidCursor()
             g, c = gauges.get(key, empty), counts.get(key, empty_counts)
+            if cur.counts and not cur.counts.keys() <= named.get(key, set()):
+                # a count series absent from the whole window: its XID left the exporter's
+                # count window (the same XID coming back is a rise from 0)
+                have = named.get(key, set())
+                cur.counts = {k: v for k, v in cur.counts.items() if k in have}
+            prev = implicit.get(key)
+            if prev is not None:  # the GPU's samples from before the previous poll: baseline
+                if g and min(g) <= prev:
+                    cur.code = None
+                if c and min(c) <= prev:
+                    cur.counts = None
             times = g.keys() | c.keys() if c and g else (g.keys() or c.keys())
             for t in sorted(times):
                 if t <= cur.t:
@@ -111,23 +140,28 @@ class XidTracker:
                     events.extend(XidEvent(key[0], key[1], code, t, via) for _ in range(n))
         return events
 
-    def baseline(self, node: str, gpu: GpuRef) -> _XidCursor:
-        """The implicit baseline of a GPU never fetched before: "last code 0, no counts".
+    def baseline(self, node: str, gpu: GpuRef, previous: float = -math.inf) -> _XidCursor:
+        """The implicit baseline of a GPU known at the previous completed XID poll (evaluated
+        at ``previous``) and never fetched before; applies to the next :meth:`feed`.
 
-        A live poll fetches the raw XID samples only of GPUs the pre-query lists; a GPU it
-        did not list had nothing to report (gauge 0, no count series) up to that poll. So a
-        GPU known (from the freshness answer) at the last completed XID poll and never
-        fetched since starts from code 0 and no counts, before every sample of its first
-        fetch: its first fetched sample is compared with that, and an XID that is already
-        its first sample is still one occurrence (reported once, as for any cursor).
+        A live poll fetches the raw XID samples only of GPUs the pre-query lists, i.e. with
+        something new in the window; a GPU it did not list had nothing new up to that poll,
+        but its gauge may have been non-zero for hours (dcgm-exporter keeps the last code) and
+        its count series may exist. The window overlaps the previous poll by ``xid_overlap``
+        seconds (longer than a scrape interval), so such a GPU's fetch normally holds samples
+        at or before ``previous``: its oldest one (gauge and counts apart) is the baseline,
+        with no occurrence from it, and every change after it is compared as for any cursor.
+        (The oldest, not the newest at or before ``previous``: a sample stamped just before
+        the previous poll but ingested after it was never seen, and its change is reported.)
+        Only a GPU without such a sample (a new GPU, a restarted exporter, a new count series)
+        starts from "last code 0, no counts": its first fetched sample is compared with that,
+        and an XID that is already its first sample is still one occurrence (reported once,
+        as for any cursor). The default ``previous`` always falls back to that.
         """
-        cur = self._cursors[(node, gpu)] = _XidCursor(-math.inf, 0, {})
+        key = (node, gpu)
+        cur = self._cursors[key] = _XidCursor(-math.inf, 0, {})
+        self._implicit[key] = previous
         return cur
-
-    def active(self) -> set[str]:
-        """Nodes with a GPU whose cursor holds a non-zero code or counts: fetched every poll
-        until they read 0 again (so a return to 0 is never missed)."""
-        return {k[0] for k, c in self._cursors.items() if c.code or c.counts}
 
     def forget(self, node: str) -> None:
         for key in [k for k in self._cursors if k[0] == node]:

@@ -108,6 +108,11 @@ def host_matcher(node: str) -> str:
     return "Hostname=~" + json.dumps(re.escape(node))
 
 
+def raw_xid(sent: list[tuple[str, list[dict[str, object]]]]) -> list[str]:
+    """The raw XID queries among ``sent``."""
+    return [q for q, _ in sent if q.lstrip().startswith("{__name__=~")]
+
+
 def hosts_of(result: list[dict[str, object]]) -> set[str]:
     return {str(e["metric"].get("Hostname")) for e in result  # type: ignore[attr-defined]
             if isinstance(e, dict)}
@@ -118,7 +123,8 @@ async def test_xid_on_one_gpu_is_reported_once_and_fetched_for_its_host_only(
         default_policies: PolicySet) -> None:
     url, rec = proxied
     node = "f-07"
-    source = make_source(url, default_policies, forget_after=1e9)
+    # an overlap of a few scrapes (not 30 s): the XID's change leaves the window soon
+    source = make_source(url, default_policies, forget_after=1e9, xid_overlap=3 * SCRAPE)
     try:
         await settle(source)
         mark = len(rec.sent)
@@ -148,6 +154,21 @@ async def test_xid_on_one_gpu_is_reported_once_and_fetched_for_its_host_only(
             for q, r in rec.since(mark):
                 if q.lstrip().startswith("{__name__=~"):
                     assert hosts_of(r) <= {node}
+        # then, stuck at 79 (the gauge keeps it, the count series stays): nothing new, so
+        # the pre-query lists nothing and no raw XID series is fetched at all
+        for _ in range(10):
+            mark = len(rec.sent)
+            assert not [s for s in await poll(source) if s.kind is SignalKind.XID]
+            if not raw_xid(rec.since(mark)):
+                break
+        else:
+            raise AssertionError("the XID's host is still fetched")
+        for _ in range(2):
+            mark = len(rec.sent)
+            assert not [s for s in await poll(source) if s.kind is SignalKind.XID]
+            assert raw_xid(rec.since(mark)) == []
+            (pre,) = [r for q, r in rec.since(mark) if "changes(" in q]
+            assert pre == []  # the GPU stuck at 79 is not listed
     finally:
         source.close()
 
