@@ -259,10 +259,16 @@ class Answers:
     def _xid_prequery(self, expr: str, at: float, hosts: re.Pattern[str] | None) -> bytes:
         f = self.fleet
         ts = f"{at:.3f}".encode()
+        # the first poll asks for every GPU with a non-zero XID; later polls only for those
+        # whose XID series changed within the window (as Prometheus would answer)
+        first = " offset " not in expr
+        w = re.search(r"\[(\d+)(ms|s|m|h|d)\]", expr)
+        window = float(w.group(1)) * _UNITS[w.group(2)] if w else 0.0
+        changed = at - window < f.fault_at
         out = []
         for i in self._faulty():
             name = f.names[i]
-            if name in f.xid_nodes and at >= f.fault_at and (
+            if name in f.xid_nodes and at >= f.fault_at and (first or changed) and (
                     hosts is None or hosts.fullmatch(name)):
                 out.append(b'{"metric":' + json.dumps(_labels_grouped(f, i, 3)).encode()
                            + b',"value":[' + ts + b',"79"]}')
