@@ -7,10 +7,9 @@ the same domain; ``faults`` nodes report XID 79 at staggered times and each goes
 default policies in act mode with permissive guardrails. Decisions are counted with Replay's
 ``on_decision``; the rate is decisions / CPU seconds of ``Replay.run``.
 
-The world caches its node views (SimWorld rebuilds every view on every call, which would
-measure the simulator rather than the engine) and refreshes the nodes an action touched. The
-CPU the simulated world spends answering actions (claiming a spare scans and ranks the pool)
-is measured apart: the target figure is decisions per CPU second of the engine alone (Replay's
+The engine learns only the node views an action touched (the world reports them). The CPU
+the simulated world spends answering actions (claiming a spare ranks the pool) is measured
+apart: the target figure is decisions per CPU second of the engine alone (Replay's
 CPU minus the world's); the rate including the world is reported beside it.
 """
 
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from healer.core import actions as a
 from healer.core.machine import Trigger, TriggerKind
-from healer.core.model import GpuRef, NodeView, Signal, SignalKind, Taint
+from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
@@ -40,33 +39,16 @@ DOMAIN_SIZE = 8
 
 
 class CachedWorld(SimWorld):
-    """SimWorld whose node views are built once and refreshed per touched node; ``cpu`` is
-    the CPU seconds spent executing actions."""
+    """SimWorld that measures the CPU seconds it spends executing actions (``cpu``): the
+    simulator's cost, reported apart from the engine's."""
 
     def __init__(self, nodes: list[SimNode], **kw: object) -> None:
         super().__init__(nodes, **kw)  # type: ignore[arg-type]
         self.cpu = 0.0
-        self._views: dict[str, NodeView] = {n: s.view(0.0) for n, s in self.nodes.items()}
-        self._slurm_on: dict[str, str] = {s.host: s.name for s in self.slurm.values()}
-
-    def node_views(self, now: float) -> dict[str, NodeView]:
-        return self._views
-
-    def slurm_name(self, node: str) -> str:
-        return self._slurm_on.get(node, "")
 
     def execute(self, action: a.Action, now: float) -> list[tuple[float, Trigger]]:
         c0 = time.process_time()
         out = super().execute(action, now)
-        for attr in ("node", "spare", "target"):
-            name = getattr(action, attr, "")
-            if name and name in self.nodes:
-                self._views[name] = self.nodes[name].view(now)
-        if isinstance(action, a.MoveWorkload):
-            s = self.slurm.get(action.slurm_node)
-            if s is not None and self._slurm_on.get(s.host) != s.name:
-                self._slurm_on = {k: v for k, v in self._slurm_on.items() if v != s.name}
-                self._slurm_on[s.host] = s.name
         self.cpu += time.process_time() - c0
         return out
 
