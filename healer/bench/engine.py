@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from healer.core import actions as a
-from healer.core.machine import Trigger, TriggerKind
+from healer.core.machine import Trigger
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.topology import DOMAIN_LABEL
@@ -114,11 +114,8 @@ def run_engine(nodes: int, faults: int, seed: int, *, spread: float = 3600.0) ->
                                  GpuRef(g, f"GPU-{n}-{g}", f"SN-{n}-{g}")))
 
     def deliver(now: float) -> None:
-        due = [r for r in world.pending_repairs if r[0] <= now]
-        world.pending_repairs = [r for r in world.pending_repairs if r[0] > now]
-        for _, node, incident, ok in due:
-            replay.process(Trigger(TriggerKind.REPAIR, node, now, incident=incident,
-                                   repair_passed=ok))
+        for trigger in world.due_repairs(now):
+            replay.process(trigger)
         if replay.records or world.pending_repairs or now < START + spread:
             replay.add_callback(now + 30.0, deliver)
 

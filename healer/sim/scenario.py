@@ -259,11 +259,8 @@ def _schedule_repairs(replay: Replay, world: SimWorld) -> None:
     """Poll the world for repair results it produced and deliver them as REPAIR triggers."""
 
     def deliver(now: float) -> None:
-        due = [r for r in world.pending_repairs if r[0] <= now]
-        world.pending_repairs = [r for r in world.pending_repairs if r[0] > now]
-        for _, node, incident, ok in due:
-            replay.process(Trigger(TriggerKind.REPAIR, node, now, incident=incident,
-                                   repair_passed=ok))
+        for trigger in world.due_repairs(now):
+            replay.process(trigger)
         if world.capacity_changed_at:
             world.capacity_changed_at.clear()
             for rec in list(replay.records.values()):

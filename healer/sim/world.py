@@ -113,6 +113,13 @@ class SimWorld:
     def node_views(self, now: float) -> dict[str, NodeView]:
         return {n: s.view(now) for n, s in self.nodes.items()}
 
+    def due_repairs(self, now: float) -> list[Trigger]:
+        """The repair results due by ``now`` (taken out of the pending list), as triggers."""
+        due = [r for r in self.pending_repairs if r[0] <= now]
+        self.pending_repairs = [r for r in self.pending_repairs if r[0] > now]
+        return [Trigger(TriggerKind.REPAIR, node, now, incident=incident, repair_passed=ok)
+                for _, node, incident, ok in due]
+
     def view_of(self, node: str, now: float) -> NodeView | None:
         n = self.nodes.get(node)
         return n.view(now) if n is not None else None
