@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 from kubernetes_asyncio import client
 
@@ -47,12 +48,12 @@ from healer.core.model import GpuRef, Signal, SignalKind
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.net import free_port
 from healer.devstack.slurm import LocalSlurm
+from healer.devstack.slurmrestd_shim import SlurmrestdShim
 from healer.errors import ConfigError, NotFoundError
 from healer.ports import SlurmNodeState
 from healer.sim.slinky import SlinkyEmulator, install
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
-from tests.integration.flows.slurmrestd_bridge import SlurmrestdBridge
 from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
@@ -202,7 +203,7 @@ class Flow:
     gate: asyncio.Event = field(default_factory=asyncio.Event)
     emu: SlinkyEmulator | None = None
     emu_task: asyncio.Task[None] | None = None
-    bridge: SlurmrestdBridge | None = None
+    bridge: SlurmrestdShim | None = None
     daemons: list[Daemon] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # every Node this test created
     recorders: Recorders = field(default_factory=Recorders)
@@ -271,8 +272,10 @@ class Flow:
             await self.create_node(self.lay.spare_b, "nvl-b", "leaf-2", spare=True)
             await self.create_node(self.lay.decoy, "nvl-c", "leaf-1", spare=True)
         if self.driver == "slurmrestd":
-            token = secrets.token_urlsafe(24)
-            self.bridge = SlurmrestdBridge(self.slurm.env(), token)
+            key = secrets.token_bytes(32)
+            token = jwt.encode({"sun": "root", "exp": int(time.time()) + 6 * 3600}, key,
+                               algorithm="HS256")
+            self.bridge = SlurmrestdShim(self.slurm.env(), jwt_key=key, port=free_port())
             await self.bridge.start()
             await self.core.create_namespaced_secret(self.namespace, {  # type: ignore[arg-type]
                 "metadata": {"name": "slurm-token"},
