@@ -15,6 +15,9 @@ Follows the recipe verified on the CI machine kind (``local-infra.md`` section A
 * ``ReturnToService=2``: a restarted slurmd comes back ``idle`` on its own;
 * ports are chosen free when :meth:`LocalSlurm.start` runs.
 
+``max_dynamic_nodes > 0`` adds dynamic nodes (``slurmd -Z``, as Slinky's worker pods run it,
+see :meth:`LocalSlurm.start_dynamic_slurmd` and :mod:`healer.devstack.slurm_dynamic`).
+
 Nothing here uses ``/etc/slurm`` or ``/etc/munge``; clients only need :meth:`LocalSlurm.env`.
 Everything is synchronous (``subprocess``): it is a fixture, not part of the daemon.
 """
@@ -37,6 +40,13 @@ from typing import IO, Literal
 
 from healer.adapters.slurm.parse import parse_node_line
 from healer.devstack.net import free_ports
+from healer.devstack.slurm_dynamic import (
+    dynamic_conf_lines,
+    kill_processes_with_env,
+    podip_library,
+    validate_pod_ip,
+    wait_dynamic_registered,
+)
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 
@@ -129,8 +139,9 @@ class LocalSlurm:
     def __init__(self, workdir: Path, nodes: Sequence[str] = ("gpu-0", "gpu-1", "gpu-2", "gpu-3"),
                  *, gpus_per_node: int = 8, auth: Literal["munge", "none"] = "munge",
                  with_restd: bool = False, cpus_per_node: int = 2,
-                 start_timeout: float = 30.0, sbin: Path = SBIN) -> None:
-        if not nodes:
+                 start_timeout: float = 30.0, sbin: Path = SBIN,
+                 max_dynamic_nodes: int = 0) -> None:
+        if not nodes and max_dynamic_nodes <= 0:
             raise ConfigError("LocalSlurm needs at least one node")
         bad = [n for n in nodes if not _NODE_NAME.match(n)]
         if bad or len(set(nodes)) != len(nodes):
@@ -156,6 +167,9 @@ class LocalSlurm:
         self._ctld: _Daemon | None = None
         self._slurmd: dict[str, _Daemon] = {}
         self._restd: _Daemon | None = None
+        self.max_dynamic_nodes = max(0, max_dynamic_nodes)
+        self.slurmd_port = 0  # the global SlurmdPort (where dynamic slurmds listen)
+        self._dynamic: dict[str, _Daemon] = {}  # dynamic node name -> its slurmd
         self._jobs = 0
         self.timings: dict[str, float] = {}
 
@@ -198,8 +212,8 @@ class LocalSlurm:
         """SIGTERM every daemon in reverse start order, wait (SIGKILL its session after
         ``timeout``), and kill what is left in each daemon's process group. Idempotent."""
         t0 = time.monotonic()
-        daemons = [d for d in (self._munged, self._ctld, *self._slurmd.values(), self._restd)
-                   if d is not None]
+        daemons = [d for d in (self._munged, self._ctld, *self._slurmd.values(),
+                               *self._dynamic.values(), self._restd) if d is not None]
         for d in reversed(daemons):
             d.terminate()
         deadline = time.monotonic() + timeout
@@ -207,6 +221,7 @@ class LocalSlurm:
             d.reap(deadline)
         self._munged = self._ctld = self._restd = None
         self._slurmd.clear()
+        self._dynamic.clear()
         self._kill_leftovers()
         self.timings["stop"] = time.monotonic() - t0
 
@@ -282,6 +297,50 @@ class LocalSlurm:
             self.wait_state(node, lambda s: s.registered and not s.down,
                             timeout=max(1.0, deadline - time.monotonic()))
 
+    def start_dynamic_slurmd(self, name: str, *, pod_ip: str, conf: str,
+                             wait: bool = True) -> None:
+        """Start a dynamic node: ``slurmd -Z -N name --conf conf`` on loopback ``pod_ip``
+        (``conf`` e.g. ``"CPUs=2 RealMemory=1000 Gres=gpu:h100:2 Features=a,b"``); with
+        ``wait`` until it listens on ``pod_ip:SlurmdPort`` and is registered and not down."""
+        if self.max_dynamic_nodes <= 0:
+            raise ConfigError("LocalSlurm was created without dynamic nodes (max_dynamic_nodes)")
+        if not _NODE_NAME.match(name) or name in self.nodes:
+            raise ConfigError(f"dynamic node name {name!r} is invalid or a static node's")
+        pod_ip = validate_pod_ip(pod_ip)
+        d = self._dynamic.get(name)
+        if d is not None and d.alive:
+            if d.env.get("HEALER_POD_IP") != pod_ip:
+                raise ConfigError(f"dynamic slurmd {name} already runs on "
+                                  f"{d.env.get('HEALER_POD_IP')}, not {pod_ip}")
+            return
+        (self.workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
+        env = {**self.env(), "LD_PRELOAD": str(podip_library()), "HEALER_POD_IP": pod_ip}
+        d = self._dynamic[name] = _Daemon(
+            f"slurmd {name} (dynamic, {pod_ip})",
+            [str(self.workdir / "bin" / "slurmd"), "-D", "-f", str(self.conf), "-Z", "-N", name,
+             "--conf", conf, "-d", str(self.workdir / "bin" / "slurmstepd")],
+            self.logdir / f"slurmd-{name}.stderr", env)
+        d.spawn()
+        if wait:
+            wait_dynamic_registered(self, d, name, pod_ip)
+
+    def stop_dynamic_slurmd(self, name: str, timeout: float = 10.0) -> None:
+        """Stop dynamic node ``name``'s slurmd (SIGTERM; SIGKILL its session after
+        ``timeout``) and kill its slurmstepds and job processes. Slurm keeps the node's record
+        (``scontrol delete nodename=…`` removes it). No-op when it does not run."""
+        d = self._dynamic.pop(name, None)
+        if d is None:
+            return
+        d.terminate()
+        d.reap(time.monotonic() + timeout)
+        kill_processes_with_env(f"SLURM_CONF={self.conf}".encode(), (
+            f"HEALER_POD_IP={d.env['HEALER_POD_IP']}".encode(), f"SLURMD_NODENAME={name}".encode()))
+
+    @property
+    def dynamic_nodes(self) -> dict[str, str]:
+        """Running dynamic slurmds: node name -> pod IP."""
+        return {n: d.env["HEALER_POD_IP"] for n, d in self._dynamic.items() if d.alive}
+
     def reset(self, timeout: float = 30.0) -> None:
         """Back to a clean cluster between tests: every daemon running, no jobs, every node
         ``idle`` (drained/down nodes resumed)."""
@@ -296,7 +355,7 @@ class LocalSlurm:
             if time.monotonic() > deadline:
                 raise ConfigError(f"jobs still queued {timeout} s after scancel")
             time.sleep(POLL)
-        for node in self.nodes:
+        for node in (*self.nodes, *(n for n, d in self._dynamic.items() if d.alive)):
             st = self.node_state(node)
             if st.drain or st.down or "FAIL" in st.flags:
                 self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
@@ -432,7 +491,7 @@ class LocalSlurm:
     # -- internals -------------------------------------------------------------------------
 
     def _node(self, node: str) -> None:
-        if node not in self.nodes:
+        if node not in self.nodes and node not in self._dynamic:
             raise ConfigError(f"unknown node {node!r}; this cluster has {', '.join(self.nodes)}")
 
     def _check_binaries(self) -> None:
@@ -475,6 +534,7 @@ class LocalSlurm:
 
         ports = free_ports(3 + len(self.nodes))
         self.ctld_port, slurmd_port, self.restd_port = ports[:3]
+        self.slurmd_port = slurmd_port
         self._node_ports = dict(zip(self.nodes, ports[3:], strict=True))
 
         if self.auth == "munge":
@@ -521,18 +581,22 @@ class LocalSlurm:
             "MailProg=/bin/true",
             "GresTypes=gpu",
         ]
+        if self.max_dynamic_nodes:
+            lines += dynamic_conf_lines(len(self.nodes), self.max_dynamic_nodes)
         for node in self.nodes:
             (w / "spool" / node).mkdir(parents=True, exist_ok=True)
             lines.append(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 "
                          f"Port={self._node_ports[node]} CPUs={self.cpus_per_node} "
                          f"RealMemory=1000 Gres={gpus} State=UNKNOWN")
-        lines.append(f"PartitionName=gpu Nodes={','.join(self.nodes)} Default=YES "
+        members = "ALL" if self.max_dynamic_nodes else ",".join(self.nodes)
+        lines.append(f"PartitionName=gpu Nodes={members} Default=YES "
                      "MaxTime=INFINITE State=UP")
         self.conf.write_text("\n".join(lines) + "\n")
         last = self.gpus_per_node - 1
         files = f"{w}/dev/nvidia[0-{last}]" if last > 0 else f"{w}/dev/nvidia0"
-        (w / "gres.conf").write_text("".join(
-            f"NodeName={n} Name=gpu Type=h100 File={files}\n" for n in self.nodes))
+        (w / "gres.conf").write_text(  # dynamic nodes: one line for every node
+            f"Name=gpu Type=h100 File={files}\n" if self.max_dynamic_nodes else "".join(
+                f"NodeName={n} Name=gpu Type=h100 File={files}\n" for n in self.nodes))
         # slurmd always loads a cgroup plugin (even with proctrack/linuxproc + task/none);
         # autodetect picks v1 or v2 from /sys/fs/cgroup, IgnoreSystemd keeps it off dbus.
         (w / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")

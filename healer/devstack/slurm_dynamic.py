@@ -1,0 +1,143 @@
+"""Helpers for :class:`~healer.devstack.slurm.LocalSlurm`'s dynamic nodes (``slurmd -Z``).
+
+Slurm 22.05 dynamic nodes register themselves (``slurmd -Z --conf "CPUs=… Features=…"``) when
+slurm.conf has ``MaxNodeCount`` (and ``TreeWidth=65533``: the fan-out cannot route to them) and
+the partition is ``Nodes=ALL``. slurmctld records such a node's address from the source address
+of its registration and always talks to it on the global ``SlurmdPort``, so two dynamic slurmds
+on one host collide. The devstack gives every dynamic slurmd its own loopback "pod IP"
+(127.0.0.N) with ``podip.c``, an LD_PRELOAD SHIM standing in for pod networking: it is compiled
+here with ``gcc`` on first use into ``~/.cache/healer/podip/<sha256 of the source>.so``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from healer.adapters.slurm.parse import parse_node_line
+from healer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from healer.devstack.slurm import LocalSlurm, _Daemon
+
+__all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "podip_library",
+           "validate_pod_ip", "wait_dynamic_registered"]
+
+PODIP_SOURCE = Path(__file__).with_name("podip.c")
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "healer" / "podip"
+
+
+def podip_library(cache_dir: Path | None = None, *, source: Path = PODIP_SOURCE) -> Path:
+    """The compiled pod-IP SHIM (built with gcc once per source version; atomic rename)."""
+    code = source.read_bytes()
+    cache = cache_dir or default_cache_dir()
+    lib = cache / f"{hashlib.sha256(code).hexdigest()}.so"
+    if lib.exists():
+        return lib
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise ConfigError(f"dynamic slurmd nodes need a C compiler to build {source.name} "
+                          "(the pod-IP LD_PRELOAD shim): install gcc (Debian: apt-get install "
+                          "gcc libc6-dev)")
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".podip-", suffix=".so", dir=cache)
+    os.close(fd)
+    try:
+        r = subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", tmp, str(source), "-ldl"],
+                           capture_output=True, text=True, timeout=120, check=False)
+        if r.returncode != 0:
+            raise ConfigError(f"building {source} with {gcc} failed ({r.returncode}):\n"
+                              f"{(r.stderr or r.stdout).strip()}")
+        os.replace(tmp, lib)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return lib
+
+
+def validate_pod_ip(pod_ip: str) -> str:
+    """``pod_ip`` if it is a loopback IPv4 address other than 127.0.0.1 (slurmctld's)."""
+    try:
+        ip = ipaddress.IPv4Address(pod_ip)
+    except ValueError as e:
+        raise ConfigError(f"pod IP {pod_ip!r} is not an IPv4 address") from e
+    if not ip.is_loopback or ip == ipaddress.IPv4Address("127.0.0.1") or str(ip).endswith(
+            (".0", ".255")):
+        raise ConfigError(f"pod IP {pod_ip} must be in 127.0.0.0/8, not 127.0.0.1, "
+                          "not a .0/.255 address")
+    return str(ip)
+
+
+def dynamic_conf_lines(static_nodes: int, max_dynamic_nodes: int) -> list[str]:
+    """slurm.conf lines that allow ``max_dynamic_nodes`` dynamic nodes next to the static."""
+    return [f"MaxNodeCount={static_nodes + max_dynamic_nodes}", "TreeWidth=65533"]
+
+
+def kill_processes_with_env(required: bytes, any_of: Iterable[bytes]) -> int:
+    """SIGKILL every process whose environment holds ``required`` and one of ``any_of``
+    (``KEY=value`` entries); the number killed. For slurmstepds and job processes of one
+    dynamic node: slurmstepd starts its own session, so killing slurmd's group misses it."""
+    wanted = set(any_of)
+    me = os.getpid()
+    killed = 0
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = set((entry / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if required in environ and environ & wanted:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+def wait_dynamic_registered(slurm: LocalSlurm, d: _Daemon, name: str, pod_ip: str) -> None:
+    """Wait until dynamic slurmd ``d`` listens on ``pod_ip:SlurmdPort`` (a stale record of an
+    earlier slurmd of that name proves nothing) and its node is registered and not down;
+    SlurmStartupError with its log when it exits or the time is up."""
+    log = slurm.logdir / f"slurmd-{name}.log"
+    deadline = time.monotonic() + slurm.start_timeout
+    while not _listening(pod_ip, slurm.slurmd_port):
+        slurm._must_be_alive(d, log)
+        if time.monotonic() > deadline:
+            raise slurm._startup_error(d, log, f"is not listening on {pod_ip}:"
+                                               f"{slurm.slurmd_port}")
+        time.sleep(0.01)
+    while True:
+        slurm._must_be_alive(d, log)
+        r = slurm.run(["scontrol", "show", "node", name, "-o"], check=False, timeout=10)
+        if r.returncode == 0 and r.stdout.strip():
+            st = parse_node_line(r.stdout.strip().splitlines()[0])
+            if st.registered and not st.down:
+                return
+        if time.monotonic() > deadline:
+            raise slurm._startup_error(d, log, f"did not register in {slurm.start_timeout:.0f}"
+                                               f" s ({(r.stdout or r.stderr).strip()})")
+        time.sleep(0.05)
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
