@@ -18,9 +18,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install healer with its dev tools
 
-deps: ## Debian packages (Slurm, Prometheus) and the Go-built control plane (cached)
+deps: ## Debian packages (Slurm, Prometheus), the Go-built control plane and SchedMD's slurm-operator (cached)
 	bash hack/install-system-deps.sh
 	bash hack/build-k8s.sh
+	bash hack/build-operator.sh
 
 lint: venv ## ruff, mypy --strict, import-linter
 	$(BIN)/ruff check healer tests

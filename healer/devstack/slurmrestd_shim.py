@@ -38,12 +38,14 @@ Endpoints (``V`` = ``/slurm/v0.0.44``):
   the full, current list. An unknown node → HTTP 500, ``error_number`` 2018.
 * ``POST V/node/{name}`` with a ``V0044UpdateNodeMsg`` → one ``scontrol update nodename={name}
   ...``: ``state: [S]`` → ``state=s`` for S in DRAIN, UNDRAIN, RESUME, IDLE, DOWN (DRAIN and DOWN
-  need ``reason``, as in Slurm); ``reason`` → ``reason=...`` (alone too); ``comment`` →
+  need ``reason``, as in Slurm); ``reason`` → ``reason=...`` (alone too); ``topology_str``
+  (Slurm 25.05; 22.05 has no per-node topology) is kept by the shim per node name and served
+  back as the node's ``topology``; ``comment`` →
   ``comment=...`` (alone too; ``""`` clears it). IDLE maps to ``state=idle``: Slurm 22.05's
   ``scontrol update`` accepts it exactly as slurmctld does for slurmrestd (slurmctld clears DRAIN
   and FAIL and marks the node NOT_RESPONDING until its next ping; on a node with jobs it answers
   "Invalid node state specified", relayed as HTTP 500, ``error_number`` 2028). Other fields
-  (``topology_str``, ``features``, ``gres``, ``weight``, ``address``, ...) or several states →
+  (``features``, ``gres``, ``weight``, ``address``, ...) or several states →
   HTTP 400 naming them: Slurm 22.05 cannot carry them faithfully, so they are never dropped
   silently. Each update carried out is recorded in :attr:`SlurmrestdShim.writes`.
 * ``GET V/jobs/`` → ``scontrol show job -o`` mapped to ``V0044OpenapiJobInfoResp``; each job a
@@ -62,7 +64,7 @@ Endpoints (``V`` = ``/slurm/v0.0.44``):
 What it does not do: no other endpoint (partitions, ping, reconfigure, job submit/update,
 node delete, accounting) → HTTP 405; no TLS; no ``auth/local`` or unix socket; no
 ``update_time`` filtering; no per-user authorisation (every valid token acts as the user
-running the shim's scontrol, normally root); topology, features and resume_after updates
+running the shim's scontrol, normally root); features and resume_after updates
 (not available, or not mappable, in Slurm 22.05).
 """
 
@@ -80,9 +82,10 @@ from typing import Any
 
 import jwt
 from aiohttp import web
+from aiohttp.http_parser import HttpRequestParserPy
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from healer.adapters.slurm.parse import parse_kv_line, parse_state, scontrol_error_kind
-from healer.obs.http import serve
 
 __all__ = ["VERSION", "ShimPortInUse", "Shimmed", "SlurmrestdShim"]
 
@@ -102,7 +105,7 @@ PARSE_ERROR = 9001
 #: V0044UpdateNodeMsgState values this shim maps to ``scontrol update state=...``
 UPDATE_STATES = ("DRAIN", "UNDRAIN", "RESUME", "IDLE", "DOWN")
 #: V0044UpdateNodeMsg fields this shim carries out
-UPDATE_FIELDS = frozenset({"state", "reason", "comment"})
+UPDATE_FIELDS = frozenset({"state", "reason", "comment", "topology_str"})
 #: users auth/jwt lets act for another X-SLURM-USER-NAME (SlurmUser and root)
 IMPERSONATORS = frozenset({"slurm", "root"})
 SCONTROL_TIMEOUT = 20.0
@@ -145,6 +148,9 @@ class SlurmrestdShim:
         self.requests: list[Shimmed] = []
         self.writes: list[tuple[str, str, str]] = []
         self.comments: list[tuple[str, str]] = []
+        #: Slurm node → the ``topology_str`` last sent (Slurm 22.05 has no topology/tree
+        #: blocks per node: the shim keeps what the operator pushes and serves it back)
+        self.topology: dict[str, str] = {}
         self.signals: list[tuple[int, str, str]] = []
         self.kills: list[int] = []
         self._runner: web.AppRunner | None = None
@@ -161,7 +167,9 @@ class SlurmrestdShim:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         try:
-            self._runner = await serve(app, self.host, self.port)
+            self._runner = _LaxAppRunner(app, access_log=None)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, self.host, self.port).start()
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
                 raise ShimPortInUse(
@@ -292,6 +300,8 @@ class SlurmrestdShim:
             return self._failed(rc, out, err, "slurm_load_node")
         nodes = [node_json(parse_kv_line(line)) for line in out.splitlines()
                  if "NodeName=" in line]
+        for n in nodes:
+            n["topology"] = self.topology.get(n["name"], "")
         if name and not any(n["name"] == name for n in nodes):
             return self._error(500, INVALID_NODE_NAME, "Invalid node name specified",
                                "slurm_load_node")
@@ -318,6 +328,11 @@ class SlurmrestdShim:
         state = states[0] if states else ""
         reason = " ".join(str(body.get("reason") or "").split())
         comment = body.get("comment")
+        topology = body.get("topology_str")
+        if topology is not None:
+            self.topology[name] = str(topology)
+            if not state and not reason and comment is None:
+                return self._resp()
         if not state and not reason and comment is None:
             return self._error(400, GENERIC_ERROR, "nothing to update", "update_node_msg")
         argv = ["scontrol", "update", f"nodename={name}"]
@@ -544,3 +559,30 @@ def _openapi() -> dict[str, Any]:
         paths[f"/slurm/{VERSION}/{p}"] = {m: {} for m in methods}
     return {"openapi": "3.0.3", "info": {"title": "Slurm REST API",
                                          "version": f"Slurm-{RELEASE}"}, "paths": paths}
+
+
+# The operator's Go client (slurm-client ``api/v0044``) *adds* ``Content-Type: application/json``
+# to requests that already carry one, so every POST it sends has the header twice. Real
+# slurmrestd accepts that; aiohttp's strict request parser answers 400 "Duplicate 'Content-Type'
+# header". The shim's connections therefore use aiohttp's lenient (pure Python) request parser.
+
+
+class _LaxRequestParser(HttpRequestParserPy):
+    lax = True
+
+
+class _LaxServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        handler = super().__call__()
+        handler._parser = _LaxRequestParser(
+            handler, self._loop, 2**16, max_line_size=8190, max_field_size=8190,
+            max_headers=128, payload_exception=RequestPayloadError, auto_decompress=True,
+            max_msg_queue_size=32)
+        return handler
+
+
+class _LaxAppRunner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _LaxServer
+        return server

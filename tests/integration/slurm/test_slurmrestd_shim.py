@@ -162,10 +162,15 @@ async def test_drain_undrain_comment_and_reason(slurm: LocalSlurm, shim: Slurmre
     assert shim.updates_of("gpu-1") == [("DRAIN", reason), ("UNDRAIN", "")]
     assert shim.comments == [("gpu-1", comment)]
 
+    # topology_str (Slurm 25.05) is kept by the shim and served back; other fields are refused
     status, body = await call(http, shim, "POST", f"{V}/node/gpu-1",
-                              json={"topology_str": "block1"})
+                              json={"topology_str": "default:block1"})
+    assert status == 200, body
+    status, body = await call(http, shim, "GET", f"{V}/node/gpu-1")
+    assert body["nodes"][0]["topology"] == "default:block1"
+    status, body = await call(http, shim, "POST", f"{V}/node/gpu-1", json={"weight": 5})
     assert status == 400
-    assert "topology_str" in body["errors"][0]["error"]
+    assert "weight" in body["errors"][0]["error"]
 
 
 async def test_idle_and_resume(slurm: LocalSlurm, shim: SlurmrestdShim,

@@ -1,0 +1,208 @@
+"""The Slinky world on the local stack: SchedMD's real operator, a real Slurm, and the two shims
+that stand in for what cannot run here.
+
+:class:`SlinkyStack` puts together, on one :class:`~healer.devstack.kube.KubeStack` and one
+:class:`~healer.devstack.slurm.LocalSlurm` started with dynamic nodes:
+
+* :class:`~healer.devstack.operator.SlinkyOperator`: the operator's manager (+ webhook from
+  v1.1), built from the Go module proxy, out of cluster;
+* :class:`~healer.devstack.slurmrestd_shim.SlurmrestdShim` on ``127.0.0.1:6820`` (where the
+  operator's client calls with ``DEBUG=1``): slurmrestd v0.0.44 over the real slurmctld, checking
+  the operator's HS256 JWTs against the key of the clusters' JWT Secrets;
+* :class:`~healer.devstack.podruntime.PodRuntime`: a real ``slurmd -Z`` for every Running slurmd
+  worker pod (kwok runs no containers), with the pod's preStop when it terminates.
+
+The shim and the runtime run on an event loop of their own in a background thread, so that the
+synchronous test fixtures and the demo can share one stack. :meth:`add_cluster` creates what the
+``slurm`` Helm chart would in a namespace (Secrets, Controller, RestApi; their pods run on a
+``devstack-system`` kwok Node), :meth:`use` switches the operator version (one operator at a
+time: the client's port is fixed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+import jwt
+from kubernetes_asyncio import client, config
+
+from healer.devstack.kube import KubeStack, fake_node
+from healer.devstack.operator import (
+    DEFAULT_VERSION,
+    RESTD_PORT,
+    SlinkyOperator,
+    cluster_objects,
+)
+from healer.devstack.podruntime import PodRuntime
+from healer.devstack.slurm import LocalSlurm
+from healer.devstack.slurmrestd_shim import SlurmrestdShim
+from healer.errors import ConfigError
+
+__all__ = ["SYSTEM_LABEL", "SYSTEM_NODE", "SlinkyStack"]
+
+T = TypeVar("T")
+
+SYSTEM_NODE = "devstack-system"
+SYSTEM_LABEL = ("healer.io/devstack-role", "system")
+
+
+class SlinkyStack:
+    """Operator + slurmrestd shim + pod runtime over a running KubeStack and LocalSlurm."""
+
+    def __init__(self, kube: KubeStack, slurm: LocalSlurm, *, workdir: Path,
+                 version: str = DEFAULT_VERSION, jwt_key: bytes | None = None,
+                 restd_port: int = RESTD_PORT) -> None:
+        self.kube = kube
+        self.slurm = slurm
+        self.workdir = Path(workdir)
+        self.version = version
+        self.jwt_key = jwt_key or os.urandom(32)
+        self.slurm_key = os.urandom(64)
+        self.restd_port = restd_port
+        self.operator: SlinkyOperator | None = None
+        self.shim: SlurmrestdShim | None = None
+        self.runtime: PodRuntime | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._api: client.ApiClient | None = None
+        self._runtime_task: asyncio.Task[None] | None = None
+        self.timings: dict[str, float] = {}
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Self:
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_loop()
+            self._call(self._start_async())
+            self._system_node()
+            self._start_operator(self.version)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["start"] = time.monotonic() - t0
+        return self
+
+    def use(self, version: str) -> None:
+        """Run operator ``version`` from now on (the running one is stopped first)."""
+        if self.operator is not None and self.operator.version == version \
+                and self.operator.running():
+            return
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+        self._start_operator(version)
+
+    def stop(self) -> None:
+        """Operator first (it must not see slurmds vanish), then runtime and shim. Idempotent."""
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+        if self._loop is not None and self._loop.is_running():
+            try:
+                self._call(self._stop_async(), timeout=60)
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                if self._thread is not None:
+                    self._thread.join(timeout=10)
+        self._loop = None
+        self._thread = None
+
+    # -- clusters ------------------------------------------------------------------------
+
+    def add_cluster(self, namespace: str, cluster: str = "slurm") -> None:
+        """What ``helm install slurm`` creates in ``namespace`` (the namespace too, if new)."""
+        op = self._op()
+        op.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}])
+        objs = cluster_objects(namespace, cluster, jwt_key=self.jwt_key,
+                               slurm_key=self.slurm_key)
+        for obj in objs:  # the Controller's and RestApi's own (kwok) pods go to the system Node
+            if obj["kind"] in ("Controller", "RestApi"):
+                obj["spec"]["template"] = {"spec": {"nodeSelector": dict([SYSTEM_LABEL])}}
+        op.apply(objs)
+
+    def token(self, user: str = "root", lifetime: float = 24 * 3600) -> str:
+        """A JWT the shim accepts (what ``scontrol token`` gives a user of this Slurm)."""
+        now = int(time.time())
+        return jwt.encode({"sun": user, "iat": now, "exp": now + int(lifetime)},
+                          self.jwt_key, algorithm="HS256")
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _op(self) -> SlinkyOperator:
+        if self.operator is None:
+            raise ConfigError("the slurm-operator is not running")
+        return self.operator
+
+    def _start_operator(self, version: str) -> None:
+        op = SlinkyOperator(self.kube, version, workdir=self.workdir / f"operator-{version}")
+        op.start()
+        self.operator = op
+        self.version = version
+
+    def _system_node(self) -> None:
+        code, body = self.kube.request("POST", "/api/v1/nodes", fake_node(
+            SYSTEM_NODE, labels=dict([SYSTEM_LABEL])))
+        if code not in (200, 201, 409):
+            raise ConfigError(f"cannot create the {SYSTEM_NODE} Node: HTTP {code} {body}")
+
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="slinky-stack", daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise ConfigError("the Slinky stack's event loop did not start")
+        self._loop = loop
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+        assert self._loop is not None
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(timeout)
+
+    async def _start_async(self) -> None:
+        self.shim = SlurmrestdShim(self.slurm.env(), jwt_key=self.jwt_key,
+                                   port=self.restd_port)
+        await self.shim.start()
+        cfg = client.Configuration()
+        await config.load_kube_config(config_file=str(self.kube.kubeconfig),
+                                      client_configuration=cfg)
+        self._api = client.ApiClient(cfg)
+        self.runtime = PodRuntime(self._api, self.slurm)
+        self._runtime_task = asyncio.get_running_loop().create_task(
+            self.runtime.run(), name="pod-runtime")
+
+    async def _stop_async(self) -> None:
+        if self.runtime is not None:
+            await self.runtime.aclose()
+        if self._runtime_task is not None:
+            self._runtime_task.cancel()
+            await asyncio.gather(self._runtime_task, return_exceptions=True)
+            self._runtime_task = None
+        if self.shim is not None:
+            await self.shim.close()
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
