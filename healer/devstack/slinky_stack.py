@@ -22,6 +22,8 @@ time: the client's port is fixed).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import os
 import threading
 import time
@@ -33,6 +35,7 @@ from typing import Any, Self, TypeVar
 import jwt
 from kubernetes_asyncio import client, config
 
+from healer.devstack.binaries import cache_dir
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.operator import (
     DEFAULT_VERSION,
@@ -50,6 +53,8 @@ __all__ = ["SYSTEM_LABEL", "SYSTEM_NODE", "SlinkyStack"]
 T = TypeVar("T")
 
 SYSTEM_NODE = "devstack-system"
+#: how long a second stack on this machine waits for the first to stop
+LOCK_WAIT = 900.0
 SYSTEM_LABEL = ("healer.io/devstack-role", "system")
 
 
@@ -73,6 +78,7 @@ class SlinkyStack:
         self._thread: threading.Thread | None = None
         self._api: client.ApiClient | None = None
         self._runtime_task: asyncio.Task[None] | None = None
+        self._lock: int | None = None
         self.timings: dict[str, float] = {}
 
     def __enter__(self) -> Self:
@@ -86,6 +92,7 @@ class SlinkyStack:
     def start(self) -> Self:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._take_machine_lock()
         try:
             self._start_loop()
             self._call(self._start_async())
@@ -121,6 +128,11 @@ class SlinkyStack:
                     self._thread.join(timeout=10)
         self._loop = None
         self._thread = None
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock, fcntl.LOCK_UN)
+                os.close(self._lock)
+            self._lock = None
 
     # -- clusters ------------------------------------------------------------------------
 
@@ -147,6 +159,30 @@ class SlinkyStack:
         if self.operator is None:
             raise ConfigError("the slurm-operator is not running")
         return self.operator
+
+    def _take_machine_lock(self) -> None:
+        """One Slinky stack per machine: the operator's client always calls localhost:6820.
+        A second one waits (up to :data:`LOCK_WAIT`) for the first to stop."""
+        path = cache_dir() / "slinky-stack.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                    os.close(fd)
+                    raise ConfigError(
+                        f"another Slinky stack (pid {holder or '?'}) holds {path} since more "
+                        f"than {LOCK_WAIT:.0f} s: only one slurm-operator can run per machine "
+                        f"(its client always calls localhost:{RESTD_PORT})") from None
+                time.sleep(0.5)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock = fd
 
     def _start_operator(self, version: str) -> None:
         op = SlinkyOperator(self.kube, version, workdir=self.workdir / f"operator-{version}")

@@ -27,28 +27,40 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.devstack import binaries
+from healer.devstack import operator as slinky_operator
 from healer.devstack.kube import KubeStack
 from healer.errors import ConfigError
+from tests.integration.slinky_fixtures import (  # noqa: F401  (fixtures for every test here)
+    operator_version,
+    slinky_cluster,
+    slinky_stack,
+)
 from tests.integration.waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
 _NEEDS_KUBE = pytest.StashKey[bool]()
 _BUILD_ERROR = pytest.StashKey[str]()
+_NEEDS_OPERATOR = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needs_kube = False
+    needs_kube = needs_operator = False
     for item in items:
         if HERE in item.path.resolve().parents:
             item.add_marker(pytest.mark.integration)
-            if "kube_stack" in getattr(item, "fixturenames", ()):
+            names = getattr(item, "fixturenames", ())
+            if "kube_stack" in names:
                 needs_kube = True
+            if "slinky_stack" in names:
+                needs_operator = True
     config.stash[_NEEDS_KUBE] = needs_kube
+    config.stash[_NEEDS_OPERATOR] = needs_operator
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> None:
-    """Build missing control-plane binaries once, before any test's timeout starts."""
+    """Build missing control-plane binaries (and SchedMD's operator, when a test runs it)
+    once, before any test's timeout starts."""
     config = session.config
     if config.option.collectonly or not config.stash.get(_NEEDS_KUBE, False):
         return
@@ -56,6 +68,11 @@ def pytest_runtestloop(session: pytest.Session) -> None:
     if binaries.missing() or (needs_helm and binaries.missing(["helm"])):
         try:
             binaries.ensure(helm=needs_helm, echo=True)
+        except ConfigError as e:
+            config.stash[_BUILD_ERROR] = str(e)
+    if config.stash.get(_NEEDS_OPERATOR, False) and not config.stash.get(_BUILD_ERROR, ""):
+        try:
+            slinky_operator.ensure_built(slinky_operator.SUPPORTED_VERSIONS, echo=True)
         except ConfigError as e:
             config.stash[_BUILD_ERROR] = str(e)
 
