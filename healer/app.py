@@ -140,7 +140,8 @@ def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
             from healer.adapters.slurm.scontrol import ScontrolDriver
 
             jobs = ScontrolDriver(env={**os.environ, "SLURM_CONF": s.slurm_conf})
-        driver: SlurmDriver = SlinkyDriver(api, namespace=s.nodeset_namespace, jobs=jobs)
+        driver: SlurmDriver = SlinkyDriver(api, namespace=s.nodeset_namespace, jobs=jobs,
+                                           nodeset=s.nodeset)
         return driver
     raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
                       "slurmrestd)")
@@ -150,7 +151,7 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm
               *, slinky_pods: bool) -> KubeTopology:
     """The topology step: the annotation from labels or from topograph, verified against the
     slurmd pod (Slinky) and against Slurm where it reports a node's topology."""
-    from healer.adapters.slinky import SlinkyDriver, SlinkyPods
+    from healer.adapters.slinky import OperatorCapabilities, SlinkyDriver, SlinkyPods
 
     t = settings.topology
     topograph = None
@@ -168,7 +169,11 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm
     # the job backend (slurmrestd) does
     reader = slurm.jobs if isinstance(slurm, SlinkyDriver) else slurm
     pods = SlinkyPods(api, settings.slurm.nodeset_namespace) if slinky_pods else None
-    return KubeTopology(nodes, pods=pods, slurm=reader, topograph=topograph)
+    # slurm-operator <v1.1 never copies the Node's topology annotation to the slurmd pod
+    caps = (slurm.capabilities if isinstance(slurm, SlinkyDriver)
+            else OperatorCapabilities(api)) if slinky_pods else None
+    return KubeTopology(nodes, pods=pods, slurm=reader, topograph=topograph,
+                        copies_topology=caps.copies_topology if caps is not None else None)
 
 
 async def run(settings: Settings, overrides: Overrides | None = None,

@@ -16,20 +16,40 @@ Moving the workload to a spare depends on the NodeSet's scaling mode:
   Slurm node DOWN, which kills jobs.
 * DaemonSet: the spare becomes a *new* Slurm node (named after it); the bad node's Slurm record
   stays drained.
+
+What the real operator does and healer relies on (read at v1.0.0 and v1.1.0):
+
+* It adds no affinity: a recreated StatefulSet-mode pod lands on *any* uncordoned Node matching
+  the NodeSet's nodeSelector and tolerations. So a claimed spare stays closed (the NoSchedule
+  spare taint) until ``move`` evicts, and per NodeSet at most one claimed spare is open without
+  its slurmd pod at a time (checked against the cluster, so it holds across a leader restart).
+* Evicting the pod runs its preStop hook, which deletes the Slurm node record: a drain someone
+  else set (an admin's ``scontrol update state=drain``) would be lost and the new pod register
+  IDLE. ``move`` holds (PENDING) while Slurm shows such a drain (docs/adr/0006).
+* It undrains an uncordoned node only with ``updateStrategy.type: RollingUpdate`` (OnDelete or
+  an empty type: never), and v1.0 panics on a RollingUpdate without a ``rollingUpdate`` block:
+  ``drain`` refuses (PermanentError) before changing anything in those cases.
+* Only v1.1+ copies the Node's topology annotation to the slurmd pod
+  (:class:`OperatorCapabilities` tells which one runs).
+* It re-lists Slurm every 30 s and requeues every 10-30 s; cordon to DRAIN takes about 1.4 s
+  and the pod conditions follow about 2 s later: every wait here is a PENDING the policy's
+  pollInterval polls again, never a sleep in the adapter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.nodes import CORDONED_BY, HEALER, KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
-from healer.errors import NotFoundError, PermanentError, TransientError
+from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.ports import (
     SLURM_REASON_PREFIX,
     HookResult,
@@ -47,6 +67,12 @@ OPERATOR_PREFIX = "slurm-operator: "
 CONDITION_PREFIX = "SlurmNodeState"
 BASE_STATES = ("Allocated", "Down", "Error", "Future", "Idle", "Mixed", "Unknown")
 INCIDENT_IN_REASON = re.compile(r"\[([^\]\s]+)\]\s*$")
+NODESET_INSTANCE = "app.kubernetes.io/instance"
+NODESET_CRD = "nodesets.slinky.slurm.net"
+# the spare pool's keys (healer.adapters.kube.spares imports this module through hooks)
+SPARE_TAINT, CLAIM_LABEL, CLAIMED_BY = "healer.io/spare", "healer.io/claim", "healer.io/claimed-by"
+
+log = structlog.get_logger("healer.adapters.slinky")
 
 
 def slurm_name(pod: Mapping[str, Any]) -> str:
@@ -85,6 +111,94 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         if c.get("type") == "Ready":
             return bool(c.get("status") == "True")
     return False
+
+
+def foreign_drain(st: SlurmNodeState) -> str:
+    """The reason of a drain that is neither healer's nor the operator's ("" if none): its
+    owner, not healer, decides when it ends."""
+    if st.drain and st.reason and not st.reason_is_ours and \
+            not st.reason.startswith(OPERATOR_PREFIX):
+        return st.reason
+    return ""
+
+
+class OperatorCapabilities:
+    """What the running slurm-operator supports, from its NodeSet CRD (read once, cached).
+
+    ``v1.1+`` when the CRD's v1beta1 spec schema has ``scalingMode`` (added in v1.1, together
+    with the copy of the Node's topology annotation to the slurmd pod). An unreadable CRD
+    (403/404) is *unknown* (None), cached too; a transient error is asked again next time."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._known: bool | None = None
+        self._read = False
+
+    async def v1_1(self) -> bool | None:
+        if not self._read:
+            try:
+                raw = to_dict(self.api, await call(
+                    f"get CustomResourceDefinition {NODESET_CRD}",
+                    lambda: client.ApiextensionsV1Api(self.api)
+                    .read_custom_resource_definition(NODESET_CRD)))
+            except TransientError:
+                return None
+            except HealerError as e:  # 403/404: RBAC or no CRD; unknown, asked no more
+                log.warning("slurm-operator version unknown", crd=NODESET_CRD, error=str(e))
+                self._known, self._read = None, True
+                return None
+            self._known, self._read = _has_scaling_mode(raw), True
+        return self._known
+
+    async def copies_topology(self) -> bool | None:
+        """Whether the operator copies the Node's topology annotation to the slurmd pod."""
+        return await self.v1_1()
+
+
+def _has_scaling_mode(crd: Mapping[str, Any]) -> bool:
+    for v in (crd.get("spec") or {}).get("versions") or []:
+        if v.get("name") != NODESET_VERSION:
+            continue
+        props = (((v.get("schema") or {}).get("openAPIV3Schema") or {}).get("properties")
+                 or {})
+        spec = (props.get("spec") or {}).get("properties") or {}
+        return "scalingMode" in spec
+    return False
+
+
+class NodeSets:
+    """Reads NodeSets (shared by the driver and the workload)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.co = client.CustomObjectsApi(api)
+        self.namespace = namespace
+
+    async def spec(self, name: str) -> dict[str, Any]:
+        raw = to_dict(self.api, await call(
+            f"get NodeSet {self.namespace}/{name}",
+            lambda: self.co.get_namespaced_custom_object(NODESET_GROUP, NODESET_VERSION,
+                                                         self.namespace, NODESET_PLURAL, name)))
+        return dict(raw.get("spec") or {})
+
+
+def update_strategy_problem(namespace: str, name: str, spec: Mapping[str, Any],
+                            v1_1: bool | None) -> str:
+    """Why healer must not drain through this NodeSet ("" when it may)."""
+    us = spec.get("updateStrategy") or {}
+    kind = str(us.get("type") or "")
+    where = f"NodeSet {namespace}/{name}"
+    if kind != "RollingUpdate":
+        return (f"{where} has updateStrategy.type {kind or '(empty)'}: the slurm-operator "
+                "undrains an uncordoned node only under RollingUpdate, so healer could never "
+                "give the Slurm node back (it would stay drained for ever); set "
+                "updateStrategy.type: RollingUpdate with a rollingUpdate block (e.g. "
+                "maxUnavailable: 1)")
+    if not us.get("rollingUpdate") and v1_1 is False:
+        return (f"{where} has updateStrategy.type RollingUpdate without a rollingUpdate block: "
+                "slurm-operator <v1.1 panics on every reconcile of it, so nothing would drain; "
+                "add updateStrategy.rollingUpdate (e.g. maxUnavailable: 1)")
+    return ""
 
 
 class SlinkyPods:
@@ -126,10 +240,27 @@ class SlinkyDriver:
     slurmrestd (or scontrol) driver; without one, checkpoint signals are unavailable."""
 
     def __init__(self, api: client.ApiClient, *, namespace: str, nodes: KubeNodes | None = None,
-                 jobs: SlurmDriver | None = None) -> None:
+                 jobs: SlurmDriver | None = None, nodeset: str = "",
+                 capabilities: OperatorCapabilities | None = None) -> None:
         self.pods = SlinkyPods(api, namespace)
         self.nodes = nodes or KubeNodes(api)
         self.jobs = jobs
+        self.nodesets = NodeSets(api, namespace)
+        self.nodeset = nodeset
+        self.capabilities = capabilities or OperatorCapabilities(api)
+
+    async def _check_update_strategy(self, pod: Mapping[str, Any]) -> None:
+        """Refuse (PermanentError) a NodeSet whose update strategy makes the operator never
+        undrain, or (v1.0) never drain: before healer changes anything."""
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        name = str(labels.get(NODESET_INSTANCE) or self.nodeset)
+        if not name:
+            return  # no NodeSet known: nothing to check against
+        spec = await self.nodesets.spec(name)
+        problem = update_strategy_problem(self.nodesets.namespace, name, spec,
+                                          await self.capabilities.v1_1())
+        if problem:
+            raise PermanentError(problem)
 
     async def state(self, node: str) -> SlurmNodeState:
         return pod_state(await self.pods.by_slurm_name(node))
@@ -140,9 +271,11 @@ class SlinkyDriver:
         host = str((pod.get("spec") or {}).get("nodeName") or "")
         if not host:
             raise TransientError(f"slurmd pod of {node} is not scheduled")
-        if st.drain and st.reason and not st.reason_is_ours and \
-                not st.reason.startswith(OPERATOR_PREFIX):
-            return False  # someone drained it with their own reason: theirs to clear
+        await self._check_update_strategy(pod)
+        if foreign_drain(st):
+            # someone drained it with their own reason: theirs to clear (the flow goes on to
+            # cordon and claim; move holds while that drain is there)
+            return False
         m = INCIDENT_IN_REASON.search(reason)
         incident = m.group(1) if m else reason
         k8s = await self.nodes.get(host)
@@ -198,22 +331,23 @@ class SlinkyWorkload:
                  namespace: str, nodeset: str = "") -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
-        self.co = client.CustomObjectsApi(api)
+        self.nodesets = NodeSets(api, namespace)
         self.pods = SlinkyPods(api, namespace)
         self.nodes = nodes
         self.slurm = slurm
         self.namespace = namespace
         self.nodeset = nodeset
+        self._held: set[tuple[str, str]] = set()  # (incident, reason) holds already logged
+        #: one lock per NodeSet for check + open + evict (one SlinkyWorkload per process)
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     async def nodeset_spec(self) -> dict[str, Any]:
         if not self.nodeset:
             raise PermanentError("the NodeSet to remediate is not configured (--nodeset)")
-        raw = to_dict(self.api, await call(
-            f"get NodeSet {self.namespace}/{self.nodeset}",
-            lambda: self.co.get_namespaced_custom_object(NODESET_GROUP, NODESET_VERSION,
-                                                         self.namespace, NODESET_PLURAL,
-                                                         self.nodeset)))
-        return dict(raw.get("spec") or {})
+        return await self.nodesets.spec(self.nodeset)
+
+    def _lock(self) -> asyncio.Lock:
+        return self._locks.setdefault((self.namespace, self.nodeset), asyncio.Lock())
 
     async def scaling_mode(self) -> str:
         return str((await self.nodeset_spec()).get("scalingMode") or "StatefulSet")
@@ -229,6 +363,8 @@ class SlinkyWorkload:
         if mode == "DaemonSet":
             pod = await self.pods.on_node(spare)
             if pod is None:
+                # the operator starts a pod only on a Node the pod tolerates: open the spare
+                await self._open(spare, incident)
                 return HookResult(StepOutcome.PENDING,
                                   f"waiting for the operator to start a slurmd pod on {spare}")
             return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_name(pod),
@@ -249,17 +385,92 @@ class SlinkyWorkload:
             return HookResult(StepOutcome.FAILED, f"slurmd pod of {slurm_node} runs on {host}, "
                                                   f"neither on {source} nor on {spare}")
         st = pod_state(pod)
+        theirs = foreign_drain(st)
+        if theirs:
+            return self._hold(incident, slurm_node, theirs)
         if st.busy or not st.drain:
             return HookResult(StepOutcome.PENDING, f"Slurm reports {slurm_node} "
                                                    f"{'busy' if st.busy else 'not drained'}: "
                                                    "its slurmd pod stays where it is")
-        meta = pod["metadata"]
-        outcome = await evict(self.api, self.namespace, meta["name"], meta.get("uid"))
-        if outcome == Evicted.BLOCKED:
-            return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the eviction "
-                                                   "for now")
+        async with self._lock():
+            other = await self._open_elsewhere(incident, spare)
+            if other:
+                return HookResult(StepOutcome.PENDING, other)
+            await self._open(spare, incident)
+            meta = pod["metadata"]
+            outcome = await evict(self.api, self.namespace, meta["name"], meta.get("uid"))
+            if outcome == Evicted.BLOCKED:
+                await self._close(spare, incident)  # nothing may land there meanwhile
+                return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the "
+                                                       "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
                                                f"{spare}")
+
+    def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
+        """A drain someone else owns: evicting would run the pod's preStop, which deletes the
+        Slurm node record and so their drain (docs/adr/0006). Hold until they clear it."""
+        if (incident, reason) not in self._held:
+            self._held.add((incident, reason))
+            log.warning("holding the swap: Slurm node drained by someone else",
+                        incident=incident, slurm_node=slurm_node, reason=reason)
+        return HookResult(StepOutcome.PENDING,
+                          f"Slurm node {slurm_node} is drained by someone else (reason "
+                          f"{reason!r}); moving its slurmd pod would delete that drain, so "
+                          "healer holds until the owner clears it")
+
+    async def _open_elsewhere(self, incident: str, spare: str) -> str:
+        """Another incident's claimed spare that is open and does not host its slurmd pod yet,
+        among those this NodeSet's pods could land on ("" if none): read from the cluster,
+        so it holds after a leader restart too."""
+        selector = await self.node_selector()
+        items, _ = await self.nodes.list_raw(CLAIM_LABEL)
+        hosts: set[str] | None = None
+        for raw in items:
+            meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
+            name = str(meta.get("name", ""))
+            owner = str((meta.get("annotations") or {}).get(CLAIMED_BY) or "")
+            labels = meta.get("labels") or {}
+            if name == spare or owner == incident or not owner:
+                continue
+            if any(t.get("key") == SPARE_TAINT for t in spec.get("taints") or []):
+                continue  # closed
+            if any(labels.get(k) != v for k, v in selector.items()):
+                continue  # our pods cannot land there
+            if hosts is None:
+                hosts = {str((p.get("spec") or {}).get("nodeName") or "")
+                         for p in await self.pods.pods()
+                         if ((p.get("metadata") or {}).get("labels") or {})
+                         .get(NODESET_INSTANCE, self.nodeset) == self.nodeset}
+            if name not in hosts:
+                return (f"another swap is in flight in NodeSet {self.namespace}/{self.nodeset}: "
+                        f"spare {name} (incident {owner}) is open and waits for its slurmd pod; "
+                        f"{spare} stays closed until then, so the recreated pods cannot swap "
+                        "spares")
+        return ""
+
+    async def _open(self, spare: str, incident: str) -> None:
+        """Take the spare taint off this incident's claimed spare (idempotent)."""
+        raw = await self.nodes.get_raw(spare)
+        meta, spec = raw["metadata"], raw.get("spec") or {}
+        if (meta.get("annotations") or {}).get(CLAIMED_BY) != incident:
+            raise PermanentError(f"spare {spare} is not claimed by {incident}")
+        taints = spec.get("taints") or []
+        if not any(t.get("key") == SPARE_TAINT for t in taints):
+            return
+        kept = [t for t in taints if t.get("key") != SPARE_TAINT]
+        await self.nodes._patch(spare, {"metadata": {"resourceVersion": meta["resourceVersion"]},
+                                        "spec": {"taints": kept or None}})
+
+    async def _close(self, spare: str, incident: str) -> None:
+        raw = await self.nodes.get_raw(spare)
+        meta, spec = raw["metadata"], raw.get("spec") or {}
+        taints = list(spec.get("taints") or [])
+        if (meta.get("annotations") or {}).get(CLAIMED_BY) != incident or \
+                any(t.get("key") == SPARE_TAINT for t in taints):
+            return
+        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
+        await self.nodes._patch(spare, {"metadata": {"resourceVersion": meta["resourceVersion"]},
+                                        "spec": {"taints": taints}})
 
     async def _forget_reason(self, source: str, incident: str) -> None:
         """The slurmd left ``source``: take healer's cordon reason off it (it stays cordoned

@@ -114,7 +114,7 @@ async def test_labels_mode_writes_then_waits_for_the_operator_then_is_done() -> 
     r = await topo.annotate("inc-1", "spare", "worker-0")
     assert r.outcome is StepOutcome.DONE
     assert dict(r.data) == {"topology": SPEC, "source": "labels", "slurmNode": "worker-0",
-                            "checks": "placement,pod"}
+                            "checks": "placement,pod", "operatorCopiesTopology": "true"}
     assert "Slurm does not report the topology" in r.detail
 
 

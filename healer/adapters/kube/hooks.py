@@ -18,8 +18,10 @@ The step ends DONE only when the replacement is placed and annotated the way Slu
 2. **Verification** of that annotation (the spec) before undrain:
 
    a. placement: the slurmd pod of the Slurm node runs on the replacement Node;
-   b. the Slinky operator has copied the Node's annotation to that pod (it does so on every
-      reconcile and pushes the same string to Slurm as ``topology_str``), with the same value;
+   b. the Slinky operator has copied the Node's annotation to that pod (v1.1+ does so in its
+      pod-binding webhook and on every NodeSet sync, and the slurmd reads it from there), with
+      the same value. slurm-operator v1.0 never copies it: when the ``copies_topology`` probe
+      says so, b is skipped and the note says so (a probe that cannot tell: b is awaited);
    c. where Slurm reports the node's topology (slurmrestd v0.0.44 node ``topology``, Slurm >=
       25.05), it equals the annotation. Empty = not reported (scontrol, older Slurm): skipped.
 
@@ -28,12 +30,13 @@ The step ends DONE only when the replacement is placed and annotated the way Slu
    is awaited; the policy's step deadline escalates a wait that never ends.
 
 DONE's data: ``topology`` (the verified spec, "" if none), ``source``, ``slurmNode`` and
-``checks`` (the checks that passed, comma-separated).
+``checks`` (the checks that passed, comma-separated); with Slinky pods also
+``operatorCopiesTopology`` ("true"/"false").
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from healer.adapters.slinky import slurm_name
@@ -44,6 +47,8 @@ from healer.ports import HookResult, NodeAPI, SlurmNodeState, StepOutcome
 
 TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
 SOURCES = ("labels", "topograph")
+NO_COPY_NOTE = ("slurm-operator <v1.1 does not copy topology to pods: verified the Node "
+                "annotation and placement only")
 
 
 class SlurmdPods(Protocol):
@@ -92,13 +97,17 @@ class KubeTopology:
     (``default`` without ``topology.yaml`` topologies); ``pods``: where the slurmd pods are
     (None: not on Slinky, placement and pod checks skipped); ``slurm``: Slurm's view of the node
     for the topology check (None: skipped); ``topograph``: a client for topograph mode (None:
-    the labels source).
+    the labels source); ``copies_topology``: whether the running operator copies the annotation
+    to the slurmd pod (:meth:`healer.adapters.slinky.OperatorCapabilities.copies_topology`;
+    None, or a probe answering None: assumed, and awaited).
     """
 
     def __init__(self, nodes: NodeAPI, topology_name: str = "default", *,
                  pods: SlurmdPods | None = None, slurm: SlurmNodeReader | None = None,
-                 topograph: TopographAPI | None = None) -> None:
+                 topograph: TopographAPI | None = None,
+                 copies_topology: Callable[[], Awaitable[bool | None]] | None = None) -> None:
         self.nodes = nodes
+        self.copies_topology = copies_topology
         self.topology_name = topology_name
         self.pods = pods
         self.slurm = slurm
@@ -187,6 +196,7 @@ class KubeTopology:
                       notes: Sequence[str]) -> HookResult:
         notes = list(notes)
         checks: list[str] = []
+        data: dict[str, str] = {}
         name = slurm_node
         pods = await self.pods.pods() if self.pods is not None else []
         if not pods:
@@ -210,14 +220,23 @@ class KubeTopology:
                                   f"placement: the slurmd pod {_pod_ref(pod)} of Slurm node "
                                   f"{name} {where}, not on {node}")
             checks.append("placement")
-            copied = (_meta(pod).get("annotations") or {}).get(TOPOLOGY_ANNOTATION, "")
-            if copied != spec:
-                return HookResult(
-                    StepOutcome.PENDING,
-                    f"the Slinky operator has not propagated {TOPOLOGY_ANNOTATION}="
-                    f"{spec or '(none)'} from {node} to pod {_pod_ref(pod)} yet (it has "
-                    f"{copied or 'none'})")
-            checks.append("pod")
+            copies = await self.copies_topology() if self.copies_topology is not None else None
+            if copies is False:
+                notes.append(NO_COPY_NOTE)
+                data["operatorCopiesTopology"] = "false"
+            else:
+                copied = (_meta(pod).get("annotations") or {}).get(TOPOLOGY_ANNOTATION, "")
+                if copied != spec:
+                    unknown = (" (the operator's version is unknown: if it is <v1.1 it never "
+                               "copies; let healer read the NodeSet CRD)"
+                               if copies is None and self.copies_topology is not None else "")
+                    return HookResult(
+                        StepOutcome.PENDING,
+                        f"the Slinky operator has not propagated {TOPOLOGY_ANNOTATION}="
+                        f"{spec or '(none)'} from {node} to pod {_pod_ref(pod)} yet (it has "
+                        f"{copied or 'none'}){unknown}")
+                checks.append("pod")
+                data["operatorCopiesTopology"] = "true"
         if spec and self.slurm is not None and name:
             try:
                 st = await self.slurm.state(name)
@@ -235,4 +254,4 @@ class KubeTopology:
                 checks.append("slurm")
         return HookResult(StepOutcome.DONE, "; ".join(notes),
                           {"topology": spec, "source": self.source, "slurmNode": name,
-                           "checks": ",".join(checks)})
+                           "checks": ",".join(checks), **data})

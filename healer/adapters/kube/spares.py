@@ -5,8 +5,12 @@ tainted ``healer.io/spare=true:NoSchedule`` so nothing lands on it by accident. 
 a single merge patch guarded by the node's ``resourceVersion``: it marks the claim
 (``healer.io/claimed-by=<incident>``, and the label ``healer.io/claim=<digest of the incident>``
 so that "the spare this incident holds" is one label-selected read, never a list of the fleet),
-takes the node out of the pool (removes the spare label and taint) and adds the labels a NodeSet
-needs to place its slurmd there. Two claimers racing
+takes the node out of the pool (removes the spare label) and adds the labels a NodeSet needs to
+place its slurmd there. The spare taint stays: a claimed spare is still *closed*, because the
+Slinky operator adds no affinity and a recreated slurmd pod would land on any open Node its
+NodeSet selects (with two swaps in flight, on the other's spare). The workload move opens it
+(:class:`healer.adapters.slinky.SlinkyWorkload`) at the moment it evicts; ``release`` and
+``return_to_pool`` close it again. Two claimers racing
 for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
 topology-aware (same NVLink domain, then the lowest shared fabric tier, then any).
 """
@@ -95,8 +99,10 @@ class KubeSparePool:
         labels: dict[str, str | None] = dict.fromkeys(self.selector.match_labels)
         labels.update(self.claim_labels)
         labels[CLAIM_LABEL] = claim_digest(incident)
+        # the spare taint stays (closed until the move opens it); make sure it is there
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
+        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
         annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
         if self.topology_name is not None:
             spec = slinky_topology_spec(node_view(raw), self.topology_name)
@@ -104,7 +110,7 @@ class KubeSparePool:
                 annotations[TOPOLOGY_ANNOTATION] = spec
         return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
                              "labels": labels, "annotations": annotations},
-                "spec": {"taints": taints or None}}
+                "spec": {"taints": taints}}
 
     async def release(self, spare: str, incident: str) -> None:
         raw = await self.nodes.get_raw(spare)
