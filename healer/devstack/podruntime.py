@@ -37,9 +37,10 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -183,13 +184,17 @@ class PodRuntime:
     """
 
     def __init__(self, api: client.ApiClient, slurm: LocalSlurm, *, namespace: str | None = None,
-                 cpus: int | None = None, real_memory: int = 1000, gres: str | None = None,
+                 namespaces: Iterable[str] | None = None, cpus: int | None = None,
+                 real_memory: int = 1000, gres: str | None = None,
                  label_selector: str = SELECTOR, watch_timeout: int = 60,
                  command_timeout: float = 30.0, retry_delay: float = 5.0,
                  history_size: int = 1000) -> None:
         self.core = client.CoreV1Api(api)
         self.slurm = slurm
         self.namespace = namespace
+        #: with ``namespaces`` (not None), only pods in these namespaces get a slurmd; the
+        #: set grows with :meth:`handle_namespace` (other runtimes may own other namespaces)
+        self.namespaces: set[str] | None = set(namespaces) if namespaces is not None else None
         self.cpus = cpus if cpus is not None else slurm.cpus_per_node
         self.real_memory = real_memory
         self.gres = gres if gres is not None else (
@@ -201,6 +206,10 @@ class PodRuntime:
         self.history: deque[HistoryEntry] = deque(maxlen=history_size)
         self.errors: deque[str] = deque(maxlen=100)
         self.synced = asyncio.Event()  # set after the first list
+        #: cleared, slurmd starts wait (as a slow image pull or a crash-looping container
+        #: would); thread-safe, so a test on another event loop can hold and release it
+        self.start_gate = threading.Event()
+        self.start_gate.set()
         self._pods: dict[str, _Pod] = {}  # uid -> latest view
         self._slots: dict[str, _Slot] = {}  # Slurm name -> the slurmd running for a pod
         self._dirty: set[str] = set()
@@ -216,6 +225,13 @@ class PodRuntime:
     def running(self) -> dict[str, str]:
         """Slurm name -> ``namespace/pod`` of every slurmd this runtime started."""
         return {n: s.pod.key for n, s in self._slots.items()}
+
+    def handle_namespace(self, namespace: str) -> None:
+        """Run slurmds for the pods of ``namespace`` too (with a ``namespaces`` filter; call
+        it on the runtime's event loop). Pods already there are picked up on the next watch
+        event or list."""
+        if self.namespaces is not None:
+            self.namespaces.add(namespace)
 
     def events(self, event: str | None = None, slurm_name: str | None = None
                ) -> list[HistoryEntry]:
@@ -298,6 +314,9 @@ class PodRuntime:
         if kind == "BOOKMARK" or obj is None or getattr(obj, "metadata", None) is None:
             return
         pod = _view(obj)
+        if self.namespaces is not None and pod.namespace not in self.namespaces \
+                and pod.uid not in self._pods:
+            return  # another runtime's (or nobody's) pod
         if kind == "DELETED":
             self._forget(pod.uid)
             return
@@ -365,6 +384,9 @@ class PodRuntime:
             await self._bringup(name, ready[0])
 
     async def _bringup(self, name: str, pod: _Pod) -> None:
+        if not self.start_gate.is_set():  # held (tests): look again shortly
+            asyncio.get_running_loop().call_later(0.2, self._mark, name)
+            return
         if not pod.finalized:
             try:
                 await self._patch(pod, {"metadata": {"finalizers": [FINALIZER], "uid": pod.uid}})

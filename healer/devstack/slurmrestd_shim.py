@@ -76,6 +76,7 @@ import errno
 import json
 import re
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,8 +146,10 @@ class SlurmrestdShim:
         self.port = port
         self.timeout = timeout
         self.url = ""
-        self.requests: list[Shimmed] = []
+        self.requests: deque[Shimmed] = deque(maxlen=20000)
         self.writes: list[tuple[str, str, str]] = []
+        #: (time, user, node, state, reason) of every state/reason update: who wrote what when
+        self.write_log: list[tuple[float, str, str, str, str]] = []
         self.comments: list[tuple[str, str]] = []
         #: Slurm node → the ``topology_str`` last sent (Slurm 22.05 has no topology/tree
         #: blocks per node: the shim keeps what the operator pushes and serves it back)
@@ -286,7 +289,7 @@ class SlurmrestdShim:
             case ("GET", "node") if arg:
                 return await self._nodes(arg)
             case ("POST", "node") if arg:
-                return await self._update_node(arg, body)
+                return await self._update_node(arg, body, user)
             case ("GET", "jobs"):
                 return await self._jobs()
             case ("DELETE", "job") if arg:
@@ -308,7 +311,7 @@ class SlurmrestdShim:
         # V0044OpenapiNodesResp: nodes (V0044Nodes), last_update (V0044Uint64NoValStruct)
         return self._resp(nodes=nodes, last_update=_noval(int(time.time())))
 
-    async def _update_node(self, name: str, body: Any) -> web.Response:
+    async def _update_node(self, name: str, body: Any, user: str = "") -> web.Response:
         if not isinstance(body, Mapping):
             return self._error(400, PARSE_ERROR, "Unable to parse request body",
                                "update_node_msg")
@@ -350,6 +353,7 @@ class SlurmrestdShim:
             return self._failed(rc, out, err, "slurm_update_node")
         if state or reason:
             self.writes.append((name, state, reason))
+            self.write_log.append((time.time(), user, name, state, reason))
         if comment is not None:
             self.comments.append((name, str(comment)))
         return self._resp()

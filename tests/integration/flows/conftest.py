@@ -1,21 +1,24 @@
-"""The real stack for the end-to-end flow tests (issue 5), as pytest fixtures.
+"""The real stack for the end-to-end flow tests, as pytest fixtures.
 
 * ``kube_stack`` (session, shared with the other integration tests): kube-apiserver, etcd,
   controller-manager, scheduler and kwok. Each test works in its own namespace and on its own
   Nodes, labelled ``healer-flow=<test id>``, deleted afterwards.
-* ``flow_slurm`` (session): a real Slurm 22.05 whose node names are the Slurm names of this
-  folder's NodeSets: ``fs-0..fs-3`` (StatefulSet mode, NodeSet ``fs``: Slurm name = pod name)
-  and ``fd-n0..fd-n3`` (DaemonSet mode, NodeSet ``fd``: Slurm name = the Node's name, so
-  DaemonSet-mode Nodes always carry these names; the scontrol and slurmrestd drivers address
-  Slurm by the Kubernetes node's name) plus the DaemonSet-mode spares ``fd-sa``,
-  ``fd-sb`` and the decoy ``fd-s0``: defined in slurm.conf but FUTURE with no slurmd until a
-  spare is claimed and the operator starts a slurmd on it (Slurm 22.05 cannot add nodes).
-* ``flows`` (function): a factory ``await flows(mode, driver)`` → :class:`Flow`: Slurm reset,
-  the fleet (4 GPU Nodes in two NVLink domains, a warm spare in each domain and a decoy spare
-  in a third domain that shares the bad node's leaf switch), the NodeSet, a running Slinky
-  emulator (``healer.sim.slinky``) whose ``on_slurmd`` starts/kills the real slurmds, the
-  policy, the slurmrestd bridge for ``driver="slurmrestd"``, recorders of pods, Nodes and Slurm
-  states, and :meth:`Flow.start_daemon` for the real daemon process (``daemon_main.py``).
+* ``slinky_stack`` (session, :mod:`tests.integration.slinky_fixtures`): SchedMD's real
+  slurm-operator (v1.1.0 by default; a test asks for v1.0.0 with an indirect
+  ``operator_version`` parameter), a real Slurm 22.05 with dynamic nodes, the slurmrestd v0.0.44
+  shim on :6820 (the operator's client and healer's slurmrestd driver both talk to it) and the
+  kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod, the pod's preStop on delete).
+  Slurm node names come from the pods, as on a real cluster: ``fs<tid>-0..3`` (StatefulSet
+  mode, NodeSet ``fs<tid>``: Slurm name = pod name) or the Nodes' names (DaemonSet mode,
+  NodeSet ``fd<tid>``: the scontrol and slurmrestd drivers address Slurm by the Kubernetes
+  node's name); a DaemonSet-mode spare becomes a Slurm node when the operator starts a slurmd
+  pod on it.
+* ``flows`` (function): a factory ``await flows(mode, driver)`` → :class:`Flow`: the fleet
+  (4 GPU Nodes in two NVLink domains, a warm spare in each domain and a decoy spare in a third
+  domain that shares the bad node's leaf switch; each GPU Node fits exactly one slurmd: 8
+  ``nvidia.com/gpu``, requested whole by the NodeSet), the NodeSet, the policy, a token for
+  ``driver="slurmrestd"``, recorders of pods, Nodes and Slurm states, and
+  :meth:`Flow.start_daemon` for the real daemon process (``daemon_main.py``).
 """
 
 from __future__ import annotations
@@ -31,12 +34,11 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jwt
 import pytest
 from kubernetes_asyncio import client
 
@@ -47,14 +49,14 @@ from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.devstack.kube import KubeStack, fake_node
 from healer.devstack.net import free_port
+from healer.devstack.operator import nodeset as nodeset_body
+from healer.devstack.slinky_stack import SlinkyStack
 from healer.devstack.slurm import LocalSlurm
 from healer.devstack.slurmrestd_shim import SlurmrestdShim
-from healer.errors import ConfigError, NotFoundError
+from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
-from healer.sim.slinky import SlinkyEmulator, install
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
-from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
 DOMAIN = "accelerator.topograph.run/domain"
@@ -66,13 +68,7 @@ POOL = "healer-flow/pool"  # the NodeSets' nodeSelector: which Nodes may run thi
 CLUSTER = "slurm"
 SPARE_TAINT = {"key": "healer.io/spare", "value": "true", "effect": "NoSchedule"}
 
-SS_NODESET = "fs"
-SS_SLURM = tuple(f"{SS_NODESET}-{i}" for i in range(4))
-DS_NODESET = "fd"
-DS_GPUS = ("fd-n0", "fd-n1", "fd-n2", "fd-n3")
-DS_SPARES = ("fd-sa", "fd-sb", "fd-s0")  # same domain as n0/n1, as n2/n3, the decoy
-FUTURE = DS_SPARES
-SLURM_NODES = SS_SLURM + DS_GPUS + DS_SPARES
+GPU_CAPACITY = {"nvidia.com/gpu": "8"}
 
 TERMINAL = ("Done", "Escalated", "Cancelled")
 
@@ -139,28 +135,6 @@ spec:
 
 
 
-# ------------------------------------------------------------------------------- Slurm
-
-
-@pytest.fixture(scope="session")
-def flow_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    with running_slurm(tmp_path_factory.mktemp("flow-slurm"), nodes=SLURM_NODES,
-                         gpus_per_node=2, cpus_per_node=2, start_timeout=60) as cluster:
-        yield cluster
-
-
-def reset_slurm(s: LocalSlurm) -> None:
-    """No jobs, every node idle with no comment; the DaemonSet-mode spares FUTURE again."""
-    for node in FUTURE:  # registered again so reset() can see every node idle
-        s.start_slurmd(node, wait=True)
-    s.reset(timeout=60)
-    for node in SLURM_NODES:
-        s.run(["scontrol", "update", f"nodename={node}", "comment="])
-    for node in FUTURE:
-        s.kill_slurmd(node)
-        s.run(["scontrol", "update", f"nodename={node}", "state=future"])
-
-
 # ------------------------------------------------------------------------------- daemon
 
 
@@ -180,19 +154,50 @@ class Layout:
 
 
 def layout(mode: str, tid: str) -> Layout:
-    if mode == "DaemonSet":  # Slurm names are the Nodes' names: fixed, defined in slurm.conf
-        return Layout(list(DS_GPUS), DS_SPARES[0], DS_SPARES[1], DS_SPARES[2])
+    # no dots: in DaemonSet mode the Slurm name is the Node's name up to its first dot
     return Layout([f"f{tid}-n{i}" for i in range(4)], f"f{tid}-sa", f"f{tid}-sb",
                   f"f{tid}-s0")
 
 
 @dataclass
+class ShimView:
+    """What one test's daemon asked of the shared slurmrestd shim (user ``root``; the operator
+    acts as ``slurm``), from the moment the test started."""
+
+    shim: SlurmrestdShim
+    since: float
+    first_signal: int
+    first_kill: int
+    user: str = "root"
+
+    @property
+    def writes(self) -> list[tuple[str, str, str]]:
+        return [(n, st, r) for at, u, n, st, r in self.shim.write_log
+                if at >= self.since and u == self.user]
+
+    def updates_of(self, node: str) -> list[tuple[str, str]]:
+        return [(st, r) for n, st, r in self.writes if n == node]
+
+    @property
+    def signals(self) -> list[tuple[int, str, str]]:
+        return self.shim.signals[self.first_signal:]
+
+    @property
+    def kills(self) -> list[int]:
+        return self.shim.kills[self.first_kill:]
+
+    @property
+    def url(self) -> str:
+        return self.shim.url
+
+
+@dataclass
 class Flow:
-    """One test's world: namespace, Nodes, NodeSet, emulator, bridge, daemons, recorders."""
+    """One test's world: namespace, Nodes, NodeSet, the real operator, daemons, recorders."""
 
     stack: KubeStack
     api: client.ApiClient
-    slurm: LocalSlurm
+    sstack: SlinkyStack
     namespace: str
     mode: str
     driver: str
@@ -200,10 +205,8 @@ class Flow:
     dir: Path
     lay: Layout
     slurm_lock: threading.Lock
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    emu: SlinkyEmulator | None = None
-    emu_task: asyncio.Task[None] | None = None
-    bridge: SlurmrestdShim | None = None
+    bridge: ShimView | None = None
+    started_at: float = field(default_factory=time.time)
     daemons: list[Daemon] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # every Node this test created
     recorders: Recorders = field(default_factory=Recorders)
@@ -211,7 +214,6 @@ class Flow:
     nodes_log: NodeLog | None = None
     slurm_log: SlurmLog | None = None
     ctld_offset: int = 0
-    slurmd_calls: list[tuple[str, bool, float]] = field(default_factory=list)
     #: where the daemon writes Events: Events about a Node (cluster-scoped) are only accepted
     #: in "default"
     events_namespace: str = "default"
@@ -221,8 +223,43 @@ class Flow:
         return client.CoreV1Api(self.api)
 
     @property
+    def slurm(self) -> LocalSlurm:
+        return self.sstack.slurm
+
+    @property
+    def version(self) -> str:
+        return self.sstack.version
+
+    @property
     def nodeset(self) -> str:
-        return SS_NODESET if self.mode == "StatefulSet" else DS_NODESET
+        return f"fs{self.tid}" if self.mode == "StatefulSet" else f"fd{self.tid}"
+
+    @property
+    def slurm_names(self) -> list[str]:
+        """Every Slurm node name this test's NodeSet can have."""
+        if self.mode == "StatefulSet":
+            return [f"{self.nodeset}-{i}" for i in range(len(self.lay.gpus))]
+        return self.lay.gpus + self.lay.spares
+
+    @property
+    def gate(self) -> threading.Event:
+        """Cleared: the pod runtime holds every slurmd start (as a slow image pull would)."""
+        assert self.sstack.runtime is not None
+        return self.sstack.runtime.start_gate
+
+    @property
+    def slurmd_calls(self) -> list[tuple[str, bool, float]]:
+        """(Slurm name, started?, when) of every slurmd the pod runtime started or stopped."""
+        assert self.sstack.runtime is not None
+        return [(h.slurm_name, h.event == "registered", h.time)
+                for h in self.sstack.runtime.history
+                if h.event in ("registered", "stopped") and h.time >= self.started_at]
+
+    def operator_writes(self, node: str) -> list[tuple[float, str, str]]:
+        """(when, state, reason) of every update the operator sent for Slurm node ``node``."""
+        assert self.sstack.shim is not None
+        return [(at, st, r) for at, u, n, st, r in self.sstack.shim.write_log
+                if u == "slurm" and n == node and at >= self.started_at]
 
     @property
     def signals(self) -> Path:
@@ -252,8 +289,6 @@ class Flow:
     async def setup(self, *, spares: bool) -> None:
         t0 = time.monotonic()
         await ensure_crd(self.api, install=True)
-        await install(self.api)
-        await asyncio.to_thread(self._reset_slurm)
         self.ctld_offset = len(self.slurm.log())
         await self._wait_names_free(self.lay.gpus + self.lay.spares)
         self.policies.mkdir(parents=True, exist_ok=True)
@@ -262,7 +297,7 @@ class Flow:
         self.signals.touch()
         self.nodes_log = NodeLog(self.api, set(self.lay.gpus + self.lay.spares))
         self.pods_log = PodLog(self.api, self.namespace)
-        self.slurm_log = SlurmLog(self.slurm.env(), SLURM_NODES)
+        self.slurm_log = SlurmLog(self.slurm.env(), set(self.slurm_names))
         self.recorders.start(self.nodes_log, self.pods_log, self.slurm_log)
         for i, n in enumerate(self.lay.gpus):
             dom, leaf = ("nvl-a", "leaf-1") if i < 2 else ("nvl-b", "leaf-2")
@@ -272,30 +307,18 @@ class Flow:
             await self.create_node(self.lay.spare_b, "nvl-b", "leaf-2", spare=True)
             await self.create_node(self.lay.decoy, "nvl-c", "leaf-1", spare=True)
         if self.driver == "slurmrestd":
-            key = secrets.token_bytes(32)
-            token = jwt.encode({"sun": "root", "exp": int(time.time()) + 6 * 3600}, key,
-                               algorithm="HS256")
-            self.bridge = SlurmrestdShim(self.slurm.env(), jwt_key=key, port=free_port())
-            await self.bridge.start()
+            shim = self.sstack.shim
+            assert shim is not None
+            self.bridge = ShimView(shim, self.started_at, len(shim.signals), len(shim.kills))
+            token = self.sstack.token("root")
             await self.core.create_namespaced_secret(self.namespace, {  # type: ignore[arg-type]
                 "metadata": {"name": "slurm-token"},
                 "data": {"SLURM_JWT": base64.b64encode(token.encode()).decode()}})
         self.gate.set()
-        self.emu = SlinkyEmulator(self.api, namespace=self.namespace,
-                                  slurm_env=self.slurm.env(), cluster=CLUSTER, resync=1.0,
-                                  on_slurmd=self._on_slurmd)
-        self.emu_task = asyncio.create_task(self.emu.run(), name="slinky-emulator")
         await self._create_nodeset()
         await self.wait_pods_idle(self.lay.gpus)
-        print(f"\n[{self.mode}/{self.driver}] fleet ready in {time.monotonic() - t0:.1f}s "
-              f"(namespace {self.namespace})")
-
-    def _reset_slurm(self) -> None:
-        with self.slurm_lock:
-            try:
-                reset_slurm(self.slurm)
-            except ConfigError as e:
-                pytest.fail(f"the local Slurm cluster could not be reset:\n{e}", pytrace=False)
+        print(f"\n[{self.mode}/{self.driver} on slurm-operator {self.version}] fleet ready in "
+              f"{time.monotonic() - t0:.1f}s (namespace {self.namespace})")
 
     async def _wait_names_free(self, names: list[str]) -> None:
         async def free() -> bool:
@@ -319,32 +342,17 @@ class Flow:
         self.nodes.append(name)
         self.node_history.names.add(name)
         await self.core.create_node(fake_node(name, labels=labels,  # type: ignore[arg-type]
-                                              taints=taints))
+                                              taints=taints, capacity=GPU_CAPACITY))
 
-    async def _create_nodeset(self) -> None:
-        body = {"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-                "metadata": {"name": self.nodeset},
-                "spec": {"controllerRef": {"name": CLUSTER}, "replicas": len(self.lay.gpus),
-                         "scalingMode": self.mode,
-                         "template": {"spec": {"nodeSelector": {POOL: self.tid}}}}}
+    async def _create_nodeset(self, **overrides: Any) -> None:
+        v10 = self.version.startswith("v1.0.")
+        if self.mode == "DaemonSet" and v10:
+            pytest.fail("slurm-operator v1.0 has no DaemonSet scaling mode", pytrace=False)
+        body = nodeset_body(self.namespace, self.nodeset, CLUSTER, replicas=len(self.lay.gpus),
+                            node_selector={POOL: self.tid}, gpus=8,
+                            scaling_mode=None if v10 else self.mode, **overrides)
         await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
             "slinky.slurm.net", "v1beta1", self.namespace, "nodesets", body)
-        assert self.emu is not None
-        self.emu.kick()
-
-    async def _on_slurmd(self, node: str, running: bool) -> None:
-        if running:
-            await self.gate.wait()
-
-        def act() -> None:
-            with self.slurm_lock:
-                if running:
-                    self.slurm.start_slurmd(node, wait=True)
-                else:
-                    self.slurm.kill_slurmd(node)
-
-        await asyncio.to_thread(act)
-        self.slurmd_calls.append((node, running, time.time()))
 
     async def live_pods(self) -> list[dict[str, Any]]:
         return await SlinkyPods(self.api, self.namespace).pods()
@@ -567,8 +575,12 @@ class Flow:
         with contextlib.suppress(Exception):
             parts += [f"  event {e.get('reason')}: {e.get('note')}"
                       for e in await self.events(node)]
-        if self.emu is not None and self.emu.errors:
-            parts.append("emulator errors: " + " | ".join(self.emu.errors[-5:]))
+        if self.sstack.runtime is not None and self.sstack.runtime.errors:
+            parts.append("pod runtime errors: " + " | ".join(
+                list(self.sstack.runtime.errors)[-5:]))
+        if self.sstack.operator is not None:
+            parts.append("--- slurm-operator log ---\n" + self.sstack.operator.log(
+                "manager", 8))
         for d in self.daemons[-1:]:
             parts.append(f"--- daemon log ({d.log.name}) ---\n{d.tail(25)}")
         return "\n".join(parts)
@@ -660,18 +672,21 @@ class Flow:
             with contextlib.suppress(Exception):
                 d.kill9()
         self.gate.set()
-        if self.emu_task is not None:
-            for _ in range(3):  # cancel until it is really gone (never hang the teardown)
-                self.emu_task.cancel()
-                done, _ = await asyncio.wait({self.emu_task}, timeout=15)
-                if done:
-                    break
         await self.recorders.stop()
-        if self.bridge is not None:
-            await self.bridge.close()
-        await asyncio.to_thread(self.slurm_lock.acquire)  # a slurmd start still in a thread
-        self.slurm_lock.release()
+        # this test's jobs go, then its NodeSet: the pods' preStop deletes their Slurm nodes
+        await asyncio.to_thread(self.slurm.run, ["scancel", "--name", f"train-{self.tid}"],
+                                check=False)
         co = client.CustomObjectsApi(self.api)
+        with contextlib.suppress(client.exceptions.ApiException):
+            await co.delete_namespaced_custom_object("slinky.slurm.net", "v1beta1",
+                                                     self.namespace, "nodesets", self.nodeset)
+
+        async def pods_gone() -> bool:
+            return not (await self.core.list_namespaced_pod(
+                self.namespace, label_selector="app.kubernetes.io/name=slurmd")).items
+
+        with contextlib.suppress(TimeoutError, client.exceptions.ApiException):
+            await wait_for(pods_gone, timeout=60, description="this test's slurmd pods gone")
         with contextlib.suppress(Exception):
             raw = await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
             for item in raw["items"]:
@@ -693,14 +708,14 @@ FlowFactory = Callable[..., Awaitable[Flow]]
 
 @pytest.fixture
 async def flows(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: str,
-                flow_slurm: LocalSlurm, tmp_path: Path) -> AsyncIterator[FlowFactory]:
+                slinky_cluster: SlinkyStack, tmp_path: Path) -> AsyncIterator[FlowFactory]:
     made: list[Flow] = []
     lock = threading.Lock()  # one LocalSlurm daemon operation at a time (they run in threads)
 
     async def make(mode: str, driver: str, *, spares: bool = True) -> Flow:
         assert not made, "one flow per test"
         tid = secrets.token_hex(3)
-        f = Flow(kube_stack, kube_api, flow_slurm, namespace, mode, driver, tid, tmp_path,
+        f = Flow(kube_stack, kube_api, slinky_cluster, namespace, mode, driver, tid, tmp_path,
                  layout(mode, tid), lock)
         made.append(f)
         await f.setup(spares=spares)

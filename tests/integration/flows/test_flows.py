@@ -117,8 +117,8 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     steps = ledger(rec)
     assert steps["annotate-topology"]["finishedAt"] <= steps["undrain"]["startedAt"]
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
-    assert f.emu is not None
-    assert f.emu.topology.get(new_sn) == "default:nvl-a"  # what the operator pushes to Slurm
+    assert f.sstack.shim is not None  # what the operator pushed to Slurm (topology_str)
+    assert f.sstack.shim.topology.get(new_sn) == "default:nvl-a"
 
     # the Slurm node serves from the spare, idle and not drained
     pod = await f.pod_of(new_sn)
@@ -131,7 +131,7 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     if mode == "StatefulSet":  # the same Slurm name moved: one eviction, after the job
         uids = f.pods.of(sn)
         assert [p.host for p in uids] == [bad, lay.spare_a], uids
-        assert [p.uid for p in f.pods.deleted()] == [uids[0].uid]
+        assert [p.uid for p in f.pods.deleted()] == [uids[0].uid], f.pods.deleted()
     else:  # a new Slurm node; the bad one keeps healer's drain, its pod untouched
         old = await f.slurm_state(sn)
         assert old is not None
@@ -171,29 +171,27 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
 async def test_replacement_never_serves_before_its_topology_is_set(
         flows: FlowFactory, mode: str) -> None:
     """The design's promise (DESIGN.md, warm-spare swap): the replacement Node carries its
-    topology before Slurm can schedule on it. "Serving" is taken from the operator emulator's
-    own records (the moment it resumed the moved Slurm node, or the moment the new node's
-    slurmd registered), the annotation from a watch of the spare Node."""
+    topology before Slurm can schedule on it. "Serving" is taken from the records of the
+    operator's Slurm updates (the moment it undrained or set IDLE the moved Slurm node) and of
+    the pod runtime (the moment the new slurmd registered), the annotation from a watch of
+    the spare Node."""
     f = await flows(mode, "slinky")
     lay = f.lay
     bad = lay.gpus[0]
     sn = await f.slurm_name_on(bad)
     d = f.start_daemon()
     await f.ready(d)
-    wall = time.time() - time.monotonic()  # the emulator records time.monotonic()
     f.xid(bad)
     rec = await f.wait_phase(bad, "Repair", within=180, also=f.step_done(bad, "mark-repair"))
     assert rec["status"]["spare"] == lay.spare_a
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
-    assert f.emu is not None
-    drained = min(at + wall for at, argv in f.emu.history
-                  if f"nodename={sn}" in argv and "state=drain" in argv)
-    # the replacement serves once its slurmd registered (start_slurmd waits for that) and
-    # nothing keeps it drained (StatefulSet: the operator undrains or resumes it; DaemonSet:
-    # a new node registers idle): the later of those records bounds the moment from above
+    drained = min(at for at, state, _ in f.operator_writes(sn) if state == "DRAIN")
+    # the replacement serves once its slurmd registered and nothing keeps it drained
+    # (StatefulSet: the operator undrains / sets IDLE the re-registered node; DaemonSet: a new
+    # node registers idle): the later of those records bounds the moment from above
     started = [at for node, up, at in f.slurmd_calls if node == new_sn and up and at > drained]
-    cleared = [at + wall for at, argv in f.emu.history if f"nodename={new_sn}" in argv
-               and ("state=undrain" in argv or "state=resume" in argv) and at + wall > drained]
+    cleared = [at for at, state, _ in f.operator_writes(new_sn)
+               if state in ("UNDRAIN", "IDLE", "RESUME") and at > drained]
     serving = [max([started[0], *cleared[:1]])] if started else []
     annotated = f.node_history.first(lay.spare_a,
                                      lambda s: s.annotations.get(TOPOLOGY) == "default:nvl-a")
@@ -334,9 +332,7 @@ async def test_admin_drain_is_never_undone(flows: FlowFactory, mode: str, driver
     assert samples
     assert all(s.drain and s.reason == admin for s in samples)  # at every moment
     assert not any(s.unschedulable for s in f.node_history.of(bad))  # never cordoned
-    assert f.emu is not None  # the operator never changed its state either
-    assert not [a for _, a in f.emu.history if f"nodename={sn}" in a
-                and any(x.startswith(("state=", "reason=")) for x in a)]
+    assert f.operator_writes(sn) == []  # the operator never changed its state either
     f.release(job)
     await f.wait_job_end(job, bad, ok=("Done",))
     st = await f.wait_slurm(sn, lambda s: not s.busy, what="idle after the job")
