@@ -237,7 +237,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from healer.demo import run_demo
 
-    return asyncio.run(run_demo(args.scenario, keep=args.keep))
+    return asyncio.run(run_demo(args.scenario, keep=args.keep,
+                                operator_version=args.operator_version))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -320,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "fault storm; degrading: checkpoint a job before replacing its node")
     dm.add_argument("--keep", action="store_true",
                     help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
+    dm.add_argument("--operator-version", default="v1.1.0", choices=["v1.1.0", "v1.0.0"],
+                    help="SchedMD slurm-operator version to run (default v1.1.0; built from the "
+                         "Go module proxy on first use)")
     dm.set_defaults(fn=_cmd_demo)
 
     bn = sub.add_parser("bench", help="measure healer on this machine: telemetry CPU and "
