@@ -1126,6 +1126,10 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
                                                   error=r.error, detail=_detail(r)))
             else:  # RETRY: keep the step open, remember the error
                 record = record.with_step(replace(s, error=r.error))
+        elif s is not None and not s.done and r.error and r.error != s.error:
+            # PENDING with a reason (e.g. "held: drained by someone else"): kept on the open
+            # step so `healer status` shows why it waits; an unchanged reason costs no write
+            record = record.with_step(replace(s, error=r.error))
         slurm_node = r.get("slurmNode")
         if slurm_node and slurm_node != record.slurm_node:
             record = replace(record, slurm_node=slurm_node)

@@ -75,7 +75,9 @@ _ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re
 #: kwok v0.8.0 has no built-in behaviour: with no Stage in its configuration it exits with
 #: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
 #: a managed Node becomes Ready once (conditions are not rewritten afterwards, so a test may
-#: add its own), a Pod bound to a managed Node runs and is Ready, a Job's Pod succeeds (or
+#: add its own), a Pod bound to a managed Node runs and is Ready (a slurmd pod runs unready:
+#: :mod:`healer.devstack.podruntime` makes it Ready once its real slurmd registered, as the
+#: container's readiness probe would), a Job's Pod succeeds (or
 #: fails, when labelled healer-test-outcome=fail), a Pod being deleted goes away. Node
 #: liveness comes from the Leases kwok renews.
 KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
@@ -117,6 +119,7 @@ spec:
     matchExpressions:
     - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
     - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: NotIn, values: [slurmd]}
   next:
     statusTemplate: |
       {{ $t := Now | Quote }}
@@ -129,6 +132,32 @@ spec:
       containerStatuses:
       {{ range .spec.containers }}
       - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, restartCount: 0,
+         started: true, state: {running: {startedAt: {{ $t }}}}}
+      {{ end }}
+---
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: healer-slurmd-pod-started
+spec:
+  resourceRef: {apiGroup: v1, kind: Pod}
+  selector:
+    matchExpressions:
+    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
+    - {key: '.status.phase', operator: In, values: [Pending]}
+    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: In, values: [slurmd]}
+  next:
+    statusTemplate: |
+      {{ $t := Now | Quote }}
+      phase: Running
+      startTime: {{ $t }}
+      conditions:
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $t }}}
+      - {type: ContainersReady, status: "False", lastTransitionTime: {{ $t }}}
+      - {type: Ready, status: "False", lastTransitionTime: {{ $t }}}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
          started: true, state: {running: {startedAt: {{ $t }}}}}
       {{ end }}
 ---

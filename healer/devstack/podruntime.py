@@ -413,6 +413,25 @@ class PodRuntime:
             await self._remove_finalizer(pod)
             raise RuntimeError(f"slurmd for pod {pod.key} did not start: {e}") from e
         self._record("registered", name, pod)
+        await self._mark_ready(pod)
+
+    async def _mark_ready(self, pod: _Pod) -> None:
+        """The slurmd container's readiness probe passes once slurmd serves: the pod turns
+        Ready only now (kwok's ``healer-slurmd-pod-started`` stage started it unready). The
+        real operator deletes a Ready pod whose Slurm node is not registered, so a pod must
+        not look Ready before its slurmd registered."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conds = [{"type": t, "status": "True", "lastTransitionTime": now}
+                 for t in ("ContainersReady", "Ready")]
+        try:
+            await self.core.patch_namespaced_pod_status(
+                pod.name, pod.namespace, {"metadata": {"uid": pod.uid},
+                                          "status": {"conditions": conds}})
+        except ApiException as e:
+            if e.status not in (404, 409, 422):
+                raise
+            return
+        self._record("ready", pod.slurm_name, pod)
 
     async def _teardown(self, name: str, slot: _Slot, cur: _Pod | None) -> None:
         """preStop (when the pod is terminating or gone), stop slurmd, drop the finalizer."""

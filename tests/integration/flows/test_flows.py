@@ -118,7 +118,11 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     assert steps["annotate-topology"]["finishedAt"] <= steps["undrain"]["startedAt"]
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
     assert f.sstack.shim is not None  # what the operator pushed to Slurm (topology_str)
-    assert f.sstack.shim.topology.get(new_sn) == "default:nvl-a"
+    if f.version.startswith("v1.0."):  # v1.0 never copies or pushes topology
+        detail = ledger(rec)["annotate-topology"].get("detail", "")
+        assert "operatorCopiesTopology=true" not in detail, detail
+    else:
+        assert f.sstack.shim.topology.get(new_sn) == "default:nvl-a"
 
     # the Slurm node serves from the spare, idle and not drained
     pod = await f.pod_of(new_sn)
@@ -161,6 +165,14 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     back = await f.core.read_node(bad)
     assert back.metadata.labels.get("healer.io/role") == "spare"  # repaired: a spare now
     assert d.terminate() == 0
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("operator_version", ["v1.0.0"], indirect=True)
+async def test_full_flow_on_operator_v1_0(flows: FlowFactory, operator_version: str) -> None:
+    """The same whole flow on slurm-operator v1.0.0 (StatefulSet mode only; v1.0 has no
+    DaemonSet mode and never copies topology to pods, which healer must not wait for)."""
+    await test_full_flow(flows, "StatefulSet", "slinky", "fatal")
 
 
 # ------------------------------------------------------------------------------ topology

@@ -1,0 +1,140 @@
+"""The two fleet-safety failures that only SchedMD's real operator showed, as flows on it.
+
+* ``test_four_swaps_in_one_nodeset_each_land_on_their_own_spare``: four XIDs in one NodeSet,
+  four remediations at once. The real operator adds no affinity: a recreated slurmd pod can
+  land on any uncordoned Node that fits. healer claims spares closed and opens one per NodeSet
+  at a time, at the moment it evicts; so every moved Slurm node ends on the spare claimed for
+  it, in its NVLink domain, and no remediation escalates because of another's move.
+* ``test_an_admins_drain_survives_an_xid_on_its_node``: an admin drained a Slurm node
+  (``maint: bios update``), then its Node reported XID 79. Moving the pod would run its preStop,
+  which deletes the Slurm node record and with it the admin's drain. healer holds the move
+  (ADR 0006): the reason stays, no pod is deleted, until the admin clears the drain; then the
+  swap completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tests.integration.flows.checks import incident_of, ledger, print_timeline
+from tests.integration.flows.conftest import DOMAIN, FlowFactory
+from tests.integration.waiting import wait_for
+
+
+@pytest.mark.timeout(480)
+async def test_four_swaps_in_one_nodeset_each_land_on_their_own_spare(
+        flows: FlowFactory) -> None:
+    f = await flows("StatefulSet", "slinky")
+    lay = f.lay
+    spare_a2, spare_b2 = f"f{f.tid}-sa2", f"f{f.tid}-sb2"
+    await f.create_node(spare_a2, "nvl-a", "leaf-1", spare=True)
+    await f.create_node(spare_b2, "nvl-b", "leaf-2", spare=True)
+    names = {g: await f.slurm_name_on(g) for g in lay.gpus}
+    job = await f.submit(names[lay.gpus[0]], exit_on_usr1=False)
+    d = f.start_daemon()
+    await f.ready(d)
+    t0 = time.time()
+    for g in lay.gpus:  # four fatal XIDs at once
+        f.xid(g)
+    await f.wait_slurm(names[lay.gpus[0]], lambda s: s.drain and s.busy, within=120,
+                       remediated=lay.gpus[0], what="drained while its job runs")
+    f.release(job)
+    recs = {}
+    for g in lay.gpus:
+        recs[g] = await f.wait_phase(g, "Repair", within=300, also=f.step_done(g, "mark-repair"))
+    for g, rec in recs.items():
+        print_timeline(f"concurrent swap of {g}", rec, t0)
+    domain = {n: ("nvl-a" if i < 2 else "nvl-b") for i, n in enumerate(lay.gpus)}
+    spare_domain = {lay.spare_a: "nvl-a", spare_a2: "nvl-a", lay.spare_b: "nvl-b",
+                    spare_b2: "nvl-b"}
+    spares = {g: rec["status"]["spare"] for g, rec in recs.items()}
+    assert len(set(spares.values())) == 4, spares  # no spare claimed twice
+    for g, spare in spares.items():
+        assert spare_domain.get(spare) == domain[g], (g, spare, spares)
+        inc = incident_of(recs[g])
+        assert await f.claimed_by(inc) == [spare]
+        assert "Escalated" not in [h["to"] for h in recs[g]["status"]["history"]]
+        # the Slurm node moved to the spare claimed for it, and serves there
+        sn = names[g]
+        pod = await f.pod_of(sn)
+        assert pod is not None
+        assert pod["spec"]["nodeName"] == spare, (sn, pod["spec"]["nodeName"], spares)
+        assert [p.host for p in f.pods.of(sn)] == [g, spare], f.pods.of(sn)
+        await f.wait_slurm(sn, lambda s: s.base == "IDLE" and s.registered and not s.drain,
+                           what="idle and undrained on its spare")
+        node = await f.core.read_node(spare)
+        assert node.metadata.labels.get(DOMAIN) == domain[g]
+    assert await f.job_state(job) == "COMPLETED"
+    assert f.job_end(job) is not None, "the job was killed"
+    # the decoy (another domain) was never claimed
+    assert not any(s.annotations.get("healer.io/claimed-by")
+                   for s in f.node_history.of(lay.decoy))
+    for g in lay.gpus:
+        await f.finish_repair(g)
+    assert d.terminate() == 0
+
+
+@pytest.mark.timeout(420)
+async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -> None:
+    f = await flows("StatefulSet", "slinky")
+    lay = f.lay
+    bad = lay.gpus[1]
+    sn = await f.slurm_name_on(bad)
+    admin = "maint: bios update"
+    await asyncio.to_thread(f.slurm.run, ["scontrol", "update", f"nodename={sn}",
+                                          "state=drain", f"reason={admin}"])
+    await f.wait_pod(sn, lambda st: st.drain and st.reason == admin, within=90)
+    d = f.start_daemon()
+    await f.ready(d)
+    t0 = time.time()
+    f.xid(bad)
+    await f.wait_phase(bad, "Swapping", within=120)
+
+    # healer holds: it says so, and the operator re-lists Slurm (every 30 s) at least twice
+    # more while it holds; nothing changes the admin's drain meanwhile
+    async def holding() -> bool:
+        return "drained by someone else" in d.tail(200)
+
+    await wait_for(holding, timeout=120, description="healer's hold on the foreign drain")
+    t_hold = time.time()
+    shim = f.sstack.shim
+    assert shim is not None
+
+    def relists() -> int:
+        return sum(1 for r in list(shim.requests)
+                   if r.user == "slurm" and r.method == "GET" and r.path.endswith("/nodes/"))
+
+    seen = relists()
+
+    async def two_relists() -> bool:
+        return relists() >= seen + 2
+
+    await wait_for(two_relists, timeout=120, description="two operator re-lists of Slurm")
+    assert await f.phase(bad) == "Swapping", await f.diagnose(bad)
+    st = await f.slurm_state(sn)
+    assert st is not None
+    assert st.drain, st
+    assert st.reason == admin, st
+    assert f.pods.deleted() == []  # the pod (and its Slurm record) never moved
+    samples = [s for at, s in f.slurm_history.of(sn) if at >= t_hold]
+    assert samples
+    assert all(s.drain and s.reason == admin for s in samples)
+    rec = await f.record(bad)
+    assert "move" not in {s["step"] for s in rec["status"].get("ledger") or []
+                          if s.get("finishedAt")}
+
+    # the admin is done: the swap goes on, and the node ends on the spare
+    await asyncio.to_thread(f.slurm.run, ["scontrol", "update", f"nodename={sn}",
+                                          "state=undrain"])
+    rec = await f.wait_phase(bad, "Repair", within=180, also=f.step_done(bad, "mark-repair"))
+    print_timeline("admin drain then XID", rec, t0)
+    assert rec["status"]["spare"] == lay.spare_a
+    assert "move" in ledger(rec)
+    pod = await f.pod_of(sn)
+    assert pod is not None
+    assert pod["spec"]["nodeName"] == lay.spare_a
+    await f.finish_repair(bad)
+    assert d.terminate() == 0
