@@ -63,6 +63,7 @@ NODESET_GROUP, NODESET_VERSION, NODESET_PLURAL = "slinky.slurm.net", "v1beta1", 
 SLURMD_SELECTOR = "app.kubernetes.io/name=slurmd"
 CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
 POD_HOSTNAME = "nodeset.slinky.slurm.net/pod-hostname"
+SCALING_MODE_LABEL = "nodeset.slinky.slurm.net/scaling-mode"
 OPERATOR_PREFIX = "slurm-operator: "
 CONDITION_PREFIX = "SlurmNodeState"
 BASE_STATES = ("Allocated", "Down", "Error", "Future", "Idle", "Mixed", "Unknown")
@@ -76,8 +77,14 @@ log = structlog.get_logger("healer.adapters.slinky")
 
 
 def slurm_name(pod: Mapping[str, Any]) -> str:
+    """The Slurm node name of a slurmd pod, as the operator derives it (``GetSlurmNodeName``):
+    with ``hostNetwork`` outside DaemonSet mode, the Node's name (the pod-hostname label is set
+    before the pod is scheduled, so it is empty then); otherwise the pod-hostname label, the
+    pod's hostname, or its name."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     labels = meta.get("labels") or {}
+    if spec.get("hostNetwork") and labels.get(SCALING_MODE_LABEL) != "DaemonSet":
+        return str(spec.get("nodeName") or "")
     return str(labels.get(POD_HOSTNAME) or spec.get("hostname") or meta.get("name", ""))
 
 
@@ -352,6 +359,11 @@ class SlinkyWorkload:
     async def scaling_mode(self) -> str:
         return str((await self.nodeset_spec()).get("scalingMode") or "StatefulSet")
 
+    async def host_network(self) -> bool:
+        """Whether the NodeSet's pods use the host network (Slurm node name = Node name)."""
+        spec = await self.nodeset_spec()
+        return bool(((spec.get("template") or {}).get("spec") or {}).get("hostNetwork"))
+
     async def node_selector(self) -> dict[str, str]:
         """The labels a node needs to host this NodeSet's slurmd (claim labels for spares)."""
         spec = await self.nodeset_spec()
@@ -369,9 +381,20 @@ class SlinkyWorkload:
                                   f"waiting for the operator to start a slurmd pod on {spare}")
             return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_name(pod),
                                                      "mode": mode})
+        if await self.host_network():
+            # hostNetwork: the Slurm node is named after the Node, so the recreated pod is a
+            # new Slurm node on the spare (the old record went with the pod's preStop)
+            moved = await self.pods.on_node(spare)
+            if moved is not None:
+                await self._forget_reason(source, incident)
+                return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_name(moved),
+                                                         "mode": mode, "hostNetwork": "true"})
         try:
             pod = await self.pods.by_slurm_name(slurm_node)
         except NotFoundError:
+            scaled_in = await self._scaled_in(slurm_node)
+            if scaled_in:
+                return HookResult(StepOutcome.FAILED, scaled_in)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is being "
                                                    "recreated")
         host = (pod.get("spec") or {}).get("nodeName")
@@ -405,6 +428,21 @@ class SlinkyWorkload:
                                                        "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
                                                f"{spare}")
+
+    async def _scaled_in(self, slurm_node: str) -> str:
+        """Why the pod of ``slurm_node`` will not come back ("" if it may): the NodeSet was
+        scaled in below its ordinal, so the operator removed it on purpose (it drains such a
+        pod and deletes it once drained, never with jobs on it)."""
+        prefix = f"{self.nodeset}-"
+        ordinal = slurm_node[len(prefix):] if slurm_node.startswith(prefix) else ""
+        if not ordinal.isdigit():
+            return ""
+        replicas = (await self.nodeset_spec()).get("replicas")
+        if isinstance(replicas, int) and int(ordinal) >= replicas:
+            return (f"NodeSet {self.namespace}/{self.nodeset} was scaled in to {replicas} "
+                    f"replicas: the operator removed the slurmd pod of {slurm_node}, so there "
+                    "is nothing to move to a spare")
+        return ""
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
         """A drain someone else owns: evicting would run the pod's preStop, which deletes the

@@ -110,11 +110,12 @@ class _Slot:
 def slurm_name_of(pod: Any) -> str:
     """The Slurm node name of a worker pod (a ``V1Pod``), "" when it has none yet."""
     md, spec = pod.metadata, pod.spec
+    mode = (md.labels or {}).get("nodeset.slinky.slurm.net/scaling-mode")
+    if spec is not None and spec.host_network and mode != "DaemonSet":
+        return str(spec.node_name or "")  # the operator's GetSlurmNodeName
     label = (md.labels or {}).get(POD_HOSTNAME_LABEL)
     if label:
         return str(label)
-    if spec is not None and spec.host_network:
-        return str(spec.node_name or "")
     if spec is not None and spec.hostname:
         return str(spec.hostname)
     return str(md.name)

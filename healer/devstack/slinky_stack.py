@@ -146,6 +146,13 @@ class SlinkyStack:
             if obj["kind"] in ("Controller", "RestApi"):
                 obj["spec"]["template"] = {"spec": {"nodeSelector": dict([SYSTEM_LABEL])}}
         op.apply(objs)
+        if self.runtime is not None:  # its slurmd pods get slurmds from this stack's runtime
+            runtime = self.runtime
+
+            async def handle() -> None:
+                runtime.handle_namespace(namespace)
+
+            self._call(handle())
 
     def token(self, user: str = "root", lifetime: float = 24 * 3600) -> str:
         """A JWT the shim accepts (what ``scontrol token`` gives a user of this Slurm)."""
@@ -226,7 +233,8 @@ class SlinkyStack:
         await config.load_kube_config(config_file=str(self.kube.kubeconfig),
                                       client_configuration=cfg)
         self._api = client.ApiClient(cfg)
-        self.runtime = PodRuntime(self._api, self.slurm)
+        # only the namespaces given to add_cluster: a test may run its own runtime elsewhere
+        self.runtime = PodRuntime(self._api, self.slurm, namespaces=())
         self._runtime_task = asyncio.get_running_loop().create_task(
             self.runtime.run(), name="pod-runtime")
 

@@ -206,6 +206,7 @@ class Flow:
     lay: Layout
     slurm_lock: threading.Lock
     bridge: ShimView | None = None
+    nodeset_options: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     daemons: list[Daemon] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)  # every Node this test created
@@ -223,6 +224,10 @@ class Flow:
         return client.CoreV1Api(self.api)
 
     @property
+    def co(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    @property
     def slurm(self) -> LocalSlurm:
         return self.sstack.slurm
 
@@ -237,9 +242,9 @@ class Flow:
     @property
     def slurm_names(self) -> list[str]:
         """Every Slurm node name this test's NodeSet can have."""
-        if self.mode == "StatefulSet":
+        if self.mode == "StatefulSet" and not self.nodeset_options.get("host_network"):
             return [f"{self.nodeset}-{i}" for i in range(len(self.lay.gpus))]
-        return self.lay.gpus + self.lay.spares
+        return self.lay.gpus + self.lay.spares  # named after their Nodes
 
     @property
     def gate(self) -> threading.Event:
@@ -315,7 +320,7 @@ class Flow:
                 "metadata": {"name": "slurm-token"},
                 "data": {"SLURM_JWT": base64.b64encode(token.encode()).decode()}})
         self.gate.set()
-        await self._create_nodeset()
+        await self._create_nodeset(**self.nodeset_options)
         await self.wait_pods_idle(self.lay.gpus)
         print(f"\n[{self.mode}/{self.driver} on slurm-operator {self.version}] fleet ready in "
               f"{time.monotonic() - t0:.1f}s (namespace {self.namespace})")
@@ -712,11 +717,14 @@ async def flows(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: st
     made: list[Flow] = []
     lock = threading.Lock()  # one LocalSlurm daemon operation at a time (they run in threads)
 
-    async def make(mode: str, driver: str, *, spares: bool = True) -> Flow:
+    async def make(mode: str, driver: str, *, spares: bool = True,
+                   nodeset: dict[str, Any] | None = None) -> Flow:
+        """``nodeset``: options for :func:`healer.devstack.operator.nodeset` (e.g.
+        ``host_network=True``, ``update_strategy={...}``)."""
         assert not made, "one flow per test"
         tid = secrets.token_hex(3)
         f = Flow(kube_stack, kube_api, slinky_cluster, namespace, mode, driver, tid, tmp_path,
-                 layout(mode, tid), lock)
+                 layout(mode, tid), lock, nodeset_options=dict(nodeset or {}))
         made.append(f)
         await f.setup(spares=spares)
         return f

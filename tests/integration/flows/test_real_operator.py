@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.integration.flows.checks import incident_of, ledger, print_timeline
-from tests.integration.flows.conftest import DOMAIN, FlowFactory
+from tests.integration.flows.conftest import DOMAIN, Flow, FlowFactory
 from tests.integration.waiting import wait_for
 
 
@@ -138,3 +138,141 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     assert pod["spec"]["nodeName"] == lay.spare_a
     await f.finish_repair(bad)
     assert d.terminate() == 0
+
+
+# --------------------------------------------------------------- NodeSet shapes users run
+
+
+@pytest.mark.timeout(420)
+async def test_host_network_nodeset_swaps_to_a_slurm_node_named_after_the_spare(
+        flows: FlowFactory) -> None:
+    """hostNetwork: the Slurm node name is the Kubernetes Node's name, so the swap brings up a
+    new Slurm node named after the spare; the old record went with the pod's preStop."""
+    f = await flows("StatefulSet", "slinky", nodeset={"host_network": True})
+    lay = f.lay
+    bad = lay.gpus[1]
+    sn = await f.slurm_name_on(bad)
+    assert sn == bad
+    job = await f.submit(sn, exit_on_usr1=False)
+    d = f.start_daemon()
+    await f.ready(d)
+    t0 = time.time()
+    f.xid(bad)
+    await f.wait_slurm(sn, lambda s: s.drain and s.busy, within=120, remediated=bad,
+                       what="drained while its job runs")
+    f.release(job)
+    rec = await f.wait_phase(bad, "Repair", within=240, also=f.step_done(bad, "mark-repair"))
+    print_timeline("hostNetwork swap", rec, t0)
+    assert rec["status"]["spare"] == lay.spare_a
+    await f.wait_slurm(lay.spare_a, lambda s: s.base == "IDLE" and s.registered and not s.drain,
+                       what="the new Slurm node idle and undrained")
+    assert await f.slurm_state(sn) is None  # deleted by the preStop, never re-registered
+    assert await f.job_state(job) == "COMPLETED"
+    assert f.job_end(job) is not None, "the job was killed"
+    await f.finish_repair(bad)
+    assert d.terminate() == 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", [
+    pytest.param({"type": "OnDelete"}, id="OnDelete"),
+])
+async def test_a_strategy_that_would_leave_the_node_drained_is_refused_up_front(
+        flows: FlowFactory, strategy: dict[str, object]) -> None:
+    """With OnDelete the real operator never undrains an uncordoned node: healer refuses
+    before it changes anything — Escalated with the reason, an Event, nothing cordoned."""
+    f = await flows("StatefulSet", "slinky", nodeset={"update_strategy": strategy})
+    await _refused(f, "OnDelete")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("operator_version", ["v1.0.0"], indirect=True)
+async def test_rolling_update_without_a_block_is_refused_on_operator_v1_0(
+        flows: FlowFactory, operator_version: str) -> None:
+    """v1.0 panics on every reconcile of a RollingUpdate NodeSet without a rollingUpdate
+    block (nothing would ever drain): healer refuses up front."""
+    f = await flows("StatefulSet", "slinky")
+    await f.co.patch_namespaced_custom_object(  # drop the block (JSON merge patch)
+        "slinky.slurm.net", "v1beta1", f.namespace, "nodesets", f.nodeset,
+        {"spec": {"updateStrategy": {"rollingUpdate": None}}})
+    await _refused(f, "rollingUpdate")
+
+
+async def _refused(f: Flow, why: str) -> None:
+    bad = f.lay.gpus[1]
+    sn = await f.slurm_name_on(bad)
+    d = f.start_daemon()
+    await f.ready(d)
+    f.xid(bad)
+    rec = await f.wait_phase(bad, "Escalated", within=120)
+    text = " ".join(f"{s.get('error', '')} {s.get('detail', '')}"
+                    for s in rec["status"].get("ledger") or [])
+    assert why in text, rec["status"]
+    node = await f.core.read_node(bad)
+    assert not node.spec.unschedulable
+    assert "nodeset.slinky.slurm.net/node-cordon-reason" not in (node.metadata.annotations or {})
+    st = await f.slurm_state(sn)
+    assert st is not None
+    assert not st.drain
+    assert (await f.event_reasons(bad))["Escalated"] == 1
+    assert d.terminate() == 0
+
+
+@pytest.mark.timeout(420)
+async def test_rolling_update_without_a_block_works_on_operator_v1_1(flows: FlowFactory) -> None:
+    f = await flows("StatefulSet", "slinky", nodeset={"update_strategy": {"type": "RollingUpdate"}})
+    bad = f.lay.gpus[1]
+    sn = await f.slurm_name_on(bad)
+    d = f.start_daemon()
+    await f.ready(d)
+    f.xid(bad)
+    rec = await f.wait_phase(bad, "Repair", within=240, also=f.step_done(bad, "mark-repair"))
+    assert rec["status"]["spare"] == f.lay.spare_a
+    await f.wait_slurm(sn, lambda s: s.base == "IDLE" and s.registered and not s.drain,
+                       what="idle and undrained on the spare")
+    await f.finish_repair(bad)
+    assert d.terminate() == 0
+
+
+# ------------------------------------------------------ the NodeSet changes under healer
+
+
+@pytest.mark.timeout(420)
+async def test_scale_in_while_a_remediation_waits_for_its_job(flows: FlowFactory) -> None:
+    """The NodeSet is scaled in while healer waits in Draining for a job. The operator picks
+    the cordoned pod first, waits for the drain, deletes it. No job is killed, no spare is
+    claimed twice, and the remediation ends in a defined phase with the reason."""
+    f = await flows("StatefulSet", "slinky")
+    lay = f.lay
+    bad = lay.gpus[1]
+    sn = await f.slurm_name_on(bad)
+    job = await f.submit(sn, exit_on_usr1=False)
+    d = f.start_daemon()
+    await f.ready(d)
+    t0 = time.time()
+    f.xid(bad)
+    await f.wait_slurm(sn, lambda s: s.drain and s.busy, within=120, remediated=bad,
+                       what="drained while its job runs")
+    await f.co.patch_namespaced_custom_object(
+        "slinky.slurm.net", "v1beta1", f.namespace, "nodesets", f.nodeset,
+        {"spec": {"replicas": len(lay.gpus) - 1}})
+    f.release(job)
+    end = await f.wait_job_end(job, bad, ok=("Escalated", "Done", "Cancelled"))
+    assert await f.job_state(job) == "COMPLETED"
+    assert "released" in f.job_file("end", job)
+
+    async def settled() -> str | None:
+        phase = await f.phase(bad)
+        return phase if phase in ("Escalated", "Done", "Cancelled", "Repair") else None
+
+    phase = await wait_for(settled, timeout=240, description=f"{bad}'s remediation settled")
+    rec = await f.record(bad)
+    print_timeline(f"scale-in ({phase})", rec, t0)
+    inc = incident_of(rec)
+    assert len(await f.claimed_by(inc)) <= 1
+    for p in f.pods.deleted():  # deleted only once idle: after the job ended
+        assert p.deleted_at is not None
+        assert p.deleted_at >= end - 1.0, (p, end)
+    if phase == "Escalated":
+        text = " ".join(str(s.get("error", "")) for s in rec["status"].get("ledger") or [])
+        assert "scaled in" in text, rec["status"]
