@@ -1,17 +1,21 @@
-"""The topology step (KubeTopology) on the real kube-apiserver, with kwok Nodes, the Slinky
-operator emulator (healer.sim.slinky) over a real Slurm, and a test double of topograph's API.
+"""The topology step (KubeTopology) on the real kube-apiserver with kwok Nodes, SchedMD's real
+slurm-operator (healer.devstack.slinky_stack) over a real Slurm, and a test double of
+topograph's API.
 
-The emulator is driven one pass at a time (``reconcile_once``), so each test decides exactly
-when "the operator" has copied the Node's annotation to the slurmd pod.
+The operator copies the Node's ``topology.slinky.slurm.net/spec`` to the slurmd pod from v1.1:
+in its pod-binding webhook (the annotation is there when the pod is bound) and in every NodeSet
+sync (the annotation changed later; the sync also sends it to Slurm as ``topology_str``, which
+the devstack's slurmrestd shim keeps: :class:`Slurm2505` reads it from there). v1.0 never
+copies it: healer's capability probe (:class:`OperatorCapabilities`, from the NodeSet CRD) must
+keep the step from waiting for a copy that cannot come.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import secrets
 import socket
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,126 +25,109 @@ from kubernetes_asyncio import client
 
 from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.slinky import SlinkyPods
+from healer.adapters.slinky import OperatorCapabilities, SlinkyPods
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.slurm import LocalSlurm
+from healer.devstack.slinky_stack import SlinkyStack
 from healer.errors import TransientError
 from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
-from healer.sim.slinky import GROUP, PLURAL, VERSION, SlinkyEmulator, install
-from tests.integration.slurm_fixtures import running_slurm
+from tests.integration.slinky.conftest import POOL, Rig, host_of, serving
 from tests.integration.waiting import wait_for
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 
-SLURM_NODE = "topo-0"  # pod topo-0 of the StatefulSet-mode NodeSet "topo"
-CLUSTER = "slurm"
-POOL = "healer-test/topology-pool"
 TIERS = {"fabric.topograph.run/tier-0": "leaf3", "fabric.topograph.run/tier-1": "spine1"}
 SPEC = "default:spine1:leaf3"
-
-
-@pytest.fixture(scope="module")
-def topo_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    with running_slurm(tmp_path_factory.mktemp("topology-slurm"), nodes=(SLURM_NODE,),
-                         gpus_per_node=1, cpus_per_node=2) as cluster:
-        yield cluster
+V1_0 = pytest.mark.parametrize("operator_version", ["v1.0.0"], indirect=True)
 
 
 class Slurm2505:
     """Slurm as healer reads it on Slurm >= 25.05: the real Slurm's node state (scontrol) with
-    the topology string the emulated operator pushed (``SlinkyEmulator.topology``; the local
-    Slurm 22.05 has no ``topology_str``). ``frozen`` makes it report a stale value."""
+    the topology string the real operator pushed through slurmrestd (kept by the devstack's
+    shim; the local Slurm 22.05 has no ``topology_str``). ``frozen`` reports a stale value."""
 
-    def __init__(self, driver: ScontrolDriver, emu: SlinkyEmulator) -> None:
+    def __init__(self, driver: ScontrolDriver, stack: SlinkyStack) -> None:
         self.driver = driver
-        self.emu = emu
+        self.stack = stack
         self.frozen: str | None = None
 
     async def state(self, node: str) -> SlurmNodeState:
         st = await self.driver.state(node)
-        topo = self.frozen if self.frozen is not None else self.emu.topology.get(node, "")
+        assert self.stack.shim is not None
+        topo = self.frozen if self.frozen is not None else self.stack.shim.topology.get(node, "")
         return dataclasses.replace(st, topology=topo)
 
 
 @dataclass
 class World:
-    api: client.ApiClient
-    namespace: str
-    emu: SlinkyEmulator
+    rig: Rig
     scontrol: ScontrolDriver
-    suffix: str
-    nodes: list[str] = field(default_factory=list)
+    slurm_node: str = ""
+
+    @property
+    def api(self) -> client.ApiClient:
+        return self.rig.api
+
+    @property
+    def namespace(self) -> str:
+        return self.rig.namespace
 
     @property
     def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
+        return self.rig.core
 
     async def node(self, name: str, *, pool: bool = True,
-                   labels: Mapping[str, str] | None = None) -> str:
-        full = f"{name}-{self.suffix}"
-        all_labels = {**({POOL: self.namespace} if pool else {}), **(labels or {})}
-        await self.core.create_node(fake_node(full, labels=all_labels))  # type: ignore[arg-type]
-        self.nodes.append(full)
-        return full
+                   labels: Mapping[str, str] | None = None,
+                   annotations: Mapping[str, str] | None = None) -> str:
+        return await self.rig.node(name, pool=pool, labels=labels, annotations=annotations)
 
     async def patch_node(self, name: str, body: dict[str, Any]) -> None:
-        await self.core.patch_node(name, body,
-                                   _content_type="application/merge-patch+json")  # type: ignore[call-arg]
+        await self.rig.patch_node(name, body)
 
     async def node_annotation(self, name: str) -> str | None:
         n = await self.core.read_node(name)
         return (n.metadata.annotations or {}).get(TOPOLOGY_ANNOTATION)
 
-    async def nodeset(self) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "NodeSet",
-                "metadata": {"name": "topo"},
-                "spec": {"controllerRef": {"name": CLUSTER}, "replicas": 1,
-                         "scalingMode": "StatefulSet",
-                         "template": {"spec": {"nodeSelector": {POOL: self.namespace}}}}}
-        await client.CustomObjectsApi(self.api).create_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, body)
+    async def nodeset(self) -> str:
+        """A 1-replica NodeSet; returns the Slurm name of its pod."""
+        ns = await self.rig.nodeset("topo", replicas=1)
+        self.slurm_node = f"{ns}-0"
+        return self.slurm_node
 
     async def pod_on(self, host: str, *, within: float = 60.0) -> dict[str, Any]:
-        """Reconcile (the operator's passes) until the slurmd pod runs on ``host``."""
-        pods = SlinkyPods(self.api, self.namespace)
+        """Wait until the slurmd pod is serving on ``host``."""
+        return await self.rig.wait_pod(
+            self.slurm_node, lambda p: host_of(p) == host and serving(p), within=within,
+            description=f"the slurmd pod of {self.slurm_node} serving on {host}")
 
-        async def probe() -> dict[str, Any] | None:
-            await self.emu.reconcile_once()
-            for p in await pods.pods():
-                if (p.get("spec") or {}).get("nodeName") == host and \
-                        (p.get("status") or {}).get("phase") == "Running":
-                    return p
-            return None
-
-        got: dict[str, Any] | None = await wait_for(
-            probe, timeout=within,
-            description=f"the slurmd pod of {SLURM_NODE} Running on {host}")
-        assert got is not None
-        return got
+    def slurm2505(self) -> Slurm2505:
+        return Slurm2505(self.scontrol, self.rig.stack)
 
     def topology(self, **kw: Any) -> KubeTopology:
         kw.setdefault("slurm", self.scontrol)
+        kw.setdefault("copies_topology", OperatorCapabilities(self.api).copies_topology)
         return KubeTopology(KubeNodes(self.api), pods=SlinkyPods(self.api, self.namespace), **kw)
+
+    async def done(self, topo: KubeTopology, node: str, *, within: float = 60.0,
+                   incident: str = "inc-1") -> Any:
+        """annotate() until DONE (the operator's sync copies within its requeue)."""
+        async def probe() -> Any:
+            r = await topo.annotate(incident, node, self.slurm_node)
+            return r if r.outcome is StepOutcome.DONE else None
+
+        return await wait_for(probe, timeout=within, interval=0.5,
+                              description=f"topology of {self.slurm_node} on {node} DONE")
 
 
 @pytest.fixture
-async def world(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: str,
-                topo_slurm: LocalSlurm) -> AsyncIterator[World]:
-    await install(kube_api)
-    emu = SlinkyEmulator(kube_api, namespace=namespace, slurm_env=topo_slurm.env(),
-                         cluster=CLUSTER)
-    w = World(kube_api, namespace, emu, ScontrolDriver(env=topo_slurm.env()),
-              namespace.rsplit("-", 1)[-1])
+async def world(kube_api: client.ApiClient, namespace: str, operator_version: str,
+                slinky_cluster: SlinkyStack) -> AsyncIterator[World]:
+    rig = Rig(kube_api, namespace, slinky_cluster, operator_version, secrets.token_hex(3))
     try:
-        yield w
+        yield World(rig, ScontrolDriver(env=slinky_cluster.slurm.env()))
     finally:
-        await emu.aclose()
-        for n in w.nodes:
-            with contextlib.suppress(Exception):
-                await w.core.delete_node(n)
+        await rig.cleanup()
 
 
 # -- labels source ---------------------------------------------------------------------------
@@ -148,69 +135,91 @@ async def world(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: st
 
 async def test_verified_done_after_the_operator_copies_the_annotation(world: World) -> None:
     a = await world.node("a", labels=TIERS)
-    await world.nodeset()
+    name = await world.nodeset()
     await world.pod_on(a)
     topo = world.topology()
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
-    assert r.outcome is StepOutcome.PENDING  # written, but the operator has not run since
-    assert "has not propagated" in r.detail
-    assert f"{world.namespace}/{SLURM_NODE}" in r.detail
+    r = await topo.annotate("inc-1", a, name)
     assert await world.node_annotation(a) == SPEC
-    await world.emu.reconcile_once()
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
-    assert r.outcome is StepOutcome.DONE, r.detail
+    if r.outcome is StepOutcome.PENDING:  # written after the binding: the NodeSet sync copies
+        assert "has not propagated" in r.detail
+        assert f"{world.namespace}/{name}" in r.detail
+    r = await world.done(topo, a)
     assert r.data["topology"] == SPEC
     assert r.data["checks"] == "placement,pod"
-    assert "Slurm does not report the topology of topo-0" in r.detail  # Slurm 22.05
-    # Slurm >= 25.05 reports what the operator pushed: checked too
-    r = await world.topology(slurm=Slurm2505(world.scontrol, world.emu)).annotate(
-        "inc-1", a, SLURM_NODE)
-    assert r.outcome is StepOutcome.DONE
+    assert r.data["operatorCopiesTopology"] == "true"
+    assert f"Slurm does not report the topology of {name}" in r.detail  # Slurm 22.05
+    pod = await world.rig.pod(name)
+    assert pod["metadata"]["annotations"][TOPOLOGY_ANNOTATION] == SPEC
+    # Slurm >= 25.05 reports what the operator pushed (topology_str through slurmrestd)
+    r = await world.done(world.topology(slurm=world.slurm2505()), a)
     assert r.data["checks"] == "placement,pod,slurm"
+
+
+async def test_binding_copies_an_annotation_that_is_already_there(world: World) -> None:
+    a = await world.node("a", labels=TIERS, annotations={TOPOLOGY_ANNOTATION: SPEC})
+    name = await world.nodeset()
+    pod = await world.pod_on(a)
+    assert pod["metadata"]["annotations"][TOPOLOGY_ANNOTATION] == SPEC  # the binding webhook
+    r = await world.topology().annotate("inc-1", a, name)
+    assert r.outcome is StepOutcome.DONE, r.detail
+    assert r.data["checks"] == "placement,pod"
 
 
 async def test_pending_while_the_pod_is_elsewhere_until_it_moves(world: World) -> None:
     a = await world.node("a")
     b = await world.node("b", pool=False, labels=TIERS)
-    await world.nodeset()
+    name = await world.nodeset()
     pod = await world.pod_on(a)
     topo = world.topology()
-    r = await topo.annotate("inc-1", b, SLURM_NODE)
+    r = await topo.annotate("inc-1", b, name)
     assert r.outcome is StepOutcome.PENDING
-    assert r.detail == (f"placement: the slurmd pod {world.namespace}/{SLURM_NODE} of Slurm "
-                        f"node {SLURM_NODE} runs on {a}, not on {b}")
+    assert r.detail == (f"placement: the slurmd pod {world.namespace}/{name} of Slurm "
+                        f"node {name} runs on {a}, not on {b}")
+    assert await world.node_annotation(b) == SPEC
     # the move: only b may host the NodeSet now; the operator recreates the deleted pod there
+    # and the binding webhook copies b's annotation
     await world.patch_node(a, {"metadata": {"labels": {POOL: None}}})
     await world.patch_node(b, {"metadata": {"labels": {POOL: world.namespace}}})
-    await world.core.delete_namespaced_pod(pod["metadata"]["name"], world.namespace,
-                                           grace_period_seconds=0)
+    await world.core.delete_namespaced_pod(pod["metadata"]["name"], world.namespace)
     await world.pod_on(b)
-    await world.emu.reconcile_once()
-    r = await topo.annotate("inc-1", b, SLURM_NODE)
-    assert r.outcome is StepOutcome.DONE, r.detail
+    r = await world.done(topo, b)
     assert r.data["topology"] == SPEC
+    assert r.data["checks"] == "placement,pod"
 
 
 async def test_pending_while_slurm_reports_another_topology(world: World) -> None:
-    a = await world.node("a", labels=TIERS)
-    await world.nodeset()
+    a = await world.node("a", labels=TIERS, annotations={TOPOLOGY_ANNOTATION: SPEC})
+    name = await world.nodeset()
     await world.pod_on(a)
-    slurm = Slurm2505(world.scontrol, world.emu)
+    slurm = world.slurm2505()
     slurm.frozen = "default:spine0:leaf0"
     topo = world.topology(slurm=slurm)
-    await topo.annotate("inc-1", a, SLURM_NODE)
-    await world.emu.reconcile_once()
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
+    r = await topo.annotate("inc-1", a, name)
     assert r.outcome is StepOutcome.PENDING
-    assert r.detail == (f"Slurm reports topology default:spine0:leaf0 for {SLURM_NODE}, the "
+    assert r.detail == (f"Slurm reports topology default:spine0:leaf0 for {name}, the "
                         f"annotation on {a} says {SPEC}: waiting for the operator to push it")
     slurm.frozen = None
-    assert (await topo.annotate("inc-1", a, SLURM_NODE)).outcome is StepOutcome.DONE
+    r = await world.done(topo, a)  # the operator's sync pushes it (topology_str)
+    assert r.data["checks"] == "placement,pod,slurm"
+
+
+@V1_0
+async def test_v1_0_never_copies_and_healer_does_not_wait_for_it(world: World) -> None:
+    a = await world.node("a", labels=TIERS)
+    name = await world.nodeset()
+    pod = await world.pod_on(a)
+    assert TOPOLOGY_ANNOTATION not in (pod["metadata"].get("annotations") or {})
+    r = await world.topology().annotate("inc-1", a, name)
+    assert r.outcome is StepOutcome.DONE, r.detail
+    assert r.data["operatorCopiesTopology"] == "false"
+    assert r.data["checks"] == "placement"
+    assert TOPOLOGY_ANNOTATION not in ((await world.rig.pod(name))["metadata"]
+                                       .get("annotations") or {})
 
 
 async def test_without_a_nodeset_placement_is_not_checked(world: World) -> None:
     a = await world.node("a", labels=TIERS)
-    r = await world.topology().annotate("inc-1", a, SLURM_NODE)
+    r = await world.topology(slurm=None).annotate("inc-1", a, "no-such-slurm-node")
     assert r.outcome is StepOutcome.DONE
     assert "no Slinky slurmd pods (no NodeSet)" in r.detail
     assert r.data["topology"] == SPEC
@@ -334,27 +343,23 @@ def slinky_request(namespace: str, **params: Any) -> dict[str, Any]:
 async def test_topograph_mode_waits_for_topograph_then_verifies(
         world: World, topograph: TopographDouble) -> None:
     a = await world.node("a", labels=TIERS)  # labels say spine1/leaf3: topograph says otherwise
-    await world.nodeset()
+    name = await world.nodeset()
     await world.pod_on(a)
     topograph.model[a] = ["leaf7", "spine2"]
     client_ = TopographClient(topograph.url, slinky_request(world.namespace), backoff=0.05)
-    topo = world.topology(topograph=client_, slurm=Slurm2505(world.scontrol, world.emu))
+    topo = world.topology(topograph=client_, slurm=world.slurm2505())
     for _ in range(2):
-        r = await topo.annotate("inc-1", a, SLURM_NODE)
+        r = await topo.annotate("inc-1", a, name)
         assert r.outcome is StepOutcome.PENDING
         assert "waiting for topograph request" in r.detail
     assert topograph.posts == 1  # once per incident
     assert await world.node_annotation(a) is None  # healer computed nothing from labels
     await topograph.release()
     assert await world.node_annotation(a) == "default:spine2:leaf7"
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
-    assert r.outcome is StepOutcome.PENDING
-    assert "has not propagated" in r.detail
-    await world.emu.reconcile_once()
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
-    assert r.outcome is StepOutcome.DONE, r.detail
+    r = await world.done(topo, a)  # the operator's NodeSet sync copies it and pushes it
     assert dict(r.data) == {"topology": "default:spine2:leaf7", "source": "topograph",
-                            "slurmNode": SLURM_NODE, "checks": "placement,pod,slurm"}
+                            "slurmNode": name, "checks": "placement,pod,slurm",
+                            "operatorCopiesTopology": "true"}
     assert topograph.posts == 1
 
 
@@ -364,7 +369,7 @@ async def test_topograph_refusal_fails_with_its_answer(world: World,
     body = slinky_request(world.namespace)
     del body["engine"]["params"]["topologyConfigmapName"]
     topo = world.topology(topograph=TopographClient(topograph.url, body, backoff=0.05))
-    r = await topo.annotate("inc-1", a, SLURM_NODE)
+    r = await topo.annotate("inc-1", a, "topo-x-0")
     assert r.outcome is StepOutcome.FAILED
     assert r.detail == (f"topograph at {topograph.url}: POST /v1/generate refused the request: "
                         "HTTP 400: slinky engine: missing parameter topologyConfigmapName")
@@ -380,7 +385,7 @@ async def test_topograph_unreachable_is_transient(world: World) -> None:
     topo = world.topology(topograph=TopographClient(url, slinky_request(world.namespace),
                                                     backoff=0.05, attempts=2))
     with pytest.raises(TransientError) as e:
-        await topo.annotate("inc-1", a, SLURM_NODE)
+        await topo.annotate("inc-1", a, "topo-x-0")
     assert str(e.value).startswith(f"topograph at {url}: POST /v1/generate: topograph is "
                                    "unreachable")
     assert topo.requests == {}  # nothing was accepted: the next attempt POSTs again

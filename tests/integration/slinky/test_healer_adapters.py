@@ -1,8 +1,12 @@
-"""healer's Slinky adapters (:mod:`healer.adapters.slinky`) against the Slinky emulator, the real
-kube-apiserver and a real Slurm: the driver drains through the Node (cordon-reason annotation,
-then cordon), reads Slurm from pod conditions, undrains through the uncordon and leaves other
-people's drains alone; the workload move never evicts a busy slurmd, evicts a drained one and
-is done once Slurm serves the node from the spare."""
+"""healer's Slinky adapters (:mod:`healer.adapters.slinky`) against SchedMD's real slurm-operator
+(v1.1.0), the real kube-apiserver + kwok and a real Slurm: the driver drains through the Node
+(cordon-reason annotation, then cordon), reads Slurm from pod conditions, undrains through the
+uncordon and leaves other people's drains alone; the workload move never evicts a busy slurmd,
+holds while someone else's drain is there, opens the claimed spare and evicts a drained slurmd,
+and is done once Slurm serves the node from the spare.
+
+Spares are claimed with healer's own :class:`KubeSparePool` (spare taint kept until ``move``
+opens the spare)."""
 
 from __future__ import annotations
 
@@ -14,13 +18,18 @@ import pytest
 from kubernetes_asyncio import client, watch
 
 from healer.adapters.kube.nodes import INCIDENT, KubeNodes
+from healer.adapters.kube.spares import SPARE_TAINT, KubeSparePool
 from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, SlinkyWorkload, pod_state
+from healer.core.policy import LabelSelector
 from healer.ports import SlurmNodeState, StepOutcome
-from tests.integration.slinky.conftest import Rig, host_of, two_workers
+from tests.integration.slinky.conftest import OPERATOR, Rig, host_of, serving, until
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
 from tests.integration.waiting import wait_for
 
-OPERATOR = "slurm-operator: "
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+SPARE_LABEL = "healer-test/spare"
+TAINT = {"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"}
 
 
 async def _record_node(api: client.ApiClient, name: str, seen: list[dict[str, Any]],
@@ -35,19 +44,47 @@ async def _record_node(api: client.ApiClient, name: str, seen: list[dict[str, An
 
 
 async def _state_when(driver: SlinkyDriver, node: str, check: Any,
-                      timeout: float = 30.0) -> SlurmNodeState:  # noqa: ASYNC109
+                      timeout: float = 90.0) -> SlurmNodeState:  # noqa: ASYNC109
     async def probe() -> SlurmNodeState | None:
         st = await driver.state(node)
         return st if check(st) else None
 
-    got = await wait_for(probe, timeout=timeout, description=f"driver.state({node})")
+    got: SlurmNodeState | None = await wait_for(probe, timeout=timeout, interval=0.2,
+                                                description=f"driver.state({node})")
     assert got is not None
     return got
 
 
+async def _two_workers(rig: Rig, *, spare: bool = False) -> tuple[str, str, str, str]:
+    """Nodes a and b on the pool (+ a spare in healer's spare pool: tainted, not on the NodeSet's
+    pool), a 2-replica StatefulSet-mode NodeSet, both slurmd pods serving.
+    Returns (NodeSet, Slurm node 0, its host, spare or "")."""
+    await rig.node("a")
+    await rig.node("b")
+    spare_name = await rig.node("spare", pool=False, labels={SPARE_LABEL: rig.namespace},
+                                taints=[TAINT]) if spare else ""
+    ns = await rig.nodeset("w", replicas=2)
+    name = f"{ns}-0"
+    pods = await rig.ready(name, f"{ns}-1")
+    return ns, name, host_of(pods[name]), spare_name
+
+
+def _pool(rig: Rig, wl: SlinkyWorkload, *, labels: bool = True) -> KubeSparePool:
+    """healer's spare pool; the claim adds the NodeSet's nodeSelector labels (unless not)."""
+    nodes = KubeNodes(rig.api)
+    selector = LabelSelector(match_labels={SPARE_LABEL: rig.namespace})
+    if not labels:
+        return KubeSparePool(nodes, selector)
+    return KubeSparePool(nodes, selector, labels_provider=wl.node_selector)
+
+
+def _tainted(node: dict[str, Any]) -> bool:
+    return any(t.get("key") == SPARE_TAINT for t in (node.get("spec") or {}).get("taints") or [])
+
+
 async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
         rig: Rig) -> None:
-    host0, _, _ = await two_workers(rig)
+    _, w0, host0, _ = await _two_workers(rig)
     driver = SlinkyDriver(rig.api, namespace=rig.namespace)
     seen: list[dict[str, Any]] = []
     started = asyncio.Event()
@@ -55,10 +92,10 @@ async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
     try:
         await asyncio.wait_for(started.wait(), 30)
         reason = "healer: XID 79 on GPU 3 [inc-7]"
-        assert await driver.drain("worker-0", reason) is True
-        st = await _state_when(driver, "worker-0", lambda s: s.drain)
+        assert await driver.drain(w0, reason) is True
+        st = await _state_when(driver, w0, lambda s: s.drain)
         assert (st.reason, st.reason_is_ours, st.drained) == (reason, True, True)
-        slurm = await rig.slurm_state("worker-0")
+        slurm = await rig.slurm_state(w0)
         assert slurm is not None
         assert slurm.reason == OPERATOR + reason
         node = await rig.read_node(host0)
@@ -74,142 +111,175 @@ async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
     # the annotation was there before the cordon: every cordoned version carries it
     assert all((n["metadata"].get("annotations") or {}).get(CORDON_REASON) == reason
                for n in cordoned)
-    assert await driver.drain("worker-0", reason) is True  # idempotent
+    assert await driver.drain(w0, reason) is True  # idempotent
 
     async def undrained() -> bool:
-        return await driver.undrain("worker-0", "inc-7")
+        return await driver.undrain(w0, "inc-7")
 
-    await wait_for(undrained, timeout=30, description="driver.undrain(worker-0) done")
+    await until(undrained, within=90, description=f"driver.undrain({w0}) done")
     node = await rig.read_node(host0)
     assert not node["spec"].get("unschedulable")
     assert CORDON_REASON not in (node["metadata"].get("annotations") or {})
-    slurm = await rig.slurm_state("worker-0")
+    slurm = await rig.slurm_state(w0)
     assert slurm is not None
     assert not slurm.drain
-    assert not (await driver.state("worker-0")).drain
+    assert not (await driver.state(w0)).drain
 
 
 async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
-    _, host1, _ = await two_workers(rig)
+    ns, _, _, _ = await _two_workers(rig)
+    w1 = f"{ns}-1"
+    host1 = host_of(await rig.pod(w1))
     driver = SlinkyDriver(rig.api, namespace=rig.namespace)
-    await rig.scontrol("update", "nodename=worker-1", "state=drain", "reason=admin: bad DIMM")
-    st = await _state_when(driver, "worker-1", lambda s: s.drain)
+    await rig.scontrol("update", f"nodename={w1}", "state=drain", "reason=admin: bad DIMM")
+    st = await _state_when(driver, w1, lambda s: s.drain)  # the operator's re-list: <= 30 s
     assert st.reason == "admin: bad DIMM"
     assert not st.reason_is_ours
-    assert await driver.drain("worker-1", "healer: XID 79 [inc-8]") is False
+    assert await driver.drain(w1, "healer: XID 79 [inc-8]") is False
     node = await rig.read_node(host1)
     assert not node["spec"].get("unschedulable")
     assert CORDON_REASON not in (node["metadata"].get("annotations") or {})
-    assert await driver.undrain("worker-1", "inc-8") is False
-    await rig.emu.reconcile_once()
-    slurm = await rig.slurm_state("worker-1")
+    assert await driver.undrain(w1, "inc-8") is False
+    slurm = await rig.slurm_state(w1)
     assert slurm is not None
     assert slurm.drain
     assert slurm.reason == "admin: bad DIMM"
 
 
-@pytest.mark.timeout(180)
-async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
-    host0, _, spare = await two_workers(rig, spare=True)
+async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
+    ns, w0, host0, spare = await _two_workers(rig, spare=True)
     driver = SlinkyDriver(rig.api, namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
-                        nodeset="worker")
+                        nodeset=ns)
+    await rig.scontrol("update", f"nodename={w0}", "state=drain", "reason=maint: x")
+    await _state_when(driver, w0, lambda s: s.drain and s.reason == "maint: x")
+    assert await _pool(rig, wl).claim(host0, "inc-12") == spare
+    old = await rig.pod(w0)
+    r = await wl.move("inc-12", w0, host0, spare)
+    assert r.outcome is StepOutcome.PENDING, r
+    assert "drained by someone else" in r.detail
+    assert (await rig.pod(w0))["metadata"]["uid"] == old["metadata"]["uid"]
+    assert _tainted(await rig.read_node(spare))  # still closed
+    st = await rig.slurm_state(w0)
+    assert st is not None
+    assert (st.drain, st.reason) == (True, "maint: x")
+
+
+async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
+    ns, w0, host0, spare = await _two_workers(rig, spare=True)
+    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
+                        nodeset=ns)
     assert await wl.scaling_mode() == "StatefulSet"
-    selector = await wl.node_selector()
-    assert selector == rig.pool
-    job = await asyncio.to_thread(rig.slurm.submit, HOLD_SCRIPT, "worker-0")
+    assert await wl.node_selector() == rig.pool
+    slurm = rig.stack.slurm
+    job = await asyncio.to_thread(slurm.submit, HOLD_SCRIPT, w0)
     try:
-        await _state_when(driver, "worker-0", lambda s: s.busy)
-        assert await driver.drain("worker-0", "healer: XID 79 [inc-9]") is True
-        await _state_when(driver, "worker-0", lambda s: s.drain and s.busy)
-        await rig.patch_node(spare, {"metadata": {"labels": selector}})  # the spare's claim
-        old = await rig.pod("worker-0")
-        r = await wl.move("inc-9", "worker-0", host0, spare)
+        await _state_when(driver, w0, lambda s: s.busy)
+        assert await driver.drain(w0, "healer: XID 79 [inc-9]") is True
+        await _state_when(driver, w0, lambda s: s.drain and s.busy)
+        assert await _pool(rig, wl).claim(host0, "inc-9") == spare
+        claimed = await rig.read_node(spare)
+        assert _tainted(claimed)  # the claim keeps the spare closed
+        assert claimed["metadata"]["labels"].items() >= rig.pool.items()
+        old = await rig.pod(w0)
+        r = await wl.move("inc-9", w0, host0, spare)
         assert r.outcome is StepOutcome.PENDING
         assert "busy" in r.detail
-        assert (await rig.pod("worker-0"))["metadata"]["uid"] == old["metadata"]["uid"]
-        assert await asyncio.to_thread(rig.slurm.job_state, job) == "RUNNING"
-        r = await wl.replacement_ready("inc-9", "worker-0", spare)
+        assert (await rig.pod(w0))["metadata"]["uid"] == old["metadata"]["uid"]
+        assert await asyncio.to_thread(slurm.job_state, job) == "RUNNING"
+        assert _tainted(await rig.read_node(spare))
+        r = await wl.replacement_ready("inc-9", w0, spare)
         assert r.outcome is StepOutcome.PENDING
     finally:
-        release(rig.slurm, job)
-    await _state_when(driver, "worker-0", lambda s: s.drained)
+        release(slurm, job)
+    assert await asyncio.to_thread(slurm.wait_job, job, ["COMPLETED"], 60) == "COMPLETED"
+    await _state_when(driver, w0, lambda s: s.drained)
 
-    async def evicted() -> bool:  # a 429 (the protect label lags a pass) means: again
-        r = await wl.move("inc-9", "worker-0", host0, spare)
+    async def evicted() -> bool:  # a 429 (pod-protect lags a pass) means: again
+        r = await wl.move("inc-9", w0, host0, spare)
         assert r.outcome is StepOutcome.PENDING, r
         return "evicted" in r.detail
 
-    await wait_for(evicted, timeout=30, description="move() evicted the drained slurmd")
-    assert await asyncio.to_thread(rig.slurm.wait_job, job, ["COMPLETED"], 30) == "COMPLETED"
-    await rig.wait_pod("worker-0", lambda p: host_of(p) == spare and pod_state(p).base == "IDLE"
-                       and pod_state(p).registered, description="worker-0 idle on the spare")
-    r = await wl.move("inc-9", "worker-0", host0, spare)
+    await until(evicted, within=90, interval=0.5,
+                   description="move() evicted the drained slurmd")
+    assert not _tainted(await rig.read_node(spare))  # opened by move
+    await rig.wait_pod(w0, lambda p: host_of(p) == spare and serving(p), within=90,
+                       description=f"{w0} idle on the spare")
+    r = await wl.move("inc-9", w0, host0, spare)
     assert r.outcome is StepOutcome.DONE, r
-    r = await wl.replacement_ready("inc-9", "worker-0", spare)
+    r = await wl.replacement_ready("inc-9", w0, spare)
     assert r.outcome is StepOutcome.DONE, r
-    assert dict(r.data)["slurmNode"] == "worker-0"
-    st = await rig.wait_slurm("worker-0", lambda s: s.base == "IDLE" and s.registered)
+    assert dict(r.data)["slurmNode"] == w0
+    st = await rig.wait_slurm(w0, lambda s: s.base == "IDLE" and s.registered)
     assert not st.drain
-    assert await driver.undrain("worker-0", "inc-9") is True  # nothing left drained
-    job2 = await asyncio.to_thread(rig.slurm.submit, "true", "worker-0")
-    assert await asyncio.to_thread(rig.slurm.wait_job, job2, ["COMPLETED"], 30) == "COMPLETED"
+    assert await driver.undrain(w0, "inc-9") is True  # nothing left drained
+    job2 = await asyncio.to_thread(slurm.submit, "true", w0)
+    assert await asyncio.to_thread(slurm.wait_job, job2, ["COMPLETED"], 60) == "COMPLETED"
     assert (await rig.read_node(host0))["spec"]["unschedulable"] is True  # off to repair
 
 
-@pytest.mark.timeout(180)
 async def test_daemonset_move_reports_the_new_slurm_node(rig: Rig) -> None:
-    a = await rig.node("dgx-a", dotted=True)
-    await rig.node("dgx-b", dotted=True)
-    spare = await rig.node("dgx-c", pool=False, dotted=True)
-    await rig.nodeset("dgx", mode="DaemonSet")
-    await rig.ready("dgx-a", "dgx-b")
+    a = await rig.node("a", dotted=True)
+    await rig.node("b", dotted=True)
+    spare = await rig.node("c", pool=False, dotted=True, labels={SPARE_LABEL: rig.namespace},
+                           taints=[TAINT])
+    ns = await rig.nodeset("d", mode="DaemonSet")
+    sa, sb, sc = (n.split(".", 1)[0] for n in (a, rig.nodes[1], spare))
+    await rig.ready(sa, sb)
     driver = SlinkyDriver(rig.api, namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
-                        nodeset="dgx")
+                        nodeset=ns)
     assert await wl.scaling_mode() == "DaemonSet"
-    assert await driver.drain("dgx-a", "healer: XID 79 [inc-10]") is True
-    await _state_when(driver, "dgx-a", lambda s: s.drained)
-    r = await wl.move("inc-10", "dgx-a", a, spare)
-    assert r.outcome is StepOutcome.PENDING  # nothing runs on the spare yet
-    await rig.patch_node(spare, {"metadata": {"labels": await wl.node_selector()}})
+    assert await driver.drain(sa, "healer: XID 79 [inc-10]") is True
+    await _state_when(driver, sa, lambda s: s.drained)
+    assert await _pool(rig, wl).claim(a, "inc-10") == spare
 
     async def moved() -> dict[str, str] | None:
-        r = await wl.move("inc-10", "dgx-a", a, spare)
+        r = await wl.move("inc-10", sa, a, spare)
         return dict(r.data) if r.outcome is StepOutcome.DONE else None
 
-    data = await wait_for(moved, timeout=30, description="move() done")
-    assert data["slurmNode"] == "dgx-c"
+    r = await wl.move("inc-10", sa, a, spare)
+    assert r.outcome is StepOutcome.PENDING  # nothing runs on the spare yet: move opens it
+    data: dict[str, str] | None = await wait_for(moved, timeout=90, interval=0.5,
+                                                 description="move() done")
+    assert data is not None
+    assert data["slurmNode"] == sc
 
     async def ready() -> bool:
-        return (await wl.replacement_ready("inc-10", "dgx-c", spare)).outcome is \
+        return (await wl.replacement_ready("inc-10", sc, spare)).outcome is \
             StepOutcome.DONE
 
-    await wait_for(ready, timeout=60, description="replacement_ready(dgx-c)")
-    st = await rig.wait_slurm("dgx-c", lambda s: s.base == "IDLE" and s.registered)
+    await until(ready, within=90, description=f"replacement_ready({sc})")
+    st = await rig.wait_slurm(sc, lambda s: s.base == "IDLE" and s.registered)
     assert not st.drain
-    old = await rig.slurm_state("dgx-a")  # the bad node's record stays drained
+    old = await rig.slurm_state(sa)  # the bad node's record stays drained
     assert old is not None
     assert old.drain
     assert old.reason == OPERATOR + "healer: XID 79 [inc-10]"
 
 
 async def test_move_waits_while_the_recreated_pod_is_unscheduled(rig: Rig) -> None:
-    host0, _, spare = await two_workers(rig, spare=True)
+    ns, w0, host0, spare = await _two_workers(rig, spare=True)
     driver = SlinkyDriver(rig.api, namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
-                        nodeset="worker")
-    assert await driver.drain("worker-0", "healer: XID 79 [inc-11]") is True
-    await _state_when(driver, "worker-0", lambda s: s.drained)
-    old = await rig.pod("worker-0")
+                        nodeset=ns)
+    assert await driver.drain(w0, "healer: XID 79 [inc-11]") is True
+    await _state_when(driver, w0, lambda s: s.drained)
+    # claimed without the NodeSet's labels: the recreated pod fits nowhere
+    assert await _pool(rig, wl, labels=False).claim(host0, "inc-11") == spare
+    old = await rig.pod(w0)
 
     async def evicted() -> bool:
-        r = await wl.move("inc-11", "worker-0", host0, spare)
+        r = await wl.move("inc-11", w0, host0, spare)
         return "evicted" in r.detail
 
-    await wait_for(evicted, timeout=30, description="move() evicted the drained slurmd")
-    # the spare has not got the NodeSet's labels yet: the new pod waits to be scheduled
-    await rig.wait_pod("worker-0", lambda p: p["metadata"]["uid"] != old["metadata"]["uid"],
-                       description="worker-0 recreated")
-    r = await wl.move("inc-11", "worker-0", host0, spare)
+    await until(evicted, within=60, interval=0.5,
+                   description="move() evicted the drained slurmd")
+    pod = await rig.wait_pod(w0, lambda p: p["metadata"]["uid"] != old["metadata"]["uid"],
+                             description=f"{w0} recreated")
+    assert not host_of(pod)
+    r = await wl.move("inc-11", w0, host0, spare)
     assert r.outcome is StepOutcome.PENDING, r
+    assert "not scheduled" in r.detail
+    assert pod_state(pod).registered is False
