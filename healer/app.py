@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -201,14 +201,26 @@ async def _start(settings: Settings, o: Overrides,
         log.error("invalid policies", problems=[str(p) for p in e.problems])
         return 2
     api = await make_api_client(settings.kube.kubeconfig, settings.kube.context)
+    slurm: SlurmDriver | None = None
     try:
         await ensure_crd(api, settings.kube.install_crd)
-        return await _run(settings, o, api, policies, metrics, ready)
+        slurm = o.slurm or _slurm_driver(settings, api)
+        return await _run(settings, replace(o, slurm=slurm), api, policies, metrics, ready)
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
     finally:
+        if slurm is not None and o.slurm is None:  # built here: its HTTP sessions close here
+            await _close_slurm(slurm)
         await api.close()
+
+
+async def _close_slurm(driver: SlurmDriver) -> None:
+    """Close the Slurm driver's HTTP sessions (slurmrestd; the Slinky driver's job backend)."""
+    for d in (driver, getattr(driver, "jobs", None)):
+        close = getattr(d, "close", None)
+        if close is not None:
+            await close()
 
 
 async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies: PolicySet,

@@ -198,7 +198,6 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
     out(f"healer demo ({scenario}, slurm-operator {operator_version}): starting the local "
         f"real stack in {workdir}")
     stack = DemoStack(workdir, out, operator_version=operator_version)
-    asyncio.get_running_loop().set_exception_handler(_quiet_unclosed)
     ok = False
     try:
         await stack.start()
@@ -245,13 +244,3 @@ async def _telemetry_fresh(port: int) -> bool:
     """healer has polled Prometheus and sees every node's telemetry fresh."""
     status, body = await _http_get(port, "/metrics")
     return status == 200 and 'healer_telemetry_stale_nodes{source="dcgm"} 0.0' in body
-
-
-def _quiet_unclosed(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """healer.app does not close its slurmrestd job backend's aiohttp session when the daemon
-    task is cancelled; aiohttp then reports it at interpreter exit, through a log handler whose
-    file healer has closed. Harmless at exit: kept out of the demo's output."""
-    if str(context.get("message", "")).startswith(("Unclosed client session",
-                                                   "Unclosed connector")):
-        return
-    loop.default_exception_handler(context)

@@ -41,8 +41,19 @@ def setup(level: str = "info", json: bool | None = None, stream: TextIO | None =
                         wrapper_class=structlog.make_filtering_bound_logger(lvl),
                         logger_factory=structlog.PrintLoggerFactory(file=out),
                         cache_logger_on_first_use=False)
-    logging.basicConfig(level=max(lvl, logging.WARNING), stream=out,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # set up again (e.g. when the log file closes): the handler installed last time goes (only
+    # that one: handlers others added to the root logger stay)
+    global _HANDLER
+    root = logging.getLogger()
+    if _HANDLER is not None:
+        root.removeHandler(_HANDLER)
+    _HANDLER = logging.StreamHandler(out)
+    _HANDLER.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root.addHandler(_HANDLER)
+    root.setLevel(max(lvl, logging.WARNING))
+
+
+_HANDLER: logging.Handler | None = None
 
 
 class OnceLogger:

@@ -123,7 +123,7 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     assert samples
     assert all(s.drain and s.reason == admin for s in samples)
     rec = await f.record(bad)
-    assert "move" not in {s["step"] for s in rec["status"].get("ledger") or []
+    assert "move-workload" not in {s["step"] for s in rec["status"].get("ledger") or []
                           if s.get("finishedAt")}
 
     # the admin is done: the swap goes on, and the node ends on the spare
@@ -132,7 +132,7 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     rec = await f.wait_phase(bad, "Repair", within=180, also=f.step_done(bad, "mark-repair"))
     print_timeline("admin drain then XID", rec, t0)
     assert rec["status"]["spare"] == lay.spare_a
-    assert "move" in ledger(rec)
+    assert "move-workload" in ledger(rec)
     pod = await f.pod_of(sn)
     assert pod is not None
     assert pod["spec"]["nodeName"] == lay.spare_a
