@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
+.PHONY: help venv deps operator lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install healer with its dev tools
 
-deps: ## Debian packages (Slurm, Prometheus), the Go-built control plane and SchedMD's slurm-operator (cached)
+deps: ## Debian packages (Slurm, Prometheus) and the Go-built control plane (cached)
 	bash hack/install-system-deps.sh
 	bash hack/build-k8s.sh
+
+operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go module proxy (cached)
 	bash hack/build-operator.sh
 
 lint: venv ## ruff, mypy --strict, import-linter
@@ -28,13 +30,13 @@ lint: venv ## ruff, mypy --strict, import-linter
 	$(BIN)/mypy healer
 	$(BIN)/lint-imports
 
-test: lint deps ## the whole suite (lint first); what CI runs
+test: lint deps operator ## the whole suite (lint first); what CI runs
 	$(BIN)/python -m pytest tests
 
 test-unit: venv ## unit and component tests only (fast, no real components)
 	$(BIN)/python -m pytest tests/unit tests/component
 
-test-integration: venv deps ## the tests against the real stack only
+test-integration: venv deps operator ## the tests against the real stack only
 	$(BIN)/python -m pytest tests/integration
 
 stack: venv deps ## start the local control plane in .devstack/ (detached)
@@ -43,7 +45,7 @@ stack: venv deps ## start the local control plane in .devstack/ (detached)
 stack-down: venv ## stop it
 	$(BIN)/healer devstack down
 
-demo: venv deps ## end to end on the local real stack: XID 79 → drain, swap to a warm spare, undrain
+demo: venv deps ## end to end on the local real stack (SchedMD's operator, built on first use): XID 79 → drain, swap to a warm spare, undrain
 	$(BIN)/healer demo
 
 bench: venv deps ## measure healer here: telemetry, engine, real stack, Prometheus path (docs/bench.md)

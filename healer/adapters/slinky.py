@@ -188,6 +188,25 @@ class NodeSets:
                                                          self.namespace, NODESET_PLURAL, name)))
         return dict(raw.get("spec") or {})
 
+    async def scaled_in(self, name: str, slurm_node: str, pods: SlinkyPods) -> str:
+        """Why the pod of ``slurm_node`` will not come back ("" if it may): NodeSet ``name``
+        already has as many live pods as it wants without it, i.e. it was scaled in and the
+        operator removed this one on purpose (it picks cordoned pods first, drains such a pod
+        and deletes it once drained, never with jobs on it)."""
+        if not name:
+            return ""
+        replicas = (await self.spec(name)).get("replicas")
+        if not isinstance(replicas, int):
+            return ""
+        others = [p for p in await pods.pods()
+                  if ((p.get("metadata") or {}).get("labels") or {}).get(NODESET_INSTANCE) == name
+                  and slurm_name(p) != slurm_node]
+        if len(others) < replicas:
+            return ""
+        return (f"NodeSet {self.namespace}/{name} was scaled in to {replicas} replicas: the "
+                f"operator removed the slurmd pod of {slurm_node} and will not recreate it, so "
+                "there is no Slurm node to drain or move any more")
+
 
 def update_strategy_problem(namespace: str, name: str, spec: Mapping[str, Any],
                             v1_1: bool | None) -> str:
@@ -270,7 +289,13 @@ class SlinkyDriver:
             raise PermanentError(problem)
 
     async def state(self, node: str) -> SlurmNodeState:
-        return pod_state(await self.pods.by_slurm_name(node))
+        try:
+            return pod_state(await self.pods.by_slurm_name(node))
+        except NotFoundError as e:
+            why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
+            if why:
+                raise NotFoundError(why) from e
+            raise
 
     async def drain(self, node: str, reason: str) -> bool:
         pod = await self.pods.by_slurm_name(node)
@@ -392,7 +417,7 @@ class SlinkyWorkload:
         try:
             pod = await self.pods.by_slurm_name(slurm_node)
         except NotFoundError:
-            scaled_in = await self._scaled_in(slurm_node)
+            scaled_in = await self.nodesets.scaled_in(self.nodeset, slurm_node, self.pods)
             if scaled_in:
                 return HookResult(StepOutcome.FAILED, scaled_in)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is being "
@@ -405,8 +430,15 @@ class SlinkyWorkload:
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
                                                    "scheduled yet")
         if host != source:
-            return HookResult(StepOutcome.FAILED, f"slurmd pod of {slurm_node} runs on {host}, "
-                                                  f"neither on {source} nor on {spare}")
+            # the operator recreated it elsewhere (scale-in, a rolling update, someone deleted
+            # it): our spare gets nothing, so it is closed again (it must not catch the next
+            # pod of this NodeSet) and a human decides
+            await self._close(spare, incident)
+            return HookResult(StepOutcome.FAILED,
+                              f"slurmd pod of {slurm_node} runs on {host}, neither on {source} "
+                              f"nor on the spare {spare}: the slurm-operator recreated it "
+                              "elsewhere (NodeSet scaled in, a rolling update, or the pod was "
+                              "deleted); the spare was closed again")
         st = pod_state(pod)
         theirs = foreign_drain(st)
         if theirs:
@@ -428,21 +460,6 @@ class SlinkyWorkload:
                                                        "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
                                                f"{spare}")
-
-    async def _scaled_in(self, slurm_node: str) -> str:
-        """Why the pod of ``slurm_node`` will not come back ("" if it may): the NodeSet was
-        scaled in below its ordinal, so the operator removed it on purpose (it drains such a
-        pod and deletes it once drained, never with jobs on it)."""
-        prefix = f"{self.nodeset}-"
-        ordinal = slurm_node[len(prefix):] if slurm_node.startswith(prefix) else ""
-        if not ordinal.isdigit():
-            return ""
-        replicas = (await self.nodeset_spec()).get("replicas")
-        if isinstance(replicas, int) and int(ordinal) >= replicas:
-            return (f"NodeSet {self.namespace}/{self.nodeset} was scaled in to {replicas} "
-                    f"replicas: the operator removed the slurmd pod of {slurm_node}, so there "
-                    "is nothing to move to a spare")
-        return ""
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
         """A drain someone else owns: evicting would run the pod's preStop, which deletes the
