@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -104,13 +105,19 @@ def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
             flags.add(re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper())  # NotResponding → NOT_..
             if name == "Drain":
                 reason = str(c.get("message") or "")
-    if reason.startswith(OPERATOR_PREFIX + SLURM_REASON_PREFIX):
-        reason = reason[len(OPERATOR_PREFIX):]  # healer's reason, carried by the operator
+    reason = carried_reason(reason)
     # FUTURE and UNKNOWN (e.g. just after a slurmctld restart, before the slurmd answers) are
     # not a registered, serving node
     return SlurmNodeState(slurm_name(pod), base, frozenset(flags), reason,
                           registered=registered and "NOT_RESPONDING" not in flags
                           and base not in ("FUTURE", "UNKNOWN"))
+
+
+def carried_reason(reason: str) -> str:
+    """healer's reason as the operator carries it (``slurm-operator: healer: …``) → healer's."""
+    if reason.startswith(OPERATOR_PREFIX + SLURM_REASON_PREFIX):
+        return reason[len(OPERATOR_PREFIX):]
+    return reason
 
 
 def pod_ready(pod: Mapping[str, Any]) -> bool:
@@ -290,12 +297,22 @@ class SlinkyDriver:
 
     async def state(self, node: str) -> SlurmNodeState:
         try:
-            return pod_state(await self.pods.by_slurm_name(node))
+            mirrored = pod_state(await self.pods.by_slurm_name(node))
         except NotFoundError as e:
             why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
             if why:
                 raise NotFoundError(why) from e
             raise
+        if self.jobs is None:
+            return mirrored
+        # The operator mirrors Slurm into the pod's conditions only when it re-lists Slurm
+        # (every 30 s): a job that ended 1 s ago still shows Allocated there. With Slurm's own
+        # API at hand, its answer is the fresh one; the mirror stays the fallback.
+        try:
+            fresh = await self.jobs.state(node)
+        except (TransientError, NotFoundError):
+            return mirrored
+        return replace(fresh, reason=carried_reason(fresh.reason))
 
     async def drain(self, node: str, reason: str) -> bool:
         pod = await self.pods.by_slurm_name(node)
@@ -439,7 +456,7 @@ class SlinkyWorkload:
                               f"nor on the spare {spare}: the slurm-operator recreated it "
                               "elsewhere (NodeSet scaled in, a rolling update, or the pod was "
                               "deleted); the spare was closed again")
-        st = pod_state(pod)
+        st = await self.slurm.state(slurm_node)  # fresh (see SlinkyDriver.state)
         theirs = foreign_drain(st)
         if theirs:
             return self._hold(incident, slurm_node, theirs)

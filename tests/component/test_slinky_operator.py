@@ -65,11 +65,11 @@ class Env:
 
     def workload(self) -> SlinkyWorkload:
         """A fresh one: no in-process memory (like a new leader)."""
-        return SlinkyWorkload(self.api, self.nodes, FakeSlurm(), namespace="slurm",
+        return SlinkyWorkload(self.api, self.nodes, self.driver(), namespace="slurm",
                               nodeset="gpu")
 
     def driver(self) -> SlinkyDriver:
-        return SlinkyDriver(self.api, namespace="slurm", nodes=self.nodes)
+        return SlinkyDriver(self.api, namespace="slurm", nodes=self.nodes, nodeset="gpu")
 
 
 @pytest.fixture
@@ -77,7 +77,9 @@ async def env() -> AsyncIterator[Env]:
     k = world()
     async with running(k) as api:
         nodes = KubeNodes(api)
-        sw = SlinkyWorkload(api, nodes, FakeSlurm(), namespace="slurm", nodeset="gpu")
+        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, namespace="slurm", nodes=nodes,
+                                                     nodeset="gpu"),
+                            namespace="slurm", nodeset="gpu")
         pool = KubeSparePool(nodes, cp.LabelSelector({"healer.io/role": "spare"}),
                              labels_provider=sw.node_selector)
         yield Env(k, api, nodes, pool)
@@ -199,7 +201,9 @@ async def test_daemonset_move_opens_the_spare() -> None:
     k = world(mode="DaemonSet")
     async with running(k) as api:
         nodes = KubeNodes(api)
-        sw = SlinkyWorkload(api, nodes, FakeSlurm(), namespace="slurm", nodeset="gpu")
+        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, namespace="slurm", nodes=nodes,
+                                                     nodeset="gpu"),
+                            namespace="slurm", nodeset="gpu")
         pool = KubeSparePool(nodes, cp.LabelSelector({"healer.io/role": "spare"}),
                              labels_provider=sw.node_selector)
         await pool.claim("gpu-0", "inc-a")
