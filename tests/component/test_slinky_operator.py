@@ -6,6 +6,7 @@ update strategies refused up front, topology on operator v1.0."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -368,7 +369,12 @@ async def test_a_refused_strategy_escalates_the_remediation_with_the_reason() ->
         h = await make(policies(policy(steps=cp.Steps(poll_interval=5))), fakes=fakes)
         try:
             await h.xid("gpu-1")
-            await h.run(30)
+            # the drain goes over real HTTP to the fake API server: advance the manual clock
+            # until the remediation escalated (a deadline in real time, not a fixed wait)
+            deadline = time.monotonic() + 30
+            while h.phase("gpu-1") is not Phase.ESCALATED and time.monotonic() < deadline:
+                await h.run(5)
+                await asyncio.sleep(0.02)
             assert h.phase("gpu-1") is Phase.ESCALATED
         finally:
             await h.close()

@@ -131,13 +131,16 @@ def crd_manifest() -> dict[str, Any]:
 
 
 def reason_of(rec: NodeRecord) -> str:
+    waiting = next((s for s in reversed(rec.ledger) if not s.done and s.error), None)
     if rec.blocked is not None:
         text = f"held by {rec.blocked.guardrail}: {rec.blocked.message}"
+    elif waiting is not None and not rec.outcome:  # e.g. a swap held on someone's drain
+        text = f"{waiting.step}: {waiting.error}"
     elif rec.outcome:
         text = rec.outcome
     else:
         text = rec.incident.summary or ", ".join(rec.incident.rules)
-    return text[:120]
+    return text[:200]
 
 
 def to_object(rec: NodeRecord, name: str, resource_version: str = "") -> dict[str, Any]:
