@@ -436,7 +436,8 @@ class SlinkyWorkload:
         except NotFoundError:
             scaled_in = await self.nodesets.scaled_in(self.nodeset, slurm_node, self.pods)
             if scaled_in:
-                return HookResult(StepOutcome.FAILED, scaled_in)
+                await self._close(spare, incident)  # nothing will come: nothing may land there
+                return HookResult(StepOutcome.FAILED, f"{scaled_in}; the spare was closed again")
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is being "
                                                    "recreated")
         host = (pod.get("spec") or {}).get("nodeName")

@@ -76,7 +76,7 @@ import errno
 import json
 import re
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,6 +147,8 @@ class SlurmrestdShim:
         self.timeout = timeout
         self.url = ""
         self.requests: deque[Shimmed] = deque(maxlen=20000)
+        #: (user, method, path) → how many requests (safe to read from another thread)
+        self.calls: Counter[tuple[str, str, str]] = Counter()
         self.writes: list[tuple[str, str, str]] = []
         #: (time, user, node, state, reason) of every state/reason update: who wrote what when
         self.write_log: list[tuple[float, str, str, str, str]] = []
@@ -277,6 +279,7 @@ class SlurmrestdShim:
             return self._error(401, AUTH_CRED_INVALID, "Authentication failure",
                                "auth/jwt")
         rec.user = user
+        self.calls[(user, request.method, request.path)] += 1
         if request.path == "/openapi/v3" and request.method == "GET":
             return web.json_response(_openapi())
         parts = request.path.strip("/").split("/")

@@ -374,8 +374,21 @@ class Flow:
                     on[host] = slurm_name(p)
             return on if all(h in on for h in hosts) else None
 
-        got = await wait_for(ready, timeout=within, interval=0.3,
-                             description=f"slurmd pods idle on {hosts}")
+        try:
+            got = await wait_for(ready, timeout=within, interval=0.3,
+                                 description=f"slurmd pods idle on {hosts}")
+        except TimeoutError as e:  # say what the pods, the runtime and Slurm show
+            pods = [(slurm_name(p), (p.get("spec") or {}).get("nodeName"),
+                     (p.get("status") or {}).get("phase"), pod_state(p))
+                    for p in await self.live_pods()]
+            r = await asyncio.to_thread(self.slurm.run, ["scontrol", "show", "node", "-o"],
+                                        check=False)
+            rt = self.sstack.runtime
+            raise AssertionError(
+                f"{e}\npods: {pods}\nruntime errors: {list(rt.errors)[-5:] if rt else '?'}\n"
+                f"slurm:\n{r.stdout[-3000:]}\noperator:\n"
+                f"{self.sstack.operator.log('manager', 10) if self.sstack.operator else '?'}"
+            ) from None
         assert got is not None
         return got
 

@@ -171,6 +171,7 @@ class SlurmLog:
     interval: float = 0.3
     samples: list[SlurmSample] = field(default_factory=list)
     failures: int = 0
+    last_error: str = ""
 
     async def run(self) -> None:
         while True:
@@ -190,9 +191,14 @@ class SlurmLog:
                 self.failures += 1
                 continue
             if proc.returncode == 0:
-                states = {s.name: s for s in parse_nodes(out.decode(errors="replace"))
-                          if s.name in self.names}
-                self.samples.append(SlurmSample(time.time(), states))
+                try:
+                    states = {s.name: s for s in parse_nodes(out.decode(errors="replace"))
+                              if s.name in self.names}
+                except Exception as e:  # a line the parser cannot read must not end the log
+                    self.failures += 1
+                    self.last_error = repr(e)
+                else:
+                    self.samples.append(SlurmSample(time.time(), states))
             else:
                 self.failures += 1  # slurmctld restarting
             await asyncio.sleep(self.interval)

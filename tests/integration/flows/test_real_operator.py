@@ -105,8 +105,7 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     assert shim is not None
 
     def relists() -> int:
-        return sum(1 for r in list(shim.requests)
-                   if r.user == "slurm" and r.method == "GET" and r.path.endswith("/nodes/"))
+        return shim.calls[("slurm", "GET", "/slurm/v0.0.44/nodes/")]
 
     seen = relists()
 
@@ -121,7 +120,8 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     assert st.reason == admin, st
     assert f.pods.deleted() == []  # the pod (and its Slurm record) never moved
     samples = [s for at, s in f.slurm_history.of(sn) if at >= t_hold]
-    assert samples
+    assert samples, (f.slurm_history.failures, f.slurm_history.last_error,
+                     len(f.slurm_history.samples))
     assert all(s.drain and s.reason == admin for s in samples)
     rec = await f.record(bad)
     assert "move-workload" not in {s["step"] for s in rec["status"].get("ledger") or []
