@@ -445,8 +445,16 @@ class SlinkyWorkload:
             await self._forget_reason(source, incident)
             return HookResult(StepOutcome.DONE, "", {"mode": mode})
         if not host:
+            # recreated and unscheduled (our eviction, or the operator's rolling update took
+            # it off the cordoned node): it waits for a Node that fits, which is our spare once
+            # open, one open spare per NodeSet at a time (see _open_elsewhere)
+            async with self._lock():
+                other = await self._open_elsewhere(incident, spare)
+                if other:
+                    return HookResult(StepOutcome.PENDING, other)
+                await self._open(spare, incident)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
-                                                   "scheduled yet")
+                                                   f"scheduled yet; {spare} is open for it")
         if host != source:
             # the operator recreated it elsewhere (scale-in, a rolling update, someone deleted
             # it): our spare gets nothing, so it is closed again (it must not catch the next

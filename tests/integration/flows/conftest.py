@@ -320,10 +320,27 @@ class Flow:
                 "metadata": {"name": "slurm-token"},
                 "data": {"SLURM_JWT": base64.b64encode(token.encode()).decode()}})
         self.gate.set()
+        await self._wait_nodes_ready(self.nodes)
         await self._create_nodeset(**self.nodeset_options)
         await self.wait_pods_idle(self.lay.gpus)
         print(f"\n[{self.mode}/{self.driver} on slurm-operator {self.version}] fleet ready in "
               f"{time.monotonic() - t0:.1f}s (namespace {self.namespace})")
+
+    async def _wait_nodes_ready(self, names: list[str]) -> None:
+        """Nodes join before the NodeSet, as on a cluster: each Ready (kwok) and without the
+        node lifecycle controller's not-ready taint. (A DaemonSet-mode NodeSet created while a
+        Node was still NotReady got no pod there once it turned Ready: the operator requeues a
+        NodeSet on changes of Nodes that run its pods, and that Node ran none.)"""
+        async def ready() -> bool:
+            for n in names:
+                node = await self.core.read_node(n)
+                conds = {c.type: c.status for c in node.status.conditions or []}
+                if conds.get("Ready") != "True" or any(
+                        t.key.startswith("node.kubernetes.io/") for t in node.spec.taints or []):
+                    return False
+            return True
+
+        await wait_for(ready, timeout=60, description=f"Nodes {names} Ready")
 
     async def _wait_names_free(self, names: list[str]) -> None:
         async def free() -> bool:
