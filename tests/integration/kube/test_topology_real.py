@@ -199,7 +199,14 @@ async def test_pending_while_slurm_reports_another_topology(world: World) -> Non
     assert r.detail == (f"Slurm reports topology default:spine0:leaf0 for {name}, the "
                         f"annotation on {a} says {SPEC}: waiting for the operator to push it")
     slurm.frozen = None
-    r = await world.done(topo, a)  # the operator's sync pushes it (topology_str)
+    shim = world.rig.stack.shim
+    assert shim is not None
+
+    async def pushed() -> bool:  # the operator's sync pushes it (topology_str)
+        return shim.topology.get(name) == SPEC
+
+    await wait_for(pushed, timeout=90, description=f"the operator pushing {SPEC} for {name}")
+    r = await world.done(topo, a)
     assert r.data["checks"] == "placement,pod,slurm"
 
 
