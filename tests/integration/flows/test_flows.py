@@ -121,8 +121,13 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     if f.version.startswith("v1.0."):  # v1.0 never copies or pushes topology
         detail = ledger(rec)["annotate-topology"].get("detail", "")
         assert "operatorCopiesTopology=true" not in detail, detail
-    else:
-        assert f.sstack.shim.topology.get(new_sn) == "default:nvl-a"
+    else:  # the operator pushes it on its own sync: wait for it, with a deadline
+        shim = f.sstack.shim
+
+        async def pushed() -> bool:
+            return shim.topology.get(new_sn) == "default:nvl-a"
+
+        await wait_for(pushed, timeout=90, description=f"topology_str of {new_sn} pushed")
 
     # the Slurm node serves from the spare, idle and not drained
     pod = await f.pod_of(new_sn)
