@@ -206,7 +206,7 @@ async def test_apiserver_restarted_while_draining_and_while_swapping(
     await wait_for(lambda: f.core.list_namespace(), timeout=60, description="API answers")
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)  # ~20 daemons, each resuming across the real operator's 30 s re-list
 async def test_daemon_killed_at_every_step_boundary_finishes_exactly_once(
         flows: FlowFactory, tmp_path: Path) -> None:
     """slinky driver, StatefulSet mode, a checkpointing policy: each daemon SIGKILLs itself at
