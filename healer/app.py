@@ -21,8 +21,9 @@ import structlog
 from kubernetes_asyncio import client
 
 from healer.adapters import calls
+from healer.adapters.acks import AckReceiver, AckTarget, target_of
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
-from healer.adapters.hooks import AckReceiver, JobHook, RepairRouter, Secrets, WebhookHook
+from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
 from healer.adapters.kube.client import call, make_api_client
 from healer.adapters.kube.crd import crd_manifest
 from healer.adapters.kube.events import KubeEvents
@@ -292,15 +293,13 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         stale_nodes=lambda: {p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
         last_poll=lambda: {p.name: p.last_success for p in prom
                            if p.last_success is not None}))
-    async def secret_for(incident: str) -> str:
+    def ack_target(incident: str) -> AckTarget | None:  # the incident's node and hook keys
         rec = ctl.history.get(incident)
-        pol = ctl.policies.get(rec.policy) if rec is not None else None
-        if pol is None:
-            return ""
-        return pol.steps.checkpoint.secret_ref or ""
+        return target_of(rec, ctl.policies.get(rec.policy) if rec is not None else None)
 
-    ack = AckReceiver(nodes, secrets, secret_for)
-    runner = await serve(make_app(health, metrics.registry, ctl.debug_state, ack.handle),
+    ack = AckReceiver(nodes, secrets, ack_target)
+    debug = ctl.debug_state if settings.http.debug_state else None
+    runner = await serve(make_app(health, metrics.registry, debug, ack.handle),
                          settings.http.host, settings.http.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -120,7 +120,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             ca_file=args.prometheus_ca_file,
             insecure_skip_verify=args.prometheus_insecure_skip_verify,
             host_labels=tuple(args.host_labels or ("Hostname", "hostname"))),
-        http=HttpSettings(host=args.http_host, port=args.http_port),
+        http=HttpSettings(host=args.http_host, port=args.http_port,
+                          debug_state=args.debug_state),
     )
 
 
@@ -209,7 +210,12 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
                    help="label naming the node in DCGM series; repeat for several "
                         "(default: Hostname and hostname)")
     h = r.add_argument_group("HTTP (/metrics, /healthz, /readyz, /debug/state, hook acks)")
-    h.add_argument("--http-host", default="0.0.0.0", help="default 0.0.0.0")
+    h.add_argument("--http-host", default=env("HEALER_HTTP_HOST", "127.0.0.1"),
+                   help="the one address to serve on (default 127.0.0.1; in a pod, its IP; "
+                        "$HEALER_HTTP_HOST)")
+    h.add_argument("--debug-state", action="store_true",
+                   help="serve /debug/state (redacted JSON of workers and remediations; "
+                        "default off)")
     h.add_argument("--http-port", type=int, default=8080, help="default 8080")
     h.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""),
                    help="this controller's /v1/hooks/ack URL as webhook receivers reach it "

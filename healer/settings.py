@@ -66,8 +66,11 @@ class TelemetrySettings:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """The one address to serve on (the chart passes the pod IP)."""
     port: int = 8080
+    debug_state: bool = False
+    """Serve /debug/state (redacted; off by default)."""
 
 
 @dataclass(frozen=True)

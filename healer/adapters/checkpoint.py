@@ -43,6 +43,8 @@ class SlurmSignalCheckpoint:
 
     async def _recorded(self, incident: str, node: str) -> set[int]:
         done = self._signalled.setdefault(incident, set())
+        while len(self._signalled) > 10_000:  # bounded: a forgotten one is re-read from the Node
+            del self._signalled[next(iter(self._signalled))]
         if self.nodes is not None and not done:
             view = await self.nodes.get(node)
             done |= _parse_signalled(view.annotations.get(SIGNALLED, ""), incident)

@@ -7,13 +7,15 @@ healer restarts and any system can answer with the RBAC it already has:
 * repair finished: ``healer.io/repair-result: passed|failed`` (with
   ``healer.io/repair-incident: <incident>``, written when the node was handed over)
 
-``webhook`` (HTTPS): healer POSTs the incident as JSON with
-``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`` (key: the Secret named by the
-policy's ``secretRef``), ``X-Healer-Event`` and an ``Idempotency-Key``; retried on connection
-errors and 5xx with backoff. A 2xx answer ``{"status": "done"}`` (or an empty body) acknowledges
-a checkpoint at once; ``{"status": "pending"}`` means the receiver answers later, by annotating
-the Node or by POSTing ``{"incident", "node", "kind", "result"}`` — signed the same way — to
-healer's ``/v1/hooks/ack`` (see :class:`AckReceiver`), which writes the annotation.
+``webhook`` (HTTPS unless the policy sets ``allowInsecureHttp``): healer POSTs the incident as
+JSON, always signed: ``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`` with the key
+of *that* hook (the checkpoint and the repair webhook each name their own Secret in
+``secretRef``; a webhook without one is refused by the policy validator and, should one reach
+here, by :meth:`Secrets.key`), plus ``X-Healer-Event`` and an ``Idempotency-Key``; retried on
+connection errors and 5xx with backoff. A 2xx answer ``{"status": "done"}`` (or an empty body)
+acknowledges a checkpoint at once; ``{"status": "pending"}`` means the receiver answers later,
+by annotating the Node or by POSTing a signed, timestamped, single-use ack to healer's
+``/v1/hooks/ack`` (:mod:`healer.adapters.acks`), which writes the annotation.
 
 ``job``: healer creates a Kubernetes Job from a template (a ConfigMap ``namespace/name`` whose
 key ``job.yaml`` holds a Job manifest), named after the incident so it is created once, with
@@ -28,7 +30,8 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -51,6 +54,7 @@ from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
 CHECKPOINT_ACK = "healer.io/checkpoint-ack"
 REPAIR_INCIDENT = "healer.io/repair-incident"
 SIGNATURE = "X-Healer-Signature"
+MAX_REMEMBERED = 10_000
 
 
 def sign(secret: bytes, body: bytes) -> str:
@@ -71,7 +75,7 @@ class Secrets:
     async def key(self, ref: str) -> bytes:
         if not ref:
             raise PermanentError("a webhook hook needs secretRef (namespace/name[:key]) for "
-                                 "its HMAC signature")
+                                 "its HMAC signature; healer sends no unsigned webhook")
         if self.api is None:
             raise PermanentError("no Kubernetes client to read the webhook secret")
         tok = self._cache.get(ref)
@@ -90,16 +94,15 @@ class WebhookHook:
         self.timeout = timeout
         self.attempts = attempts
         self.callback_url = callback_url
-        self._posted: set[str] = set()
+        self._posted: OrderedDict[str, None] = OrderedDict()  # incidents posted (bounded)
 
     async def _post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
         if not spec.url:
             raise PermanentError(f"the {kind} webhook has no url")
         body = json.dumps(payload, sort_keys=True).encode()
         headers = {"Content-Type": "application/json", "X-Healer-Event": kind,
-                   "Idempotency-Key": f"{payload['incident']}/{kind}"}
-        if spec.secret_ref:
-            headers[SIGNATURE] = sign(await self.secrets.key(spec.secret_ref), body)
+                   "Idempotency-Key": f"{payload['incident']}/{kind}",
+                   SIGNATURE: sign(await self.secrets.key(spec.secret_ref), body)}
         session = self._session or aiohttp.ClientSession()
         try:
             async for attempt in AsyncRetrying(
@@ -139,7 +142,9 @@ class WebhookHook:
         answer = await self._post("checkpoint", spec, {
             "incident": incident, "node": node, "slurmNode": slurm_node, "signal": spec.signal,
             "callback": self.callback_url, "sentAt": time.time()})
-        self._posted.add(incident)
+        self._posted[incident] = None
+        while len(self._posted) > MAX_REMEMBERED:  # forgetting one only re-POSTs it (idempotent)
+            self._posted.popitem(last=False)
         if str(answer.get("status", "done")).lower() == "done":
             await self.nodes.patch_metadata(node, annotations={CHECKPOINT_ACK: incident})
             return HookResult(StepOutcome.DONE, "", {"ack": "webhook"})
@@ -229,36 +234,3 @@ class RepairRouter:
             raise PermanentError(f"no {spec.kind!r} repair hook is configured")
         out: HookResult = await hook.hand_off(incident, node, spec)
         return out
-
-
-class AckReceiver:
-    """``POST /v1/hooks/ack``: a webhook receiver's signed answer, written to the Node."""
-
-    def __init__(self, nodes: NodeAPI, secrets: Secrets,
-                 secret_for: Callable[[str], Awaitable[str]]) -> None:
-        self.nodes = nodes
-        self.secrets = secrets
-        self.secret_for = secret_for  # incident → secretRef of its policy's webhook
-
-    async def handle(self, body: bytes, signature: str) -> tuple[int, str]:
-        try:
-            msg = json.loads(body)
-            incident, node, kind = str(msg["incident"]), str(msg["node"]), str(msg["kind"])
-        except (ValueError, KeyError, TypeError):
-            return 400, "expected JSON with incident, node, kind and result"
-        ref = await self.secret_for(incident)
-        if not ref or not verify(await self.secrets.key(ref), body, signature):
-            return 403, "bad or missing signature"
-        if kind == "checkpoint":
-            await self.nodes.patch_metadata(node, annotations={CHECKPOINT_ACK: incident})
-        elif kind == "repair":
-            result = str(msg.get("result", "")).lower()
-            if result not in ("passed", "failed"):
-                return 400, "repair result must be passed or failed"
-            view = await self.nodes.get(node)
-            if view.annotations.get(REPAIR_INCIDENT) != incident:
-                return 409, "that node is not in repair for this incident"
-            await self.nodes.patch_metadata(node, annotations={REPAIR_RESULT: result})
-        else:
-            return 400, "kind must be checkpoint or repair"
-        return 200, "ok"

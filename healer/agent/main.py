@@ -89,8 +89,10 @@ class AgentSettings:
     """nvmlEventSetWait timeout; bounds how long stopping the event watcher takes."""
     api_timeout: float = 10.0
     """Seconds one API request may take."""
-    http_host: str = "0.0.0.0"
+    http_host: str = "127.0.0.1"
+    """The one address to serve on (the DaemonSet passes the pod IP)."""
     http_port: int = 8081
+    debug_state: bool = False
     log_level: str = "info"
     log_json: bool | None = None
 
@@ -357,7 +359,8 @@ async def _run(settings: AgentSettings, reader: NvmlReader, api: client.ApiClien
     health.set_ready("condition-written", False)
     health.beat("event-loop", 10.0)
     try:
-        runner = await serve(make_app(health, agent.metrics.registry, agent.debug_state),
+        runner = await serve(make_app(health, agent.metrics.registry,
+                                      agent.debug_state if settings.debug_state else None),
                              settings.http_host, settings.http_port)
     except OSError as e:
         raise ConfigError(f"cannot serve HTTP on {settings.http_host}:{settings.http_port}: "
@@ -425,7 +428,11 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
                    help="NVML event wait timeout in ms (bounds how long stopping takes)")
     p.add_argument("--api-timeout", type=float, default=10.0,
                    help="seconds one API request may take (default: 10)")
-    p.add_argument("--http-host", default="0.0.0.0")
+    p.add_argument("--http-host", default=os.environ.get("HEALER_HTTP_HOST", "127.0.0.1"),
+                   help="the one address to serve on (default 127.0.0.1; the DaemonSet passes "
+                        "the pod IP; $HEALER_HTTP_HOST)")
+    p.add_argument("--debug-state", action="store_true",
+                   help="serve /debug/state (redacted; default off)")
     p.add_argument("--http-port", type=int, default=8081,
                    help="/metrics, /healthz, /readyz (default: 8081)")
     p.add_argument("--log-level", default="info")
@@ -446,6 +453,7 @@ def agent_settings(args: argparse.Namespace) -> AgentSettings:
         interval=args.interval,
         heartbeat=args.heartbeat, thresholds=thresholds, nvml_wait_ms=args.nvml_wait_ms,
         api_timeout=args.api_timeout, http_host=args.http_host, http_port=args.http_port,
+        debug_state=args.debug_state,
         log_level=args.log_level,
         log_json=None if args.log_format == "auto" else args.log_format == "json")
     settings.validate()

@@ -192,6 +192,7 @@ class MarkRepair(Action):
 
     hook: str = "none"
     url: str = ""
+    secret_ref: str = ""
     job_template: str = ""
     step: ClassVar[str] = "mark-repair"
 

@@ -429,6 +429,7 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
             return ReleaseSpare(inc, node, spare=rec.spare)
         case "mark-repair":
             return MarkRepair(inc, node, hook=st.repair.hook, url=st.repair.url,
+                              secret_ref=st.repair.secret_ref,
                               job_template=st.repair.job_template)
         case "return-to-pool":
             return ReturnToPool(inc, node)

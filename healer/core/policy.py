@@ -217,6 +217,7 @@ class ValidationStep:
 class RepairStep:
     hook: str = "none"  # none | webhook | job
     url: str = ""
+    secret_ref: str = ""  # the repair webhook's own HMAC key
     job_template: str = ""
     deadline: float = 0.0  # 0: wait for the repair result forever
 

@@ -3,7 +3,12 @@
 ``/healthz``  the event loop is alive and every registered source has a fresh heartbeat
 ``/readyz``   caches synced and policies loaded (a follower is ready, just not leading)
 ``/metrics``  Prometheus exposition of this process's registry
-``/debug/state``  redacted JSON of workers, open remediations and guardrail use
+``/debug/state``  redacted JSON of workers, open remediations and guardrail use; served only
+              when the process was started with ``--debug-state`` (404 otherwise)
+``/v1/hooks/ack`` (controller) signed webhook acks (:mod:`healer.adapters.acks`); bodies are
+              capped at :data:`MAX_ACK_BODY` bytes and every bad request is a 4xx
+
+The server binds to one address (``--http-host``; the chart passes the pod IP).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-REDACT = ("token", "password", "secret", "authorization", "cert", "key")
+from healer.obs.redact import redact
+
+MAX_ACK_BODY = 16 * 1024
 
 
 @dataclass
@@ -52,16 +59,7 @@ class Health:
             await asyncio.sleep(every)
 
 
-def redact(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: ("<redacted>" if any(r in str(k).lower() for r in REDACT) else redact(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
-
-
-AckHandler = Callable[[bytes, str], Awaitable[tuple[int, str]]]
+AckHandler = Callable[[bytes, str, str], Awaitable[tuple[int, str]]]
 
 
 def make_app(health: Health, registry: CollectorRegistry,
@@ -88,17 +86,26 @@ def make_app(health: Health, registry: CollectorRegistry,
 
     async def hook_ack(request: web.Request) -> web.Response:
         assert ack is not None
-        body = await request.read()
-        status, text = await ack(body, request.headers.get("X-Healer-Signature", ""))
+        if (request.content_length or 0) > MAX_ACK_BODY:
+            return web.Response(status=413, text=f"body over {MAX_ACK_BODY} bytes")
+        try:  # read one byte past the cap: a chunked body that says no length is cut there
+            body = await request.content.read(MAX_ACK_BODY + 1)
+        except (ConnectionError, ValueError, web.HTTPException):
+            return web.Response(status=400, text="unreadable body")
+        if len(body) > MAX_ACK_BODY:
+            return web.Response(status=413, text=f"body over {MAX_ACK_BODY} bytes")
+        status, text = await ack(body, request.headers.get("X-Healer-Signature", ""),
+                                 request.headers.get("Content-Type", ""))
         return web.Response(status=status, text=text)
 
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_ACK_BODY)
     if ack is not None:
         app.router.add_post("/v1/hooks/ack", hook_ack)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/debug/state", debug)
+    if debug_state is not None:  # off unless the process was started with --debug-state
+        app.router.add_get("/debug/state", debug)
     return app
 
 

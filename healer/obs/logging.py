@@ -1,4 +1,9 @@
-"""structlog: JSON off a TTY, console on one; node/incident/phase bound per worker."""
+"""structlog: JSON off a TTY, console on one; node/incident/phase bound per worker.
+
+Both modes render exceptions as plain tracebacks (never frame locals, which can hold keys and
+tokens) and pass every event through :func:`healer.obs.redact.redact`, by key and by value;
+the stdlib handler (libraries' records) redacts its formatted lines the same way.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import sys
 from typing import Any, TextIO
 
 import structlog
+
+from healer.obs.redact import redact, redact_text
 
 
 class _Stderr:
@@ -22,6 +29,16 @@ class _Stderr:
         return sys.stderr.isatty()
 
 
+def _redact_event(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = redact(event)
+    return out
+
+
+class _RedactingFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact_text(super().format(record))
+
+
 def setup(level: str = "info", json: bool | None = None, stream: TextIO | None = None) -> None:
     """Configure structlog: JSON off a TTY (or when asked), to ``stream`` (default stderr)."""
     out: Any = stream if stream is not None else _Stderr()
@@ -33,10 +50,13 @@ def setup(level: str = "info", json: bool | None = None, stream: TextIO | None =
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    # tracebacks become plain text (no frame locals) before redaction sees them, in both modes
+    processors += [structlog.processors.format_exc_info, _redact_event]
     if json:
-        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+        processors += [structlog.processors.JSONRenderer()]
     else:
-        processors += [structlog.dev.ConsoleRenderer(colors=False)]
+        processors += [structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback)]
     structlog.configure(processors=processors,
                         wrapper_class=structlog.make_filtering_bound_logger(lvl),
                         logger_factory=structlog.PrintLoggerFactory(file=out),
@@ -48,7 +68,7 @@ def setup(level: str = "info", json: bool | None = None, stream: TextIO | None =
     if _HANDLER is not None:
         root.removeHandler(_HANDLER)
     _HANDLER = logging.StreamHandler(out)
-    _HANDLER.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    _HANDLER.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     root.addHandler(_HANDLER)
     root.setLevel(max(lvl, logging.WARNING))
 

@@ -158,10 +158,26 @@ def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> No
         issues.append(Issue(path, f"expected an http(s) URL, got {url!r}"))
 
 
+def _webhook(spec: s.CheckpointSpec | s.RepairSpec, path: Path, what: str,
+             issues: list[Issue]) -> None:
+    """A webhook hook: a URL, https unless allowInsecureHttp, and its own HMAC key."""
+    _hook_url(spec.url, (*path, "url"), what, issues)
+    if spec.url and spec.url.startswith("http://") and not spec.allow_insecure_http:
+        issues.append(Issue((*path, "url"), f"expected an https:// URL, got {spec.url!r} "
+                                            "(set allowInsecureHttp: true to send over http)"))
+    if not spec.secret_ref:
+        issues.append(Issue((*path, "secretRef"), f"{what} needs secretRef "
+                            "(NAMESPACE/NAME[:KEY] of the Secret with its HMAC key)"))
+    elif not re.fullmatch(r"[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*(:[-._a-zA-Z0-9]+)?",
+                          spec.secret_ref):
+        issues.append(Issue((*path, "secretRef"),
+                            f"expected NAMESPACE/NAME[:KEY], got {spec.secret_ref!r}"))
+
+
 def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
     cp = st.checkpoint
     if cp.enabled and cp.hook == "webhook":
-        _hook_url(cp.url, (*path, "checkpoint", "url"), "a webhook checkpoint hook", issues)
+        _webhook(cp, (*path, "checkpoint"), "a webhook checkpoint hook", issues)
     if cp.enabled and cp.hook == "job" and not cp.job_template:
         issues.append(Issue((*path, "checkpoint", "jobTemplate"),
                             "a job checkpoint hook needs a jobTemplate"))
@@ -176,7 +192,7 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
         issues.append(Issue((*path, "validation", "command"), "validation needs a command"))
     rp = st.repair
     if rp.hook == "webhook":
-        _hook_url(rp.url, (*path, "repair", "url"), "a webhook repair hook", issues)
+        _webhook(rp, (*path, "repair"), "a webhook repair hook", issues)
     if rp.hook == "job" and not rp.job_template:
         issues.append(Issue((*path, "repair", "jobTemplate"),
                             "a job repair hook needs a jobTemplate"))
@@ -193,7 +209,7 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
                            hold_timeout=st.swap.hold_timeout),
         validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
                                        command=tuple(v.command), deadline=v.deadline),
-        repair=core.RepairStep(hook=rp.hook, url=rp.url or "",
+        repair=core.RepairStep(hook=rp.hook, url=rp.url or "", secret_ref=rp.secret_ref or "",
                                job_template=rp.job_template or "", deadline=rp.deadline),
         step_deadline=st.step_deadline, max_attempts=st.max_attempts,
         poll_interval=st.poll_interval,

@@ -153,7 +153,10 @@ class CheckpointSpec(Model):
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
     url: str | None = None
-    secret_ref: str | None = None
+    secret_ref: str | None = Field(default=None, description=(
+        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
+    allow_insecure_http: bool = Field(default=False, description=(
+        "webhook: accept an http:// url (default: https only)"))
     job_template: str | None = None
 
 
@@ -179,6 +182,10 @@ class ValidationSpec(Model):
 class RepairSpec(Model):
     hook: Literal["none", "webhook", "job"] = "none"
     url: str | None = None
+    secret_ref: str | None = Field(default=None, description=(
+        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
+    allow_insecure_http: bool = Field(default=False, description=(
+        "webhook: accept an http:// url (default: https only)"))
     job_template: str | None = None
     deadline: Duration = Field(default=0.0, ge=0)
 

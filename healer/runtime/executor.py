@@ -199,7 +199,8 @@ class Executor:
                     await p.spares.release(act.spare, act.incident)
                 return Outcome(StepStatus.DONE)
             case a.MarkRepair():
-                spec = HookSpec(act.hook, url=act.url, job_template=act.job_template)
+                spec = HookSpec(act.hook, url=act.url, secret_ref=act.secret_ref,
+                                job_template=act.job_template)
                 return _hook(await p.repair.hand_off(act.incident, act.node, spec))
             case a.ReturnToPool():
                 await p.spares.return_to_pool(act.node, act.incident)

@@ -1,19 +1,25 @@
-"""Webhook hooks and the signed acknowledgement endpoint, against a real local HTTP server."""
+"""Webhook hooks and the signed acknowledgement endpoint, against a real local HTTP server.
+
+Every webhook is signed with its own hook's key; an ack is signed, timestamped, single-use and
+bound to its incident's node (the hostile variants are in tests/unit/fuzz/test_acks.py).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
 
+from healer.adapters.acks import AckReceiver, AckTarget
 from healer.adapters.hooks import (
     CHECKPOINT_ACK,
     REPAIR_INCIDENT,
-    AckReceiver,
     RepairRouter,
+    Secrets,
     WebhookHook,
     sign,
     verify,
@@ -25,12 +31,23 @@ from healer.ports import HookSpec, StepOutcome
 from healer.testing import FakeNodes
 
 KEY = b"s3cret"
+REPAIR_KEY = b"repair-s3cret"
+KEYS = {"healer-system/hook-hmac": KEY, "healer-system/repair-hmac": REPAIR_KEY}
 
 
 class StaticSecrets:
     async def key(self, ref: str) -> bytes:
-        assert ref == "healer-system/hook-hmac"
-        return KEY
+        return KEYS[ref]
+
+
+def ack_body(incident: str, node: str, kind: str, *, nonce: str = "n" * 16,
+             ts: float | None = None, **extra: object) -> bytes:
+    return json.dumps({"incident": incident, "node": node, "kind": kind, "nonce": nonce,
+                       "timestamp": time.time() if ts is None else ts, **extra}).encode()
+
+
+def receiver_for(nodes: FakeNodes, targets: Mapping[str, AckTarget]) -> AckReceiver:
+    return AckReceiver(nodes, StaticSecrets(), targets.get)
 
 
 @dataclass
@@ -91,11 +108,9 @@ async def test_checkpoint_pending_then_acked_by_signed_callback(receiver: Receiv
         StepOutcome.PENDING
     assert len(receiver.seen) == 1  # posted once, then polled
 
-    async def secret_for(incident: str) -> str:
-        return "healer-system/hook-hmac"
-
-    ack = AckReceiver(nodes, StaticSecrets(), secret_for)  # type: ignore[arg-type]
-    body = json.dumps({"incident": "inc-2", "node": "n1", "kind": "checkpoint"}).encode()
+    ack = receiver_for(nodes, {"inc-2": AckTarget("n1", {"checkpoint":
+                                                         "healer-system/hook-hmac"})})
+    body = ack_body("inc-2", "n1", "checkpoint")
     assert (await ack.handle(body, "sha256=forged"))[0] == 403
     assert (await ack.handle(body, sign(KEY, body)))[0] == 200
     assert (await hook.checkpoint("inc-2", "n1", "n1", spec(receiver.url))).outcome is \
@@ -127,15 +142,94 @@ async def test_repair_webhook_and_signed_result(receiver: Receiver) -> None:
     assert n.labels["healer.io/repair"] == "pending"
     assert n.annotations[REPAIR_INCIDENT] == "inc-9"
 
-    async def secret_for(incident: str) -> str:
-        return "healer-system/hook-hmac"
-
-    ack = AckReceiver(nodes, StaticSecrets(), secret_for)  # type: ignore[arg-type]
-    wrong = json.dumps({"incident": "other", "node": "n1", "kind": "repair",
-                        "result": "passed"}).encode()
+    ack = receiver_for(nodes, {
+        "inc-9": AckTarget("n1", {"repair": "healer-system/hook-hmac"}),
+        "other": AckTarget("n1", {"repair": "healer-system/hook-hmac"})})
+    wrong = ack_body("other", "n1", "repair", result="passed")
     assert (await ack.handle(wrong, sign(KEY, wrong)))[0] == 409
-    body = json.dumps({"incident": "inc-9", "node": "n1", "kind": "repair",
-                       "result": "passed"}).encode()
+    body = ack_body("inc-9", "n1", "repair", result="passed", nonce="m" * 16)
     assert (await ack.handle(body, sign(KEY, body)))[0] == 200
     assert nodes.node("n1").annotations["healer.io/repair-result"] == "passed"
     assert (await ack.handle(b"not json", ""))[0] == 400
+
+
+async def test_repair_webhook_is_signed_with_its_own_key(receiver: Receiver) -> None:
+    nodes = FakeNodes([NodeView("n1")])
+    hook = WebhookHook(nodes, StaticSecrets(), attempts=1)  # type: ignore[arg-type]
+    await RepairRouter(nodes, {"webhook": hook}).hand_off(
+        "inc-r", "n1", HookSpec("webhook", url=receiver.url,
+                                secret_ref="healer-system/repair-hmac"))
+    headers, body = receiver.seen[0]
+    assert headers["X-Healer-Event"] == "repair"
+    assert verify(REPAIR_KEY, body, headers["X-Healer-Signature"])
+    assert not verify(KEY, body, headers["X-Healer-Signature"])
+
+
+async def test_a_webhook_without_secret_ref_is_never_sent(receiver: Receiver) -> None:
+    nodes = FakeNodes([NodeView("n1")])
+    hook = WebhookHook(nodes, Secrets(None), attempts=1)
+    with pytest.raises(PermanentError, match="secretRef"):
+        await hook.checkpoint("inc-u", "n1", "n1", HookSpec("webhook", url=receiver.url))
+    with pytest.raises(PermanentError, match="secretRef"):
+        await hook.hand_off("inc-u", "n1", HookSpec("webhook", url=receiver.url))
+    assert receiver.seen == []
+
+
+async def test_a_repair_ack_is_verified_with_the_repair_hooks_key() -> None:
+    nodes = FakeNodes([NodeView("n1", annotations={REPAIR_INCIDENT: "inc-r"})])
+    ack = receiver_for(nodes, {"inc-r": AckTarget("n1", {"repair": "healer-system/repair-hmac"})})
+    body = ack_body("inc-r", "n1", "repair", result="failed")
+    assert (await ack.handle(body, sign(KEY, body)))[0] == 403  # the checkpoint hook's key
+    assert nodes.count("patch_metadata") == 0
+    assert (await ack.handle(body, sign(REPAIR_KEY, body)))[0] == 200
+    assert nodes.node("n1").annotations["healer.io/repair-result"] == "failed"
+    # a checkpoint ack for an incident whose policy has no checkpoint webhook: refused
+    cp = ack_body("inc-r", "n1", "checkpoint", nonce="c" * 16)
+    assert (await ack.handle(cp, sign(REPAIR_KEY, cp)))[0] == 403
+
+
+async def test_an_ack_is_single_use_timestamped_and_bound_to_its_node() -> None:
+    nodes = FakeNodes([NodeView("n1"), NodeView("n2")])
+    ack = receiver_for(nodes, {"inc-1": AckTarget("n1", {"checkpoint":
+                                                         "healer-system/hook-hmac"})})
+    other_node = ack_body("inc-1", "n2", "checkpoint", nonce="a" * 16)
+    assert (await ack.handle(other_node, sign(KEY, other_node)))[0] == 409
+    stale = ack_body("inc-1", "n1", "checkpoint", nonce="b" * 16, ts=time.time() - 301)
+    future = ack_body("inc-1", "n1", "checkpoint", nonce="c" * 16, ts=time.time() + 301)
+    assert (await ack.handle(stale, sign(KEY, stale)))[0] == 403
+    assert (await ack.handle(future, sign(KEY, future)))[0] == 403
+    unknown = ack_body("inc-x", "n1", "checkpoint", nonce="d" * 16)
+    assert (await ack.handle(unknown, sign(KEY, unknown)))[0] == 404
+    assert nodes.count("patch_metadata") == 0
+    good = ack_body("inc-1", "n1", "checkpoint", nonce="e" * 16)
+    assert await ack.handle(good, sign(KEY, good)) == (200, "ok")
+    assert (await ack.handle(good, sign(KEY, good)))[0] == 409  # replayed
+    assert nodes.count("patch_metadata") == 1
+    assert nodes.node("n1").annotations[CHECKPOINT_ACK] == "inc-1"
+    assert CHECKPOINT_ACK not in nodes.node("n2").annotations
+
+
+async def test_the_nonce_cache_is_bounded_and_forgets_expired_nonces() -> None:
+    now = [1_000_000.0]
+    nodes = FakeNodes([NodeView("n1")])
+    ack = AckReceiver(nodes, StaticSecrets(),
+                      {"i": AckTarget("n1", {"checkpoint": "healer-system/hook-hmac"})}.get,
+                      clock=lambda: now[0], window=60, max_nonces=3)
+    for i in range(3):
+        b = ack_body("i", "n1", "checkpoint", nonce=f"{i:016d}", ts=now[0])
+        assert (await ack.handle(b, sign(KEY, b)))[0] == 200
+    full = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=now[0])
+    assert (await ack.handle(full, sign(KEY, full)))[0] == 429
+    now[0] += 61  # every remembered nonce's timestamp is now out of the window
+    fresh = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=now[0])
+    assert (await ack.handle(fresh, sign(KEY, fresh)))[0] == 200
+    assert len(ack.nonces) == 1
+
+
+async def test_a_failed_write_is_a_503_and_frees_the_nonce() -> None:
+    nodes = FakeNodes([NodeView("n1")])
+    nodes.inject_error("patch_metadata", TransientError("API down"))
+    ack = receiver_for(nodes, {"i": AckTarget("n1", {"checkpoint": "healer-system/hook-hmac"})})
+    b = ack_body("i", "n1", "checkpoint")
+    assert (await ack.handle(b, sign(KEY, b)))[0] == 503
+    assert (await ack.handle(b, sign(KEY, b)))[0] == 200  # the same nonce, retried
