@@ -116,9 +116,9 @@ def parse(body: bytes, content_type: str) -> dict[str, Any]:
     if len(body) > MAX_BODY:
         raise Reject(413, f"body over {MAX_BODY} bytes")
     try:
-        msg = json.loads(body)
+        msg = json.loads(body.decode("utf-8"))  # UTF-8 only (RFC 8259), no BOM sniffing
     except (ValueError, RecursionError):
-        raise Reject(400, "expected a JSON object") from None
+        raise Reject(400, "expected a JSON object in UTF-8") from None
     if not isinstance(msg, dict):
         raise Reject(400, "expected a JSON object")
     return msg

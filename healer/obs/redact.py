@@ -22,7 +22,7 @@ SECRET_WORDS = frozenset({
     "jwt", "apikey", "credential", "credentials", "cookie", "hmac", "signature", "privatekey",
 })
 SECRET_KEYS = frozenset({
-    "key", "apikey", "accesskey", "secretkey", "privatekey", "clientsecret", "accesstoken",
+    "apikey", "accesskey", "secretkey", "privatekey", "clientsecret", "accesstoken",
     "refreshtoken", "bearertoken", "authtoken", "xauthtoken", "sessionid", "setcookie",
     "xhealersignature", "tlskey", "keydata", "clientkeydata",
 })
