@@ -14,7 +14,6 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -30,6 +29,7 @@ from healer.adapters.kube.events import KubeEvents
 from healer.adapters.kube.hooks import KubeTopology
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore
 from healer.core.policy import Mode, PolicySet
@@ -38,7 +38,6 @@ from healer.errors import ConfigError, ConflictError, HealerError, PolicyError
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
 from healer.obs.metrics import Metrics, StateSource
-from healer.policy.load import load_policy_set, policy_files
 from healer.ports import (
     CheckpointHook,
     SlurmDriver,
@@ -48,6 +47,7 @@ from healer.ports import (
 )
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.executor import Executor, Ports, SlurmNames, same_name
+from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated
 from healer.settings import Settings
 
 if TYPE_CHECKING:
@@ -81,9 +81,20 @@ class Overrides:
     """Called with the action after it ran, before its outcome is persisted."""
 
 
-def load_policies(settings: Settings) -> PolicySet:
-    return load_policy_set(settings.policies,
-                           max_mode=Mode.DRY_RUN if settings.dry_run else None)
+def _max_mode(settings: Settings) -> Mode | None:
+    return Mode.DRY_RUN if settings.dry_run else None
+
+
+def _budget(settings: Settings) -> Budget:
+    return Budget(seconds=settings.policy_load_timeout,
+                  memory_bytes=settings.policy_load_memory_mb << 20)
+
+
+async def load_policies(settings: Settings) -> PolicySet:
+    """The policies, loaded in a child process within the settings' time and memory budget
+    (:mod:`healer.runtime.policy_reload`); any failure is a PolicyError."""
+    return await load_isolated(settings.policies, max_mode=_max_mode(settings),
+                               budget=_budget(settings))
 
 
 async def ensure_crd(api: client.ApiClient, install: bool) -> None:
@@ -109,8 +120,12 @@ async def ensure_crd(api: client.ApiClient, install: bool) -> None:
     raise ConfigError(f"{name} was created but is not served")
 
 
-#: A telemetry source that has not delivered a poll for this long makes /healthz fail.
+#: A telemetry source that has not delivered a poll for this long (or three poll intervals,
+#: when longer) makes /healthz fail.
 SOURCE_MAX_AGE = 300.0
+#: The other loops' heartbeats: a loop that has not come round for this long (beyond its own
+#: period) makes /healthz fail.
+LOOP_SLACK = 120.0
 
 
 def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
@@ -196,12 +211,17 @@ async def _start(settings: Settings, o: Overrides,
     metrics = Metrics()
     calls.set_observer(metrics.observe_call)
     try:
-        policies = load_policies(settings)
+        policies = await load_policies(settings)
         metrics.policies_loaded(policies.digest, True)
-    except PolicyError as e:
-        log.error("invalid policies", problems=[str(p) for p in e.problems])
+    except PolicyError as e:  # invalid, or the loader ran out of time or memory, or crashed
+        log.error("cannot start: the policies cannot be loaded",
+                  problems=[str(p) for p in e.problems])
         return 2
-    api = await make_api_client(settings.kube.kubeconfig, settings.kube.context)
+    try:
+        api = await make_api_client(settings.kube.kubeconfig, settings.kube.context)
+    except ConfigError as e:
+        log.error("cannot start", error=str(e))
+        return 2
     slurm: SlurmDriver | None = None
     try:
         await ensure_crd(api, settings.kube.install_crd)
@@ -299,14 +319,19 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
 
     ack = AckReceiver(nodes, secrets, ack_target)
     debug = ctl.debug_state if settings.http.debug_state else None
-    runner = await serve(make_app(health, metrics.registry, debug, ack.handle),
-                         settings.http.host, settings.http.port)
+    try:
+        runner = await serve(make_app(health, metrics.registry, debug, ack.handle),
+                             settings.http.host, settings.http.port)
+    except OSError as e:  # in use, not an address of this host, unresolvable
+        raise ConfigError(f"cannot serve HTTP on {settings.http.host}:{settings.http.port}: "
+                          f"{e.strerror or e}") from e
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
     async def watch_nodes() -> None:
+        health.beat("node-watch", 600.0)
         async for ev in nodes.watch():
             health.beat("node-watch", 600.0)
             if ev.type == "SYNCED":
@@ -315,6 +340,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
 
     async def spare_depth() -> None:
         while True:
+            health.beat("spare-depth", 10 + LOOP_SLACK)
             with contextlib.suppress(HealerError):
                 free = await spares.depth()
                 # every NVLink domain that has nodes gets a series, 0 when none is free, so
@@ -325,32 +351,27 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
                 depth.update({d: free.get(d, 0) for d in domains | set(free)})
             await asyncio.sleep(10)
 
-    async def reload_policies() -> None:
-        stamp = _stamp(settings.policies)
-        while True:
-            await asyncio.sleep(settings.policy_reload_seconds)
-            now = _stamp(settings.policies)
-            if now == stamp:
-                continue
-            stamp = now
-            try:
-                new = load_policies(settings)
-            except PolicyError as e:
-                metrics.policies_loaded("", False)
-                log.error("policy reload failed; keeping the policies in force",
-                          problems=[str(p) for p in e.problems])
-                continue
-            ctl.set_policies(new)
-            for src in sources:
-                set_policies = getattr(src, "set_policies", None)
-                if set_policies is not None:
-                    set_policies(new)
-            metrics.policies_loaded(new.digest, True)
-            log.info("policies reloaded", digest=new.digest,
-                     policies=[p.name for p in new.policies])
+    def apply_policies(new: PolicySet) -> None:
+        ctl.set_policies(new)
+        for src in sources:
+            set_policies = getattr(src, "set_policies", None)
+            if set_policies is not None:
+                set_policies(new)
+
+    self_events = SelfEvents(api, namespace=settings.kube.namespace,
+                             instance=settings.leader.identity, pod=settings.kube.pod_name,
+                             lease=settings.leader.lease_name)
+    reload_every = settings.policy_reload_seconds
+    reloader = PolicyReloader(
+        settings.policies, apply=apply_policies, observer=metrics, emit=self_events.emit,
+        max_mode=_max_mode(settings), budget=_budget(settings),
+        beat=lambda: health.beat("policy-reload",
+                                 reload_every + settings.policy_load_timeout + LOOP_SLACK))
+    await reloader.prime()
 
     async def garbage() -> None:
         while True:
+            health.beat("retention", 3600 + LOOP_SLACK)
             await asyncio.sleep(3600)
             with contextlib.suppress(HealerError):
                 await ctl.collect_garbage()
@@ -371,12 +392,13 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(health.loop_heartbeat(), name="heartbeat"),
         asyncio.create_task(watch_nodes(), name="node-watch"),
         asyncio.create_task(spare_depth(), name="spare-depth"),
-        asyncio.create_task(reload_policies(), name="policy-reload"),
+        asyncio.create_task(reloader.run(reload_every), name="policy-reload"),
         asyncio.create_task(garbage(), name="retention"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
     for src in sources:
-        tasks.append(asyncio.create_task(src.run(_beating(health, src.name, ctl)),
+        max_age = max(SOURCE_MAX_AGE, 3 * float(getattr(src, "poll_interval", 0.0) or 0.0))
+        tasks.append(asyncio.create_task(src.run(_beating(health, src.name, ctl, max_age)),
                                          name=f"source:{src.name}"))
     log.info("started", identity=settings.leader.identity, dry_run=settings.dry_run,
              policies=[f"{p.name}({p.mode.value})" for p in policies.policies])
@@ -405,14 +427,15 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         await runner.cleanup()
 
 
-def _beating(health: Health, name: str, ctl: Controller) -> Callable[[Any], Awaitable[None]]:
+def _beating(health: Health, name: str, ctl: Controller,
+             max_age: float = SOURCE_MAX_AGE) -> Callable[[Any], Awaitable[None]]:
     """The sink a source feeds: each delivery is that source's heartbeat for ``/healthz``
     (a source delivers every poll, even when Prometheus is down), so a stuck poll loop makes
     the controller unhealthy instead of silently blind."""
-    health.beat(f"source:{name}", SOURCE_MAX_AGE)
+    health.beat(f"source:{name}", max_age)
 
     async def sink(signals: Any) -> None:
-        health.beat(f"source:{name}", SOURCE_MAX_AGE)
+        health.beat(f"source:{name}", max_age)
         await ctl.on_signals(signals)
 
     return sink
@@ -444,12 +467,4 @@ class _ActionProbe(Executor):
         out = await super().run(action, record)
         self.hook(action)
         return out
-
-
-def _stamp(paths: tuple[str, ...]) -> tuple[tuple[str, float], ...]:
-    out = []
-    for f in policy_files(paths):
-        with contextlib.suppress(OSError):
-            out.append((str(f), Path(f).stat().st_mtime))
-    return tuple(out)
 

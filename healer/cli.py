@@ -1,4 +1,10 @@
-"""The ``healer`` command line. Flags in, one call out; no logic of its own."""
+"""The ``healer`` command line. Flags in, one call out; no logic of its own.
+
+Every failure is one line on stderr and a non-zero exit: a bad flag (``healer.flags`` types;
+usage errors are one line too), a bad file, kubeconfig or URL (a HealerError), and anything
+unexpected (``healer: internal error: …``, exit 2; ``--debug`` or ``HEALER_DEBUG=1`` adds the
+traceback).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +13,13 @@ import asyncio
 import json
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NoReturn
 
-from healer import __version__
-from healer.errors import ConfigError, PolicyError
+from healer import __version__, flags
+from healer.errors import ConfigError, HealerError, PolicyError
 from healer.settings import Settings
 
 
@@ -101,6 +109,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         leader = replace(leader, identity=args.identity)
     return Settings(
         policies=tuple(args.policies), dry_run=args.dry_run, log_level=args.log_level,
+        policy_reload_seconds=args.policy_reload_interval,
+        policy_load_timeout=args.policy_load_timeout,
+        policy_load_memory_mb=args.policy_load_memory,
         log_json=None if args.log_format == "auto" else args.log_format == "json",
         shutdown_grace=args.shutdown_grace, callback_url=args.callback_url,
         kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
@@ -132,6 +143,7 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
                    help="kubeconfig file ($KUBECONFIG; default: the in-cluster ServiceAccount)")
     k.add_argument("--context", default=None, help="kubeconfig context (default: current)")
     k.add_argument("--namespace", default=env("POD_NAMESPACE", "healer-system"),
+                   type=flags.dns_label,
                    help="namespace of healer's Lease and hook Jobs ($POD_NAMESPACE; default "
                         "healer-system)")
     k.add_argument("--install-crd", action="store_true",
@@ -144,37 +156,52 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="cap every policy at dryRun: record every step as intent, change "
                         "nothing")
+    p.add_argument("--policy-reload-interval", type=flags.seconds(0.1, 86400), default=10.0,
+                   metavar="SECONDS",
+                   help="how often the policy files are looked at; they are reloaded when "
+                        "they changed (default 10)")
+    p.add_argument("--policy-load-timeout", type=flags.seconds(1, 3600), default=30.0,
+                   metavar="SECONDS",
+                   help="a policy load (its own child process) is stopped after this long and "
+                        "the policies in force stay (default 30)")
+    p.add_argument("--policy-load-memory", type=flags.integer(64, 1 << 20), default=512,
+                   metavar="MIB",
+                   help="address space of the policy loader's child process; a load that "
+                        "needs more fails and the policies in force stay (default 512)")
     le = r.add_argument_group("leader election (a coordination.k8s.io Lease)")
     le.add_argument("--no-leader-election", action="store_true",
                     help="act without a Lease (one replica only)")
-    le.add_argument("--lease-name", default="healer-leader", help="default healer-leader")
-    le.add_argument("--identity", default="",
+    le.add_argument("--lease-name", default="healer-leader", type=flags.dns_subdomain,
+                    help="default healer-leader")
+    le.add_argument("--identity", default="", type=flags.text_value(128),
                     help="this replica's identity (default: $POD_NAME, else host-pid)")
-    le.add_argument("--lease-duration", type=float, default=15.0,
+    le.add_argument("--lease-duration", type=flags.seconds(1, 3600), default=15.0,
                     help="seconds a lease is valid without renewal (default 15)")
-    le.add_argument("--renew-deadline", type=float, default=10.0,
+    le.add_argument("--renew-deadline", type=flags.seconds(0.5, 3600), default=10.0,
                     help="seconds the leader keeps trying to renew before it stops acting "
                          "(default 10)")
-    le.add_argument("--retry-period", type=float, default=2.0,
+    le.add_argument("--retry-period", type=flags.seconds(0.1, 600), default=2.0,
                     help="seconds between lease attempts (default 2)")
     sl = r.add_argument_group("Slurm")
     sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
                     default=env("HEALER_SLURM_DRIVER", "slinky"),
                     help="how healer drains and undrains ($HEALER_SLURM_DRIVER; default "
                          "slinky: only Kubernetes RBAC, through the operator's cordon sync)")
-    sl.add_argument("--slurmrestd-url", default=env("HEALER_SLURMRESTD_URL", ""),
+    sl.add_argument("--slurmrestd-url", default=env("HEALER_SLURMRESTD_URL", ""), type=flags.url,
                     help="slurmrestd base URL, e.g. http://slurm-restapi.slurm:6820 "
                          "($HEALER_SLURMRESTD_URL); with the slinky driver it lists and "
                          "signals jobs")
     sl.add_argument("--slurmrestd-token-secret", default=env("HEALER_SLURMRESTD_TOKEN", ""),
+                    type=flags.secret_ref,
                     help="NAMESPACE/NAME[:KEY] of the Secret holding the slurmrestd JWT "
                          "(Slinky's Token secret; $HEALER_SLURMRESTD_TOKEN)")
-    sl.add_argument("--slurm-conf", default=env("SLURM_CONF", ""),
+    sl.add_argument("--slurm-conf", default=env("SLURM_CONF", ""), type=flags.regular_file,
                     help="slurm.conf for the scontrol driver ($SLURM_CONF)")
     sl.add_argument("--slurm-namespace", default=env("HEALER_SLURM_NAMESPACE", "slurm"),
+                    type=flags.dns_label,
                     help="namespace of the Slinky NodeSet ($HEALER_SLURM_NAMESPACE; default "
                          "slurm)")
-    sl.add_argument("--nodeset", default=env("HEALER_NODESET", ""),
+    sl.add_argument("--nodeset", default=env("HEALER_NODESET", ""), type=flags.dns_subdomain,
                     help="the Slinky NodeSet whose slurmd pods move to spares "
                          "($HEALER_NODESET)")
     tp = r.add_argument_group("topology (the replacement's topology.slinky.slurm.net/spec)")
@@ -183,48 +210,52 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
                     help="labels: computed from the Node's topograph fabric labels; topograph: "
                          "POST topograph's /v1/generate once per incident and wait until it "
                          "annotates the Node ($HEALER_TOPOLOGY_SOURCE; default labels)")
-    tp.add_argument("--topograph-url", default=env("HEALER_TOPOGRAPH_URL", ""),
+    tp.add_argument("--topograph-url", default=env("HEALER_TOPOGRAPH_URL", ""), type=flags.url,
                     help="topograph's API, e.g. http://topograph.topograph:49021 "
                          "($HEALER_TOPOGRAPH_URL)")
     tp.add_argument("--topograph-request", default=env("HEALER_TOPOGRAPH_REQUEST", ""),
+                    type=flags.regular_file,
                     metavar="FILE",
                     help="JSON body of /v1/generate: provider, engine (slinky with "
                          "useDynamicNodes: true), nodes; mount it from a Secret when it holds "
                          "provider credentials ($HEALER_TOPOGRAPH_REQUEST)")
     t = r.add_argument_group("telemetry (DCGM through Prometheus)")
-    t.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""),
+    t.add_argument("--prometheus-url", default=env("HEALER_PROMETHEUS_URL", ""), type=flags.url,
                    help="Prometheus-compatible query URL (Prometheus, Thanos, Mimir; "
                         "$HEALER_PROMETHEUS_URL); empty: node conditions only")
-    t.add_argument("--poll-interval", type=float, default=15.0,
+    t.add_argument("--poll-interval", type=flags.seconds(0.1, 3600), default=15.0,
                    help="seconds between polls, one query per rule for the whole fleet "
                         "(default 15)")
     t.add_argument("--prometheus-bearer-token-file", default=env("HEALER_PROMETHEUS_TOKEN_FILE",
-                                                                 ""),
+                                                                 ""), type=flags.regular_file,
                    help="file holding a bearer token, re-read every poll (managed "
                         "Prometheus; $HEALER_PROMETHEUS_TOKEN_FILE)")
-    t.add_argument("--prometheus-ca-file", default="",
+    t.add_argument("--prometheus-ca-file", default="", type=flags.regular_file,
                    help="CA bundle that signs Prometheus' serving certificate")
     t.add_argument("--prometheus-insecure-skip-verify", action="store_true",
                    help="do not verify Prometheus' TLS certificate (logged once)")
     t.add_argument("--host-label", action="append", dest="host_labels", default=None,
+                   type=flags.label_name,
                    help="label naming the node in DCGM series; repeat for several "
                         "(default: Hostname and hostname)")
     h = r.add_argument_group("HTTP (/metrics, /healthz, /readyz, /debug/state, hook acks)")
-    h.add_argument("--http-host", default=env("HEALER_HTTP_HOST", "127.0.0.1"),
+    h.add_argument("--http-host", default=env("HEALER_HTTP_HOST", "127.0.0.1"), type=flags.host,
                    help="the one address to serve on (default 127.0.0.1; in a pod, its IP; "
                         "$HEALER_HTTP_HOST)")
     h.add_argument("--debug-state", action="store_true",
                    help="serve /debug/state (redacted JSON of workers and remediations; "
                         "default off)")
-    h.add_argument("--http-port", type=int, default=8080, help="default 8080")
-    h.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""),
+    h.add_argument("--http-port", type=flags.port, default=8080, help="default 8080")
+    h.add_argument("--callback-url", default=env("HEALER_CALLBACK_URL", ""), type=flags.url,
                    help="this controller's /v1/hooks/ack URL as webhook receivers reach it "
                         "($HEALER_CALLBACK_URL)")
     o = r.add_argument_group("process")
-    o.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    o.add_argument("--log-level", default="info", type=str.lower,
+                   choices=["debug", "info", "warning", "error"],
+                   help="debug, info, warning, error")
     o.add_argument("--log-format", choices=["auto", "json", "console"], default="auto",
                    help="auto: JSON unless stderr is a terminal")
-    o.add_argument("--shutdown-grace", type=float, default=10.0,
+    o.add_argument("--shutdown-grace", type=flags.seconds(0, 3600), default=10.0,
                    help="seconds in-flight actions get after SIGTERM (default 10)")
 
 
@@ -254,25 +285,36 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_bench_flags(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--repeats", type=int, default=None,
+    b.add_argument("--repeats", type=flags.integer(1, 1000), default=None,
                    help="runs per figure, printed as min / median / max (default 3; 1 with "
                         "--smoke)")
-    b.add_argument("--seed", type=int, default=1, help="seed of the synthetic inputs (default 1)")
+    b.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1,
+                   help="seed of the synthetic inputs (default 1)")
     b.add_argument("--only", default="telemetry,engine,stack,promql,shards",
                    help="comma-separated groups to run (default: "
                         "telemetry,engine,stack,promql,shards)")
     b.add_argument("--smoke", action="store_true",
                    help="tiny sizes, about a minute (what `make test` runs)")
-    b.add_argument("--nodes", type=int, default=None,
+    b.add_argument("--nodes", type=flags.integer(1, 100_000), default=None,
                    help="kwok nodes of the stack group (default 2000; smoke 50)")
-    b.add_argument("--long-polls", type=int, default=None,
+    b.add_argument("--long-polls", type=flags.integer(1, 1_000_000), default=None,
                    help="polls of the flat-over-time telemetry run (default 1000; smoke 20)")
     b.add_argument("--json", default="", metavar="FILE", help="also write the figures to FILE")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (the full usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="healer", description=__doc__)
+    p: argparse.ArgumentParser = Parser(prog="healer", description=__doc__,
+                                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"healer {__version__}")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of an unexpected error ($HEALER_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("validate", help="validate policy files (exit 1 on any problem)")
@@ -285,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=_cmd_workflow)
 
     x = sub.add_parser("xid", help="what an XID means and what healer will do about it")
-    x.add_argument("code", nargs="?", type=int)
+    x.add_argument("code", nargs="?", type=flags.integer(0, 1 << 31))
     x.add_argument("--policies", nargs="*", default=["policies"],
                    help="policy files or directories (default: policies)")
     x.add_argument("--list", action="store_true", help="the whole catalog")
@@ -352,13 +394,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(text: object, limit: int = 600) -> str:
+    """``text`` on one line: whitespace runs become one space, control characters (a
+    terminal escape in a file name, say) are shown escaped, long text is cut."""
+    line = " ".join(str(text).split())
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return line if len(line) <= limit else line[:limit] + "…"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; every failure is a short message on stderr and a non-zero exit:
+    2 for bad input (flags, files, settings, policies) and unexpected errors, 1 for a
+    HealerError while running (an unreachable API server, a refused request)."""
+    debug = os.environ.get("HEALER_DEBUG", "") not in ("", "0") or "--debug" in (
+        sys.argv[1:] if argv is None else argv)
     try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help/--version (0) or a one-line usage error (2)
+            return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         return int(args.fn(args))
-    except ConfigError as e:
-        print(f"healer: {e}", file=sys.stderr)
+    except PolicyError as e:  # one line per problem: each names file:line and field
+        for problem in e.problems:
+            print(f"healer: {_one_line(problem)}", file=sys.stderr)
         return 2
-    except PolicyError as e:
-        print(f"healer: invalid policies:\n{e}", file=sys.stderr)
+    except ConfigError as e:
+        print(f"healer: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except HealerError as e:
+        print(f"healer: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("healer: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit:
+        raise
+    except BaseException as e:  # never a traceback unless asked for
+        if debug:
+            traceback.print_exc()
+        print(f"healer: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug "
+              "or HEALER_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@
     │   ├── NotFoundError
     │   └── ForbiddenError
     ├── PolicyError(problems)      a policy file is invalid; every problem names file:line and field
+    │   └── PolicyLoadError(kind)  the loader ran out of time or memory, or crashed
     └── ConfigError                bad settings or a missing component at start-up
 
 Only :class:`TransientError` is retried (see :mod:`healer.runtime.retry`).
@@ -74,3 +75,13 @@ class PolicyError(HealerError):
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = tuple(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class PolicyLoadError(PolicyError):
+    """Loading the policies failed for a reason other than their content being invalid: the
+    isolated loader ran out of its time (``kind="timeout"``) or memory (``"memory"``) budget,
+    or died (``"crash"``). Nothing from the files was applied."""
+
+    def __init__(self, kind: str, where: str, message: str) -> None:
+        self.kind = kind
+        super().__init__([Problem(where, 0, "", message)])

@@ -1,10 +1,42 @@
-"""Settings, grouped. Flags and environment variables become these in ``healer.cli``."""
+"""Settings, grouped. Flags and environment variables become these in ``healer.cli``.
+
+Every number is checked when a Settings is built (finite, in range): a bad value is a
+:class:`~healer.errors.ConfigError` naming the setting, never a loop that sleeps for ever.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from healer.errors import ConfigError
+
+#: (setting, lowest, highest) for every number a Settings holds.
+LIMITS: dict[str, tuple[float, float]] = {
+    "lease_duration": (1.0, 3600.0), "renew_deadline": (0.5, 3600.0),
+    "retry_period": (0.1, 600.0), "poll_interval": (0.1, 3600.0), "port": (0, 65535),
+    "policy_reload_seconds": (0.1, 86400.0), "policy_load_timeout": (1.0, 3600.0),
+    "policy_load_memory_mb": (64, 1 << 20), "shutdown_grace": (0.0, 3600.0),
+}
+
+
+def check(obj: Any, prefix: str = "") -> None:
+    """Raise ConfigError for the first number of ``obj`` (a settings dataclass, recursively)
+    that is not finite or not within :data:`LIMITS`."""
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if is_dataclass(v) and not isinstance(v, type):
+            check(v, f"{prefix}{f.name}.")
+            continue
+        if f.name not in LIMITS or isinstance(v, bool):
+            continue
+        lo, hi = LIMITS[f.name]
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ConfigError(f"{prefix}{f.name}: expected a number from {lo:g} to {hi:g}, "
+                              f"got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -16,6 +48,8 @@ class KubeSettings:
     """Where healer's Lease lives."""
     install_crd: bool = False
     """Create the NodeRemediation CRD if it is missing (development only)."""
+    pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
+    """healer's own Pod (events about healer itself regard it; else the leader Lease)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +113,11 @@ class Settings:
     dry_run: bool = False
     """Cap every policy at dryRun: record intent, change nothing."""
     policy_reload_seconds: float = 10.0
+    """How often the policy files are looked at (a reload happens only when they changed)."""
+    policy_load_timeout: float = 30.0
+    """Seconds one policy load (in its own child process) may take before it is stopped."""
+    policy_load_memory_mb: int = 512
+    """Address space (MiB) of the policy loader's child process."""
     log_level: str = "info"
     log_json: bool | None = None
     log_file: str = ""  # append the log here instead of stderr (the demo keeps it in its workdir)
@@ -93,3 +132,6 @@ class Settings:
     topology: TopologySettings = field(default_factory=TopologySettings)
     telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
     http: HttpSettings = field(default_factory=HttpSettings)
+
+    def __post_init__(self) -> None:
+        check(self)

@@ -1,4 +1,7 @@
-"""``healer status``: open and recent remediations, read from the API server."""
+"""``healer status``: open and recent remediations, read from the API server.
+
+Every failure is a one-line :class:`~healer.errors.HealerError` for the CLI to print: a bad
+kubeconfig, an unreachable API server, no permission, or no NodeRemediation CRD installed."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import reason_of
 from healer.adapters.kube.store import CRStateStore
 from healer.core.machine import releases
+from healer.errors import ConfigError, NotFoundError
 
 
 def _age(seconds: float) -> str:
@@ -23,6 +27,9 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
     api = await make_api_client(kubeconfig)
     try:
         stored = await CRStateStore(api).list()
+    except NotFoundError as e:
+        raise ConfigError(f"the NodeRemediation CRD (noderemediations.healer.io) is not "
+                          f"installed on this cluster ({e}); apply deploy/crds/") from None
     finally:
         await api.close()
     now = time.time()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -32,13 +33,21 @@ MAX_ACK_BODY = 16 * 1024
 
 @dataclass
 class Health:
-    """Heartbeats (name → last beat, max age) and readiness conditions (name → bool)."""
+    """Heartbeats (name → last beat, max age) and readiness conditions (name → bool).
+
+    Every long-running loop of the daemon beats its own heartbeat each time it comes round
+    (the event loop itself, each telemetry source's polls, the node watch, the policy reload,
+    the spare-depth and retention loops); ``/healthz`` fails while any one is older than its
+    max age, so a stalled loop is never hidden behind a live event loop."""
 
     clock: Callable[[], float] = time.monotonic
     beats: dict[str, tuple[float, float]] = field(default_factory=dict)
     ready: dict[str, bool] = field(default_factory=dict)
 
     def beat(self, name: str, max_age: float) -> None:
+        if not math.isfinite(max_age) or max_age <= 0:
+            raise ValueError(f"heartbeat {name}: max age must be a positive finite number of "
+                             f"seconds, not {max_age!r}")
         self.beats[name] = (self.clock(), max_age)
 
     def set_ready(self, name: str, ok: bool) -> None:

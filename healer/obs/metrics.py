@@ -67,6 +67,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_policy_reloads_total": ("counter", "Policy (re)loads by result."),
     "healer_policy_info": ("gauge", "1, labelled with the digest of the policies in force."),
     "healer_policy_last_reload_success": ("gauge", "1 if the last policy reload succeeded."),
+    "healer_policy_reload_failures_total": ("counter", "Failed policy loads by reason: invalid "
+                                            "(the files), timeout, memory or crash (the "
+                                            "isolated loader); the policies in force stay."),
+    "healer_policy_last_success_timestamp_seconds": ("gauge", "When the policies in force "
+                                                     "were loaded (the digest is on "
+                                                     "healer_policy_info)."),
     "healer_up": ("gauge", "1 while the daemon's event loop is alive."),
 }
 
@@ -211,6 +217,12 @@ class Metrics:
                                  ["digest"], registry=r)
         self.reload_ok = Gauge("healer_policy_last_reload_success",
                                METRICS["healer_policy_last_reload_success"][1], registry=r)
+        self.reload_failures = Counter("healer_policy_reload_failures",
+                                       METRICS["healer_policy_reload_failures_total"][1],
+                                       ["reason"], registry=r)
+        self.policy_loaded_at = Gauge("healer_policy_last_success_timestamp_seconds",
+                                      METRICS["healer_policy_last_success_timestamp_seconds"][1],
+                                      registry=r)
         self._state: _StateCollector | None = None
 
     def attach_state(self, src: StateSource) -> None:
@@ -219,12 +231,16 @@ class Metrics:
         self._state = _StateCollector(src)
         self.registry.register(self._state)
 
-    def policies_loaded(self, digest: str, ok: bool) -> None:
+    def policies_loaded(self, digest: str, ok: bool, reason: str = "invalid") -> None:
+        """A policy load's outcome; ``reason`` (failures): invalid, timeout, memory, crash."""
         self.reloads.labels("success" if ok else "failure").inc()
         self.reload_ok.set(1 if ok else 0)
         if ok:
             self.policy_info.clear()
             self.policy_info.labels(digest).set(1)
+            self.policy_loaded_at.set_to_current_time()
+        else:
+            self.reload_failures.labels(reason).inc()
 
     def observe_call(self, system: str, operation: str, seconds: float,
                      error: str | None = None) -> None:

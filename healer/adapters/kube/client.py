@@ -1,13 +1,17 @@
-"""Building the API client and translating kubernetes_asyncio errors into healer's own."""
+"""Building the API client (every kubeconfig problem a one-line ConfigError) and translating
+kubernetes_asyncio errors into healer's own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from tenacity import (
@@ -19,6 +23,7 @@ from tenacity import (
 
 from healer.adapters.calls import timed
 from healer.errors import (
+    ConfigError,
     ConflictError,
     ForbiddenError,
     HealerError,
@@ -34,21 +39,88 @@ FIELD_MANAGER = "healer"
 CONTROLLER = "healer.io/healer"
 
 
+#: A kubeconfig larger than this is refused (real ones are a few KiB).
+KUBECONFIG_MAX_BYTES = 4 << 20
+#: Loading a kubeconfig (which may run an exec credential plugin) may take this long.
+KUBECONFIG_TIMEOUT = 60.0
+
+
 async def make_api_client(kubeconfig: str | None = None, context: str | None = None,
                           token: str | None = None) -> client.ApiClient:
-    """An ApiClient from a kubeconfig, the in-cluster service account, or a bearer token."""
+    """An ApiClient from a kubeconfig, the in-cluster service account, or a bearer token.
+
+    Raises :class:`ConfigError` with one line naming the file and what is wrong with it:
+    missing, not a regular file, unreadable, too large, not YAML, not a kubeconfig, no such
+    context; or, without a kubeconfig, not running in a cluster."""
     cfg = client.Configuration()
     if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, context=context,
-                                      client_configuration=cfg, persist_config=False)
+        _check_kubeconfig_file(kubeconfig)
+        try:
+            await asyncio.wait_for(
+                config.load_kube_config(config_file=kubeconfig, context=context,
+                                        client_configuration=cfg, persist_config=False),
+                KUBECONFIG_TIMEOUT)
+        except TimeoutError:
+            raise ConfigError(f"kubeconfig {kubeconfig}: loading it took longer than "
+                              f"{KUBECONFIG_TIMEOUT:g} s (an exec credential plugin?)") from None
+        except Exception as e:  # the library raises anything from KeyError to RecursionError
+            raise ConfigError(f"kubeconfig {kubeconfig}: {_kubeconfig_reason(e)}") from None
     else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        try:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except Exception as e:
+            raise ConfigError("no --kubeconfig given and not running in a cluster with a "
+                              f"ServiceAccount ({_one_line(e)}); pass --kubeconfig FILE or "
+                              "set $KUBECONFIG") from None
+    if not cfg.host or not str(cfg.host).startswith(("https://", "http://")):
+        raise ConfigError(f"kubeconfig {kubeconfig}: the cluster's server is not an http(s) "
+                          f"URL: {str(cfg.host)[:200]!r}")
     if token is not None:
         cfg.api_key = {"BearerToken": token}
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.cert_file = None
         cfg.key_file = None
     return client.ApiClient(cfg)
+
+
+def _check_kubeconfig_file(path: str) -> None:
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ConfigError(f"kubeconfig {path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"kubeconfig {path}: not a regular file")
+    if st.st_size > KUBECONFIG_MAX_BYTES:
+        raise ConfigError(f"kubeconfig {path}: {st.st_size} bytes, over the "
+                          f"{KUBECONFIG_MAX_BYTES >> 20} MiB a kubeconfig may have")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(KUBECONFIG_MAX_BYTES + 1)
+        doc = yaml.safe_load(raw.decode("utf-8"))
+    except OSError as e:
+        raise ConfigError(f"kubeconfig {path}: cannot read: {e.strerror or e}") from None
+    except Exception as e:  # YAML errors, not UTF-8, RecursionError
+        raise ConfigError(f"kubeconfig {path}: {_kubeconfig_reason(e)}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"kubeconfig {path}: not a kubeconfig (expected a mapping with "
+                          f"clusters, contexts and users, got {type(doc).__name__})")
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+def _kubeconfig_reason(e: BaseException) -> str:
+    if isinstance(e, yaml.YAMLError):
+        return f"not valid YAML ({_one_line(e)})"
+    if isinstance(e, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if isinstance(e, config.ConfigException):
+        return _one_line(e)
+    if isinstance(e, RecursionError):
+        return "nested too deeply (recursive YAML aliases?)"
+    return f"not a usable kubeconfig ({type(e).__name__}: {_one_line(e)})"
 
 
 def translate(e: BaseException, what: str) -> HealerError:
