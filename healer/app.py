@@ -48,6 +48,7 @@ from healer.ports import (
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.executor import Executor, Ports, SlurmNames, same_name
 from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated
+from healer.runtime.slurm_feed import SlurmFeed
 from healer.settings import Settings
 
 if TYPE_CHECKING:
@@ -291,6 +292,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         executor = _ActionProbe(ports, clock.now, o.after_action)
     ctl = Controller(policies=policies, executor=executor, store=store,
                      clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
+    slurm_feed = _slurm_feed(settings, api, slurm, ctl, clock)
     health = Health()
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
@@ -310,6 +312,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         records=lambda: {n: s.record for n, s in ctl.records.items()},
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
         leading=lambda: ctl.leading,
+        slurm_feed=slurm_feed.metrics if slurm_feed is not None else dict,
         stale_nodes=lambda: {p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
         last_poll=lambda: {p.name: p.last_success for p in prom
                            if p.last_success is not None}))
@@ -396,6 +399,8 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(garbage(), name="retention"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
+    if slurm_feed is not None:
+        tasks.append(asyncio.create_task(slurm_feed.run(), name="slurm-feed"))
     for src in sources:
         max_age = max(SOURCE_MAX_AGE, 3 * float(getattr(src, "poll_interval", 0.0) or 0.0))
         tasks.append(asyncio.create_task(src.run(_beating(health, src.name, ctl, max_age)),
@@ -425,6 +430,25 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         for p in prom:
             p.close()
         await runner.cleanup()
+
+
+def _slurm_feed(settings: Settings, api: client.ApiClient, slurm: SlurmDriver, ctl: Controller,
+                clock: RealClock) -> SlurmFeed | None:
+    """The guardrails' view of Slurm (issue 12), when the driver can list nodes."""
+    from healer.adapters.slinky import SlinkyPods
+    from healer.adapters.slurm.states import slurm_states
+
+    if not settings.slurm.state_interval:
+        return None
+    hosts = None
+    if settings.slurm.driver == "slinky" or settings.slurm.nodeset:  # Slurm name = the pod's
+        hosts = SlinkyPods(api, settings.slurm.nodeset_namespace).hosts
+    states = slurm_states(slurm, hosts)
+    if states is None:
+        log.warning("the Slurm driver cannot list nodes: the guardrails count only Kubernetes")
+        return None
+    ctl.expect_slurm()
+    return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval)
 
 
 def _beating(health: Health, name: str, ctl: Controller,

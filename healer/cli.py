@@ -121,7 +121,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         slurm=SlurmSettings(driver=args.slurm_driver, slurmrestd_url=args.slurmrestd_url,
                             token_secret=args.slurmrestd_token_secret,
                             slurm_conf=args.slurm_conf, nodeset_namespace=args.slurm_namespace,
-                            nodeset=args.nodeset),
+                            nodeset=args.nodeset, state_interval=args.slurm_state_interval),
         topology=TopologySettings(source=args.topology_source,
                                   topograph_url=args.topograph_url,
                                   topograph_request=args.topograph_request),
@@ -204,6 +204,11 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     sl.add_argument("--nodeset", default=env("HEALER_NODESET", ""), type=flags.dns_subdomain,
                     help="the Slinky NodeSet whose slurmd pods move to spares "
                          "($HEALER_NODESET)")
+    sl.add_argument("--slurm-state-interval", type=flags.seconds(1, 3600, zero=True),
+                    default=10.0,
+                    help="seconds between reads of every Slurm node's state, which the "
+                         "guardrails count (drained, DOWN, NOT_RESPONDING, ...); 0: none, "
+                         "only Kubernetes is counted (default 10)")
     tp = r.add_argument_group("topology (the replacement's topology.slinky.slurm.net/spec)")
     tp.add_argument("--topology-source", choices=["labels", "topograph"],
                     default=env("HEALER_TOPOLOGY_SOURCE", "labels"),

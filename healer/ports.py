@@ -100,6 +100,15 @@ class SlurmDriver(Protocol):
     async def requeue_jobs(self, node: str) -> list[int]: ...
 
 
+class SlurmStates(Protocol):
+    """Slurm's view of the whole fleet, for the guardrails (issue 12): every Slurm node's
+    state, keyed by the Kubernetes node it runs on. Slurm nodes that run on no Kubernetes
+    node are left out. Raises TransientError (or any HealerError) when Slurm cannot be read:
+    the runtime then treats Slurm's view as unknown."""
+
+    async def node_states(self) -> Mapping[str, SlurmNodeState]: ...
+
+
 # ---------------------------------------------------------------------------------------------
 # Kubernetes nodes, events and the state store
 

@@ -75,6 +75,9 @@ class SlurmSettings:
     nodeset_namespace: str = "slurm"
     nodeset: str = ""
     """The Slinky NodeSet whose nodes healer remediates (slinky driver / swap)."""
+    state_interval: float = 10.0
+    """Seconds between reads of every Slurm node's state for the guardrails (0: no Slurm
+    feed; the guardrails then count only what Kubernetes shows)."""
 
 
 @dataclass(frozen=True)

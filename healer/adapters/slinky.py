@@ -267,6 +267,11 @@ class SlinkyPods:
             raise NotFoundError(f"no slurmd pod runs on node {node}")
         return slurm_name(p)
 
+    async def hosts(self) -> dict[str, str]:
+        """Slurm node name → the Node its (live, scheduled) slurmd pod runs on."""
+        return {slurm_name(p): str(p["spec"]["nodeName"]) for p in await self.pods()
+                if (p.get("spec") or {}).get("nodeName")}
+
 
 class SlinkyDriver:
     """SlurmDriver on Slinky. Job listing and signals need Slurm's own API: give ``jobs`` a
@@ -351,6 +356,23 @@ class SlinkyDriver:
                 await self.nodes.uncordon(host, incident)
         st = pod_state(await self.pods.by_slurm_name(node))
         return not st.drain  # the operator undrains on its next reconcile; the caller polls
+
+    async def node_states(self) -> dict[str, SlurmNodeState]:
+        """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed): from
+        Slurm's own API when there is one (one listing), else as the operator mirrors it into
+        the pods' conditions (up to its 30 s re-list late)."""
+        pods = [p for p in await self.pods.pods() if (p.get("spec") or {}).get("nodeName")]
+        fresh: dict[str, SlurmNodeState] = {}
+        lister = getattr(self.jobs, "nodes", None)
+        if lister is not None:
+            fresh = {s.name: s for s in await lister()}
+        out: dict[str, SlurmNodeState] = {}
+        for p in pods:
+            host, name = str(p["spec"]["nodeName"]), slurm_name(p)
+            st = fresh.get(name)
+            out[host] = replace(st, reason=carried_reason(st.reason)) if st is not None \
+                else pod_state(p)
+        return out
 
     def _need_jobs(self) -> SlurmDriver:
         if self.jobs is None:

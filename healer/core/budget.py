@@ -8,9 +8,21 @@ for them, so neither the breaker nor any limit can keep capacity out.
 Capacity accounting, for a *population* of nodes (a policy's nodes, or every governed node):
 
 * the population is the nodes the selector matches, minus warm spares, minus nodes that a spare
-  has already replaced (their record is in Repair with a spare: they are out of the fleet);
-* a node is *unavailable* if anyone cordoned it, it is NotReady, or healer holds it out of
-  service (an admitted remediation, an escalation that drained it, an in-place repair);
+  has already replaced (their record is in Repair with a spare: the replacement was undrained
+  and serves under the same Slurm name, and *it* is the member now, counted with its own
+  state); a claimed spare is a member only from then on: while its remediation is in flight
+  (claimed, not yet in Repair) the node it replaces is the one counted (as healer's), so one
+  unit of capacity is counted once, on the bad node until the replacement serves, then on
+  the replacement;
+* a node is *unavailable* when it cannot take jobs, in Kubernetes or in Slurm, whoever caused
+  it (:func:`unavailable_cause`, :data:`CAUSES`): healer holds it out of service (an admitted
+  remediation, an escalation that drained it, an in-place repair), anyone cordoned it, it is
+  NotReady, or Slurm reports it DOWN, NOT_RESPONDING, FAIL(ING), drained or draining (an
+  admin, HealthCheckProgram, the operator), REBOOT_ISSUED, powering down, or in a MAINT
+  reservation (the runtime's Slurm feed tells the index, as a cause per node);
+* when the driver has a Slurm feed and Slurm's node states cannot be read (``slurm_unknown``),
+  nothing is admitted in a scope with a ``maxUnavailable`` or failure-domain limit: those
+  limits cannot be checked, so they say no (guardrail ``slurm-unknown``);
 * an admitted remediation holds a ``maxConcurrent`` slot from admission until its replacement
   serves; a node coming back from an in-place repair is giving capacity back and holds none;
 * admitting node N is allowed only if ``len(unavailable | {N})`` stays within ``maxUnavailable``,
@@ -65,6 +77,60 @@ class PastIncident:
     serials: tuple[str, ...] = ()
 
 
+#: Why a node counts as unavailable (the ``cause`` label of ``healer_unavailable_nodes``), in
+#: the order one is named when several apply. Bounded: metrics label values.
+CAUSES = ("healer", "cordoned", "not-ready", "slurm-down", "slurm-not-responding",
+          "slurm-fail", "slurm-drain", "slurm-reboot", "slurm-power-down", "slurm-maintenance")
+SLURM_CAUSES = frozenset(c for c in CAUSES if c.startswith("slurm-"))
+
+
+def slurm_cause(base: str, flags: AbstractSet[str]) -> str:
+    """Why Slurm will not start jobs on a node in state ``base`` + ``flags`` ("" = it will).
+
+    POWERED_DOWN alone is *not* a cause: Slurm's power saving powers such a node up for the
+    next job that needs it. UNKNOWN alone (slurmctld just restarted, the node not yet heard
+    from) is not one either; UNKNOWN + NOT_RESPONDING is."""
+    base, flags = base.upper(), frozenset(f.upper() for f in flags)
+    if base in ("DOWN", "ERROR", "FUTURE"):
+        return "slurm-down"
+    if "NOT_RESPONDING" in flags:
+        return "slurm-not-responding"
+    if flags & {"FAIL", "FAILING"}:
+        return "slurm-fail"
+    if "DRAIN" in flags and "UNDRAIN" not in flags:
+        return "slurm-drain"
+    if "REBOOT_ISSUED" in flags:
+        return "slurm-reboot"
+    if flags & {"POWER_DOWN", "POWERING_DOWN"}:
+        return "slurm-power-down"
+    if "MAINTENANCE" in flags:
+        return "slurm-maintenance"
+    return ""
+
+
+def unavailable_cause(view: NodeView, rec: OpenRemediation | None, slurm: str = "") -> str:
+    """Why ``view`` cannot take jobs ("" = it can): healer's hold first, then Kubernetes, then
+    Slurm's ``slurm`` cause (:func:`slurm_cause`, as the runtime's feed last read it)."""
+    if rec is not None and (rec.active or rec.out_of_service):
+        return "healer"
+    if view.unschedulable:
+        return "cordoned"
+    if not view.ready:
+        return "not-ready"
+    return slurm
+
+
+def replaced(rec: OpenRemediation | None) -> bool:
+    """A node a spare has replaced: out of the population (its spare is counted instead)."""
+    return rec is not None and bool(rec.spare) and rec.phase is Phase.REPAIR
+
+
+def claims_in_flight(rec: OpenRemediation) -> str:
+    """The spare ``rec`` holds while it is not yet serving ("" if none): out of the population
+    (the node it replaces is counted)."""
+    return rec.spare if rec.spare and rec.phase is not Phase.REPAIR else ""
+
+
 class GuardrailFacts(Protocol):
     """The numbers the guardrails read, per scope (``policy``; None: the whole fleet)."""
 
@@ -82,6 +148,15 @@ class GuardrailFacts(Protocol):
 
     def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
         """How many of the scope's unavailable nodes have label ``key`` = ``value``."""
+
+    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+        """The scope's unavailable nodes by cause (:data:`CAUSES`; only causes with nodes)."""
+
+    def cause(self, policy: Policy | None, node: str) -> str:
+        """Why ``node`` is one of the scope's unavailable nodes ("" if it is not)."""
+
+    def replaced(self, policy: Policy | None) -> int:
+        """Nodes of the scope's selector that a spare replaced (out of the population)."""
 
     def active(self, policy: Policy | None, excluding: str | None = None) -> int:
         """Open remediations holding a maxConcurrent slot, not counting ``excluding``'s."""
@@ -116,12 +191,21 @@ class BudgetView:
     paused: bool = False
     paused_nodes: AbstractSet[str] = frozenset()
     index: GuardrailFacts | None = field(default=None, compare=False, repr=False)
+    slurm: Mapping[str, str] = field(default_factory=dict)
+    """Node → why Slurm will not start jobs there (:func:`slurm_cause`); absent: it will."""
+    slurm_view: str = "off"
+    """The Slurm feed: ``off`` (none: only Kubernetes is counted), ``ok`` or ``unknown``
+    (cannot be read: limits that count Slurm say no)."""
 
     def is_paused(self, node: str) -> bool:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
 
     def facts(self) -> GuardrailFacts:
         return self.index if self.index is not None else ScanFacts(self)
+
+    @property
+    def slurm_unknown(self) -> bool:
+        return self.slurm_view == "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,17 +304,17 @@ def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
         names = view.index.members(policy)
         return [n for n in view.nodes.values() if n.name in names]
     spare_sel = view.policies.fleet.spare_selector
+    in_flight = {claims_in_flight(r) for r in view.open.values()}
     out: list[NodeView] = []
     for n in view.nodes.values():
-        if spare_sel.match_labels and spare_sel.matches(n.labels):
+        if (spare_sel.match_labels and spare_sel.matches(n.labels)) or n.name in in_flight:
             continue
         if policy is not None:
             if not policy.applies_to(n):
                 continue
         elif view.policies.for_node(n) is None:
             continue
-        rec = view.open.get(n.name)
-        if rec is not None and rec.spare and rec.phase is Phase.REPAIR:
+        if replaced(view.open.get(n.name)):
             continue  # replaced: its spare serves in its place
         out.append(n)
     return out
@@ -240,13 +324,13 @@ def population_size(view: BudgetView, policy: Policy | None) -> int:
     return view.facts().population(policy)
 
 
-def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
-    out: set[str] = set()
+def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
+    """The unavailable ones among ``nodes``, with their causes."""
+    out: dict[str, str] = {}
     for n in nodes:
-        rec = view.open.get(n.name)
-        if n.unschedulable or not n.ready or (rec is not None and (
-                rec.active or rec.out_of_service)):
-            out.add(n.name)
+        cause = unavailable_cause(n, view.open.get(n.name), view.slurm.get(n.name, ""))
+        if cause:
+            out[n.name] = cause
     return out
 
 
@@ -255,9 +339,9 @@ class ScanFacts:
 
     def __init__(self, view: BudgetView) -> None:
         self.view = view
-        self._scopes: list[tuple[Policy | None, list[NodeView], set[str]]] = []
+        self._scopes: list[tuple[Policy | None, list[NodeView], dict[str, str]]] = []
 
-    def _scope(self, policy: Policy | None) -> tuple[list[NodeView], set[str]]:
+    def _scope(self, policy: Policy | None) -> tuple[list[NodeView], dict[str, str]]:
         for pol, members, down in self._scopes:
             if pol is policy:
                 return members, down
@@ -281,6 +365,24 @@ class ScanFacts:
     def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
         members, down = self._scope(policy)
         return sum(1 for m in members if m.name in down and m.labels.get(key) == value)
+
+    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+        out: dict[str, int] = {}
+        for cause in self._scope(policy)[1].values():
+            out[cause] = out.get(cause, 0) + 1
+        return out
+
+    def cause(self, policy: Policy | None, node: str) -> str:
+        return self._scope(policy)[1].get(node, "")
+
+    def replaced(self, policy: Policy | None) -> int:
+        spare_sel = self.view.policies.fleet.spare_selector
+        in_flight = {claims_in_flight(r) for r in self.view.open.values()}
+        return sum(1 for n in self.view.nodes.values()
+                   if replaced(self.view.open.get(n.name)) and n.name not in in_flight
+                   and not (spare_sel.match_labels and spare_sel.matches(n.labels))
+                   and (policy.applies_to(n) if policy is not None
+                        else self.view.policies.for_node(n) is not None))
 
     def active(self, policy: Policy | None, excluding: str | None = None) -> int:
         return sum(1 for r in self.view.open.values()
@@ -364,6 +466,12 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     "max-concurrent",
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
                     active, g.max_concurrent), recheck_after=30.0)
+        if view.slurm_unknown and (g.max_unavailable is not None or g.failure_domains):
+            return Admission(False, GuardrailBlock(
+                "slurm-unknown",
+                f"{scope}: Slurm's node states cannot be read, so its maxUnavailable and "
+                "failure-domain limits cannot be checked; nothing is taken out until they "
+                "can"), recheck_after=30.0)
         # the node is unavailable iff it is a member and down; then it is in its own domain too
         itself = 0 if facts.is_unavailable(pol, node) else 1
         if g.max_unavailable is not None:
@@ -373,9 +481,9 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             if after > limit:
                 return Admission(False, GuardrailBlock(
                     "max-unavailable",
-                    f"{scope}: {down} of {size} nodes unavailable; taking {node} "
-                    f"makes {after}, limit {g.max_unavailable} = {limit}", after, limit),
-                    recheck_after=30.0)
+                    f"{scope}: {down} of {size} nodes unavailable{describe(facts.causes(pol))}"
+                    f"; taking {node} makes {after}, limit {g.max_unavailable} = {limit}",
+                    after, limit), recheck_after=30.0)
         target = view.nodes.get(node)
         for fd in g.failure_domains:
             value = target.labels.get(fd.key) if target is not None else None
@@ -391,6 +499,12 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     return ALLOWED
 
 
+def describe(causes: Mapping[str, int]) -> str:
+    """`` (1 cordoned, 2 slurm-drain)`` in :data:`CAUSES` order; "" when there are none."""
+    parts = [f"{causes[c]} {c}" for c in CAUSES if causes.get(c)]
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 @dataclass(frozen=True, slots=True)
 class GuardrailUsage:
     scope: str
@@ -400,6 +514,12 @@ class GuardrailUsage:
     active: int
     max_concurrent: int | None
     breaker: BreakerStatus | None
+    causes: Mapping[str, int] = field(default_factory=dict)
+    """The unavailable nodes by cause (only causes with nodes)."""
+    replaced: int = 0
+    """Nodes in Repair whose spare serves in their place (not in the population)."""
+    slurm: str = "off"
+    """The Slurm feed: off, ok or unknown (see :class:`BudgetView`)."""
 
 
 def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
@@ -417,5 +537,6 @@ def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
         out.append(GuardrailUsage(
             scope, size, facts.unavailable(pol),
             g.max_unavailable.of(size) if g.max_unavailable else None,
-            facts.active(pol), g.max_concurrent, br))
+            facts.active(pol), g.max_concurrent, br, dict(facts.causes(pol)),
+            facts.replaced(pol), view.slurm_view))
     return out

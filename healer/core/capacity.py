@@ -6,11 +6,17 @@ each step. The view reads the index's live tables: nothing is copied, and every 
 question (:class:`healer.core.budget.GuardrailFacts`) is answered in O(1), the breaker in
 O(incidents within its window and cooldown).
 
-Per scope (the fleet, and each policy) the index keeps the member set (the population) and the
-unavailable set, and per failure-domain label value the member and unavailable counts. Whether
-a node is a member, and whether it is unavailable, is a function of its :class:`NodeView` and
-its open record alone, so a change re-places that one node: O(#policies x #domains). Which
-policies select a node is matched only when its labels change.
+Per scope (the fleet, and each policy) the index keeps the member set (the population), the
+unavailable nodes with their causes and a count per cause, the replaced nodes, and per
+failure-domain label value the member and unavailable counts. Whether a node is a member, and
+why it is unavailable, is a function of its :class:`NodeView`, its open record and its Slurm
+cause alone (:func:`healer.core.budget.unavailable_cause`), so a change re-places that one
+node: O(#policies x #domains). Which policies select a node is matched only when its labels
+change.
+
+Slurm's view arrives the same way: the runtime's Slurm feed tells the index only what changed
+(:meth:`FleetIndex.set_slurm`: this node now has this Slurm cause, or none), and whether Slurm
+can be read at all (:meth:`FleetIndex.set_slurm_view`).
 
 Incidents (open or closed, never suspicions) are kept by id, per node, per GPU serial, and per
 scope in time order for the breaker.
@@ -24,7 +30,14 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.budget import (
+    BudgetView,
+    OpenRemediation,
+    PastIncident,
+    claims_in_flight,
+    replaced,
+    unavailable_cause,
+)
 from healer.core.machine import counts_as_active, record_out_of_service, releases
 from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
@@ -34,6 +47,12 @@ from healer.core.policy import Policy, PolicySet
 PAUSE_ANNOTATION = "healer.io/paused"
 
 _Entry = tuple[float, str, str]  # (opened_at, node, incident id), for the breaker
+
+#: The placement of a node a spare replaced (in its scopes, but not a member).
+_REPLACED = "replaced"
+
+#: States of the Slurm feed (:meth:`FleetIndex.set_slurm_view`).
+SLURM_VIEWS = ("off", "ok", "unknown")
 
 
 def past_incident(rec: NodeRecord) -> PastIncident:
@@ -52,23 +71,43 @@ def node_paused(view: NodeView) -> bool:
 
 @dataclass(slots=True)
 class _Scope:
-    """One scope's population: member and unavailable sets, counts per failure domain."""
+    """One scope's population: members, unavailable nodes (with causes, counted per cause),
+    replaced nodes, counts per failure domain."""
 
     policy: Policy | None  # None: the fleet
     keys: tuple[str, ...]  # the failure-domain label keys counted
     members: set[str] = field(default_factory=set)
-    down: set[str] = field(default_factory=set)
+    down: dict[str, str] = field(default_factory=dict)  # node -> cause
+    causes: dict[str, int] = field(default_factory=dict)
+    replaced: set[str] = field(default_factory=set)
     # key -> value -> [members, unavailable]
     domains: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
-    def add(self, view: NodeView, down: bool, sign: int) -> None:
+    def add(self, view: NodeView, cause: str, sign: int) -> None:
+        """Count (``sign`` 1) or uncount (-1) ``view`` with ``cause`` ("" = available,
+        :data:`_REPLACED` = replaced, not a member)."""
+        name = view.name
+        if cause == _REPLACED:
+            if sign > 0:
+                self.replaced.add(name)
+            else:
+                self.replaced.discard(name)
+            return
+        down = bool(cause)
         if sign > 0:
-            self.members.add(view.name)
+            self.members.add(name)
             if down:
-                self.down.add(view.name)
+                self.down[name] = cause
         else:
-            self.members.discard(view.name)
-            self.down.discard(view.name)
+            self.members.discard(name)
+            if self.down.pop(name, None) is None:
+                down = False
+        if down:
+            n = self.causes.get(cause, 0) + sign
+            if n:
+                self.causes[cause] = n
+            else:
+                del self.causes[cause]
         for key in self.keys:
             value = view.labels.get(key)
             if value is None:
@@ -89,11 +128,11 @@ class _Node:
 
 @dataclass(frozen=True, slots=True)
 class _Placed:
-    """Where a node was counted (to take it out again): its view then, its scopes, down."""
+    """Where a node was counted (to take it out again): its view then, its scopes, cause."""
 
     view: NodeView
     scopes: tuple[int, ...]
-    down: bool
+    cause: str
 
 
 def _keys(policy_keys: Iterable[str]) -> tuple[str, ...]:
@@ -119,6 +158,10 @@ class FleetIndex:
         self._by_serial: dict[str, dict[str, PastIncident]] = {}
         self._nodes_ro: Mapping[str, NodeView] = MappingProxyType(self._nodes)
         self._open_ro: Mapping[str, OpenRemediation] = MappingProxyType(self._open)
+        self._slurm: dict[str, str] = {}  # node -> Slurm cause (only nodes that have one)
+        self._slurm_ro: Mapping[str, str] = MappingProxyType(self._slurm)
+        self._slurm_view = "off"
+        self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
         self._policies = policies
         self._scopes: list[_Scope] = []
         self._scope_of: dict[str, list[int]] = {}
@@ -142,10 +185,21 @@ class FleetIndex:
     def paused_nodes(self) -> AbstractSet[str]:
         return self._paused.keys()
 
+    @property
+    def slurm(self) -> Mapping[str, str]:
+        """Node → its Slurm cause, for the nodes that have one."""
+        return self._slurm_ro
+
+    @property
+    def slurm_view(self) -> str:
+        return self._slurm_view
+
     def view(self, *, paused: bool = False) -> BudgetView:
-        """A view of the index as it is (and will be: it reads the live tables). O(1)."""
+        """A view of the index as it is (and will be: it reads the live tables; only the
+        Slurm feed's state is read now). O(1)."""
         return BudgetView(self._policies, self._nodes_ro, self._open_ro,
-                          self._incidents.values(), paused, self._paused.keys(), self)
+                          self._incidents.values(), paused, self._paused.keys(), self,
+                          self._slurm_ro, self._slurm_view)
 
     # -- policies --------------------------------------------------------------------------
 
@@ -192,33 +246,58 @@ class FleetIndex:
         self._paused.pop(name, None)
         self._place(name)
 
+    # -- Slurm ------------------------------------------------------------------------------
+
+    def set_slurm(self, node: str, cause: str) -> None:
+        """Slurm's view of ``node`` changed: ``cause`` is why Slurm will not start jobs there
+        (:func:`healer.core.budget.slurm_cause`; "" = it will). O(#policies x #domains)."""
+        if cause:
+            if self._slurm.get(node) == cause:
+                return
+            self._slurm[node] = cause
+        elif self._slurm.pop(node, None) is None:
+            return
+        self._place(node)
+
+    def set_slurm_view(self, state: str) -> None:
+        """The Slurm feed is ``off`` (none), ``ok`` or ``unknown`` (cannot be read)."""
+        if state not in SLURM_VIEWS:
+            raise ValueError(f"Slurm view must be one of {SLURM_VIEWS}, not {state!r}")
+        self._slurm_view = state
+
+    def adopt_slurm(self, other: FleetIndex) -> None:
+        """Take ``other``'s Slurm view (an index rebuilt from the same fleet)."""
+        self._slurm_view = other.slurm_view
+        for node, cause in other.slurm.items():
+            self.set_slurm(node, cause)
+
     def _place(self, name: str) -> None:
         """Count ``name`` where it belongs now, and nowhere else."""
         old = self._placed.pop(name, None)
         if old is not None:
             for s in old.scopes:
-                self._scopes[s].add(old.view, old.down, -1)
+                self._scopes[s].add(old.view, old.cause, -1)
         info = self._info.get(name)
         if info is None or not info.selected_by:
             return
-        down = self._down(info)
-        if down is None:
+        cause = self._cause(info)
+        if cause is None:
             return
         scopes = (0, *(i + 1 for i in info.selected_by))
         for s in scopes:
-            self._scopes[s].add(info.view, down, 1)
-        self._placed[name] = _Placed(info.view, scopes, down)
+            self._scopes[s].add(info.view, cause, 1)
+        self._placed[name] = _Placed(info.view, scopes, cause)
 
-    def _down(self, info: _Node) -> bool | None:
-        """Is the node unavailable? None: it is in no population (a spare, or replaced)."""
-        if info.spare:
+    def _cause(self, info: _Node) -> str | None:
+        """Why the node is unavailable ("" = it is not, :data:`_REPLACED` = a spare replaced
+        it). None: it is in no population (a spare, free or claimed and not yet serving)."""
+        if info.spare or info.view.name in self._claimed:
             return None
         v = info.view
         rec = self._open.get(v.name)
-        if rec is not None and rec.spare and rec.phase is Phase.REPAIR:
-            return None  # replaced: its spare serves in its place
-        return v.unschedulable or not v.ready or (
-            rec is not None and (rec.active or rec.out_of_service))
+        if replaced(rec):
+            return _REPLACED  # its spare serves in its place
+        return unavailable_cause(v, rec, self._slurm.get(v.name, ""))
 
     # -- records ---------------------------------------------------------------------------
 
@@ -248,6 +327,10 @@ class FleetIndex:
         if rem.active:
             self._active[rem.policy] = self._active.get(rem.policy, 0) + 1
             self._active_total += 1
+        spare = claims_in_flight(rem)
+        if spare:
+            self._claimed.setdefault(spare, {})[rem.node] = None
+            self._place(spare)
         self._place(rem.node)
 
     def drop_record(self, node: str) -> None:
@@ -263,6 +346,13 @@ class FleetIndex:
         if old.active:
             self._active[old.policy] -= 1
             self._active_total -= 1
+        spare = claims_in_flight(old)
+        if spare:
+            claimers = self._claimed[spare]
+            del claimers[node]
+            if not claimers:
+                del self._claimed[spare]
+            self._place(spare)
         return True
 
     # -- incidents -------------------------------------------------------------------------
@@ -324,9 +414,9 @@ class FleetIndex:
         scan, O(fleet). The engine only asks about its own policies."""
         scope = _Scope(policy, ())
         for info in self._info.values():
-            down = self._down(info)
-            if down is not None and policy.applies_to(info.view):
-                scope.add(info.view, down, 1)
+            cause = self._cause(info)
+            if cause is not None and policy.applies_to(info.view):
+                scope.add(info.view, cause, 1)
         return scope
 
     def members(self, policy: Policy | None) -> AbstractSet[str]:
@@ -347,6 +437,15 @@ class FleetIndex:
             counts = scope.domains.get(key, {}).get(value)
             return counts[1] if counts is not None else 0
         return sum(1 for n in scope.down if self._nodes[n].labels.get(key) == value)
+
+    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+        return self._scope(policy).causes
+
+    def cause(self, policy: Policy | None, node: str) -> str:
+        return self._scope(policy).down.get(node, "")
+
+    def replaced(self, policy: Policy | None) -> int:
+        return len(self._scope(policy).replaced)
 
     def active(self, policy: Policy | None, excluding: str | None = None) -> int:
         n = self._active_total if policy is None else self._active.get(policy.name, 0)

@@ -244,9 +244,10 @@ class Engine:
         self.records.clear()
         self.history.clear()
         nodes = list(self.fleet.nodes.values())
-        self.fleet = FleetIndex(self.policies)
+        old, self.fleet = self.fleet, FleetIndex(self.policies)
         for view in nodes:
             self.fleet.set_node(view)
+        self.fleet.adopt_slurm(old)  # Slurm's view is the feed's, not the records'
         for rec in sorted(records, key=lambda r: r.incident.opened_at):
             closed = releases(rec)
             if not closed or rec.incident.opened_at >= keep_closed_since:

@@ -23,15 +23,20 @@ from healer.core.policy import PolicySet
 def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
                 open_records: Iterable[NodeRecord], history: Iterable[NodeRecord],
                 *, paused: bool = False,
-                paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
+                paused_nodes: frozenset[str] = frozenset(),
+                slurm: Mapping[str, str] | None = None, slurm_view: str = "off") -> BudgetView:
     """What the guardrails see: ``open_records`` (one per node, not released) and ``history``
     (every record kept, open or closed, for the breaker and the retry budgets). Suspicions are
     not incidents and count for nothing. Only ``paused_nodes`` are paused node by node.
+    ``slurm``: node → why Slurm will not start jobs there; ``slurm_view``: the feed's state.
 
     Builds a :class:`FleetIndex` from scratch: O(fleet x policies)."""
     index = FleetIndex(policies)
     for view in nodes.values():
         index.set_node(view)
+    for node, cause in (slurm or {}).items():
+        index.set_slurm(node, cause)
+    index.set_slurm_view(slurm_view)
     for rec in open_records:
         if Phase(rec.phase) is not Phase.SUSPECT:
             index.set_open(open_remediation(rec), rec.incident.id)

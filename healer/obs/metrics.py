@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from healer.core.budget import usage
+from healer.core.budget import CAUSES, usage
 from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
 from healer.core.model import NodeRecord, Outcome
 from healer.core.phases import ACTIVE, Phase
@@ -49,7 +49,18 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_guardrail_blocks_total": ("counter", "Admissions held by a guardrail."),
     "healer_breaker_tripped": ("gauge", "1 while a breaker is tripped (scope)."),
     "healer_breaker_utilisation": ("gauge", "Nodes gone bad in the breaker window / threshold."),
-    "healer_unavailable_nodes": ("gauge", "Unavailable nodes counted by the guardrails (scope)."),
+    "healer_unavailable_nodes": ("gauge", "Nodes that cannot take jobs, as the guardrails count "
+                                 "them, by scope and cause (healer, cordoned, not-ready, "
+                                 "slurm-down, slurm-not-responding, slurm-fail, slurm-drain, "
+                                 "slurm-reboot, slurm-power-down, slurm-maintenance; every "
+                                 "cause has a series): sum by scope for the total."),
+    "healer_replaced_nodes": ("gauge", "Nodes in Repair whose spare serves in their place: out "
+                              "of the population, not counted as unavailable (scope)."),
+    "healer_slurm_view_known": ("gauge", "1 while the Slurm feed reads Slurm's node states, 0 "
+                                "while it cannot (admissions under maxUnavailable or "
+                                "failure-domain limits are held); absent without a feed."),
+    "healer_slurm_view_last_success_timestamp_seconds": ("gauge", "Last successful read of "
+                                                         "Slurm's node states."),
     "healer_max_unavailable": ("gauge", "The maxUnavailable limit in nodes (scope)."),
     "healer_active_remediations": ("gauge", "Remediations holding a maxConcurrent slot."),
     "healer_max_concurrent": ("gauge", "The maxConcurrent limit (scope)."),
@@ -93,6 +104,8 @@ class StateSource:
     stale_nodes: Callable[[], Mapping[str, int]] = dict
     last_poll: Callable[[], Mapping[str, float]] = dict
     leading: Callable[[], bool] = lambda: False
+    #: the Slurm feed: {"known": bool, "last_success": float | None}; {} without one
+    slurm_feed: Callable[[], Mapping[str, Any]] = dict
     clock: Callable[[], float] = time.time
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -131,10 +144,15 @@ class _StateCollector(Collector):
         if view is not None:
             fams = {n: GaugeMetricFamily(n, METRICS[n][1], labels=["scope"]) for n in (
                 "healer_breaker_tripped", "healer_breaker_utilisation",
-                "healer_unavailable_nodes", "healer_max_unavailable",
+                "healer_max_unavailable", "healer_replaced_nodes",
                 "healer_active_remediations", "healer_max_concurrent")}
+            by_cause = GaugeMetricFamily("healer_unavailable_nodes",
+                                         METRICS["healer_unavailable_nodes"][1],
+                                         labels=["scope", "cause"])
             for u in usage(view, now):
-                fams["healer_unavailable_nodes"].add_metric([u.scope], u.unavailable)
+                for cause in CAUSES:
+                    by_cause.add_metric([u.scope, cause], u.causes.get(cause, 0))
+                fams["healer_replaced_nodes"].add_metric([u.scope], u.replaced)
                 fams["healer_active_remediations"].add_metric([u.scope], u.active)
                 if u.max_unavailable is not None:
                     fams["healer_max_unavailable"].add_metric([u.scope], u.max_unavailable)
@@ -144,7 +162,14 @@ class _StateCollector(Collector):
                     fams["healer_breaker_tripped"].add_metric([u.scope], int(u.breaker.tripped))
                     fams["healer_breaker_utilisation"].add_metric(
                         [u.scope], u.breaker.count / max(u.breaker.threshold, 1))
+            yield by_cause
             yield from fams.values()
+        feed = src.slurm_feed()
+        if feed:
+            yield _gauge("healer_slurm_view_known", int(bool(feed.get("known"))))
+            if feed.get("last_success") is not None:
+                yield _gauge("healer_slurm_view_last_success_timestamp_seconds",
+                             float(feed["last_success"]))
         spares = GaugeMetricFamily("healer_spare_pool_free", METRICS["healer_spare_pool_free"][1],
                                    labels=["domain"])
         for dom, n in sorted(src.spare_depth().items()):

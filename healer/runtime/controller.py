@@ -43,7 +43,7 @@ from healer.core.machine import (
     releases,
 )
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
-from healer.core.phases import MAY_BE_CORDONED, Phase
+from healer.core.phases import MAY_BE_CORDONED, PENDING_ADMISSION, Phase
 from healer.core.policy import PolicySet
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConflictError, HealerError
@@ -58,6 +58,8 @@ log = structlog.get_logger("healer.controller")
 #: On taking the lead, the Events of remediations closed this recently are written again.
 RECENTLY_CLOSED = 3600.0
 REPAIR_RESULT = "healer.io/repair-result"
+#: Guardrails that capacity given back (Slurm undrained a node) may lift.
+CAPACITY_GUARDRAILS = frozenset({"max-unavailable", "failure-domain", "slurm-unknown"})
 INCIDENT_ANNOTATION = "healer.io/incident"
 CORDONED_BY = "healer.io/cordoned-by"
 
@@ -222,6 +224,31 @@ class Controller:
             if spare_sel.matches(n.labels) and not spare_sel.matches(prev.labels):
                 for node in self._held_for(n):
                     self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
+
+    # -- Slurm's view (healer.runtime.slurm_feed) ---------------------------------------------
+
+    def expect_slurm(self) -> None:
+        """A Slurm feed runs: until its first read, Slurm's view is unknown (fail safe)."""
+        self.engine.fleet.set_slurm_view("unknown")
+
+    def on_slurm_states(self, changes: Mapping[str, str], *, known: bool) -> None:
+        """The Slurm feed's news: ``changes`` (node → Slurm cause, "" = none any more), and
+        whether Slurm's view is known. Capacity given back wakes the held admissions."""
+        fleet = self.engine.fleet
+        was = fleet.slurm_view
+        freed = False
+        for node, cause in changes.items():
+            freed = freed or (not cause and node in fleet.slurm)
+            fleet.set_slurm(node, cause)
+        fleet.set_slurm_view("ok" if known else "unknown")
+        if was != fleet.slurm_view:
+            log.info("Slurm view", state=fleet.slurm_view, was=was)
+        if freed or (known and was == "unknown"):
+            now = self.clock.now()
+            for node, rec in self.engine.records.items():
+                if Phase(rec.phase) in PENDING_ADMISSION and rec.blocked is not None and \
+                        rec.blocked.guardrail in CAPACITY_GUARDRAILS:
+                    self._submit(node, Trigger(TriggerKind.TICK, node, now))
 
     def _held_for(self, spare: NodeView) -> list[str]:
         """The nodes held for capacity that a new spare should wake: those of its NVLink
@@ -440,6 +467,8 @@ class Controller:
                          "spare": s.record.spare} for n, s in self.records.items()},
             "timers": len(self._timers),
             "guardrails": [asdict(u) for u in usage(self.view(), self.clock.now())],
+            "slurm": {"view": self.engine.fleet.slurm_view,
+                      "unavailable": dict(sorted(self.engine.fleet.slurm.items()))},
             "stats": {"steps": self.stats.steps, "persisted": self.stats.persisted,
                       "conflicts": self.stats.conflicts, "actions": self.stats.actions},
         }

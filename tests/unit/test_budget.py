@@ -54,7 +54,8 @@ def test_max_unavailable_counts_nodes_cordoned_by_anyone() -> None:
     assert not a.allowed
     assert a.block is not None
     assert a.block.guardrail == "max-unavailable"
-    assert "2 of 4 nodes unavailable; taking n1 makes 3, limit 2" in a.block.message
+    assert ("2 of 4 nodes unavailable (1 cordoned, 1 not-ready); taking n1 makes 3, limit 2"
+            in a.block.message)
     # the node itself being already down does not add to the count
     nodes[0] = node("n1", ready=False)
     v = view(policies(policy(guardrails=g(max_unavailable=cp.Quantity(3)))), nodes)

@@ -1,8 +1,9 @@
 """FleetIndex: kept incrementally, it answers every guardrail exactly as a full scan would.
 
 The oracle is the scan-based implementation the index replaced, copied here verbatim (modulo
-names): random sequences of node and record changes, applied one at a time to an index, must
-give the same admissions and usage as the oracle over the same fleet built from scratch.
+names), extended with Slurm's causes (issue 12): random sequences of node, record and Slurm
+changes, applied one at a time to an index, must give the same admissions and usage as the
+oracle over the same fleet built from scratch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 
 from healer.core import policy as cp
 from healer.core.budget import (
+    CAUSES,
     Admission,
     BreakerStatus,
     BudgetView,
@@ -77,9 +79,12 @@ def o_breaker(cfg: cp.Breaker, incidents: Iterable[PastIncident], pop: int,
 
 def o_population(view: BudgetView, pol: cp.Policy | None) -> list[NodeView]:
     spare_sel = view.policies.fleet.spare_selector
+    in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
     out: list[NodeView] = []
     for n in view.nodes.values():
         if spare_sel.match_labels and spare_sel.matches(n.labels):
+            continue
+        if n.name in in_flight:  # a claimed spare not yet serving: its bad node counts
             continue
         if pol is not None:
             if not pol.applies_to(n):
@@ -93,14 +98,40 @@ def o_population(view: BudgetView, pol: cp.Policy | None) -> list[NodeView]:
     return out
 
 
-def o_unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> set[str]:
-    out: set[str] = set()
+def o_unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
+    out: dict[str, str] = {}
     for n in nodes:
         rec = view.open.get(n.name)
-        if n.unschedulable or not n.ready or (rec is not None and (
-                rec.active or rec.out_of_service)):
-            out.add(n.name)
+        if rec is not None and (rec.active or rec.out_of_service):
+            out[n.name] = "healer"
+        elif n.unschedulable:
+            out[n.name] = "cordoned"
+        elif not n.ready:
+            out[n.name] = "not-ready"
+        elif view.slurm.get(n.name):
+            out[n.name] = view.slurm[n.name]
     return out
+
+
+def o_causes(down: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in down.values():
+        out[c] = out.get(c, 0) + 1
+    return out
+
+
+def o_replaced(view: BudgetView, pol: cp.Policy | None) -> int:
+    spare_sel = view.policies.fleet.spare_selector
+    in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
+    n = 0
+    for v in view.nodes.values():
+        rec = view.open.get(v.name)
+        if (spare_sel.match_labels and spare_sel.matches(v.labels)) or v.name in in_flight:
+            continue
+        if (pol.applies_to(v) if pol is not None else view.policies.for_node(v) is not None) \
+                and rec is not None and rec.spare and rec.phase is Phase.REPAIR:
+            n += 1
+    return n
 
 
 def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: BudgetView,
@@ -155,14 +186,24 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
                     "max-concurrent",
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
                     active, g.max_concurrent), recheck_after=30.0)
+        if view.slurm_view == "unknown" and (g.max_unavailable is not None
+                                             or g.failure_domains):
+            return Admission(False, GuardrailBlock(
+                "slurm-unknown",
+                f"{scope}: Slurm's node states cannot be read, so its maxUnavailable and "
+                "failure-domain limits cannot be checked; nothing is taken out until they "
+                "can"), recheck_after=30.0)
         down = o_unavailable(view, members)
         if g.max_unavailable is not None:
             limit = g.max_unavailable.of(len(members))
-            after = len(down | {node})
+            after = len(set(down) | {node})
             if after > limit:
+                causes = o_causes(down)
+                said = ", ".join(f"{causes[c]} {c}" for c in CAUSES if c in causes)
                 return Admission(False, GuardrailBlock(
                     "max-unavailable",
-                    f"{scope}: {len(down)} of {len(members)} nodes unavailable; taking {node} "
+                    f"{scope}: {len(down)} of {len(members)} nodes unavailable"
+                    f"{f' ({said})' if said else ''}; taking {node} "
                     f"makes {after}, limit {g.max_unavailable} = {limit}", after, limit),
                     recheck_after=30.0)
         target = view.nodes.get(node)
@@ -171,7 +212,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
             if value is None:
                 continue
             same = [m for m in members if m.labels.get(fd.key) == value]
-            after = len(o_unavailable(view, same) | {node})
+            after = len(set(o_unavailable(view, same)) | {node})
             if after > fd.max_unavailable:
                 return Admission(False, GuardrailBlock(
                     "failure-domain",
@@ -194,10 +235,12 @@ def o_usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
         if g.breaker is not None:
             incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
             br = o_breaker(g.breaker, incidents, len(members), now)
+        down = o_unavailable(view, members)
         out.append(GuardrailUsage(
-            scope, len(members), len(o_unavailable(view, members)),
+            scope, len(members), len(down),
             g.max_unavailable.of(len(members)) if g.max_unavailable else None,
-            active, g.max_concurrent, br))
+            active, g.max_concurrent, br, o_causes(down), o_replaced(view, pol),
+            view.slurm_view))
     return out
 
 
@@ -211,6 +254,8 @@ class Fleet:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     open: dict[str, NodeRecord] = field(default_factory=dict)  # node -> open record
     history: dict[str, NodeRecord] = field(default_factory=dict)  # incident id -> record
+    slurm: dict[str, str] = field(default_factory=dict)  # node -> Slurm cause
+    slurm_view: str = "off"
 
     def apply(self, index: FleetIndex, op: tuple[Any, ...]) -> None:
         kind = op[0]
@@ -258,6 +303,15 @@ class Fleet:
         elif kind == "policies":
             self.policies = op[1]
             index.set_policies(op[1])
+        elif kind == "slurm":  # the Slurm feed saw a change on a node
+            if op[2]:
+                self.slurm[op[1]] = op[2]
+            else:
+                self.slurm.pop(op[1], None)
+            index.set_slurm(op[1], op[2])
+        elif kind == "slurm-view":
+            self.slurm_view = op[1]
+            index.set_slurm_view(op[1])
 
     def oracle(self, paused: bool) -> BudgetView:
         paused_nodes = frozenset(n for n, v in self.nodes.items()
@@ -265,7 +319,8 @@ class Fleet:
         return BudgetView(self.policies, dict(self.nodes),
                           {n: open_remediation(r) for n, r in self.open.items()},
                           tuple(past_incident(r) for r in self.history.values()),
-                          paused, paused_nodes)
+                          paused, paused_nodes, slurm=dict(self.slurm),
+                          slurm_view=self.slurm_view)
 
 
 NAMES = [f"n{i}" for i in range(8)]
@@ -343,7 +398,7 @@ def records(draw: st.DrawFn, closing: bool = False) -> NodeRecord:
     phase = draw(st.sampled_from(CLOSED if closing else PHASES))
     base = record(phase, nodename=nodename, at=at, ledger=draw(st.sampled_from(LEDGERS)),
                   policy_name=draw(st.sampled_from(["p0", "p1", "p2", "gone"])),
-                  spare=draw(st.sampled_from(["", "", "s9"])), repaired=draw(st.booleans()),
+                  spare=draw(st.sampled_from(["", "", "s9", "n7"])), repaired=draw(st.booleans()),
                   verdict=draw(st.sampled_from([HealthState.HEALTHY.value,
                                                 HealthState.FAILED.value])))
     serials = draw(st.lists(st.sampled_from([*SERIALS, ""]), max_size=2))
@@ -367,6 +422,10 @@ ops = st.one_of(
     st.tuples(st.just("drop"), st.sampled_from(NAMES)),
     st.tuples(st.just("forget"), st.sampled_from(IDS)),
     st.tuples(st.just("policies"), policy_sets()),
+    st.tuples(st.just("slurm"), st.sampled_from(NAMES),
+              st.sampled_from(["", "", "slurm-drain", "slurm-down", "slurm-not-responding"])),
+    st.tuples(st.just("slurm"), st.sampled_from(NAMES), st.sampled_from(["", "slurm-drain"])),
+    st.tuples(st.just("slurm-view"), st.sampled_from(["off", "ok", "ok", "unknown"])),
 )
 
 
@@ -381,7 +440,8 @@ def assert_same(fleet: Fleet, index: FleetIndex, full: bool) -> None:
         if full:  # the same fleet from scratch, and a hand-built view (scanned)
             views.append(budget_view(fleet.policies, fleet.nodes, fleet.open.values(),
                                      fleet.history.values(), paused=paused,
-                                     paused_nodes=frozenset(oracle.paused_nodes)))
+                                     paused_nodes=frozenset(oracle.paused_nodes),
+                                     slurm=fleet.slurm, slurm_view=fleet.slurm_view))
             views.append(oracle)
         for now in NOWS if full else NOWS[:1]:
             want_usage = o_usage(oracle, now)

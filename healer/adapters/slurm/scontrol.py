@@ -35,6 +35,7 @@ from healer.adapters.calls import timed
 from healer.adapters.slurm.parse import (
     SQUEUE_FIELDS,
     parse_node_line,
+    parse_nodes,
     parse_squeue,
     scontrol_error_kind,
 )
@@ -93,6 +94,11 @@ class ScontrolDriver:
             if st.name == node:
                 return st
         raise NotFoundError(f"Slurm node {node!r} not found: {r.message!r}")
+
+    async def nodes(self) -> list[SlurmNodeState]:
+        """Every Slurm node's state: one ``scontrol show node -o`` (the guardrails' feed)."""
+        r = await self._run(["scontrol", "show", "node", "-o"])
+        return parse_nodes(r.stdout)
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         r = await self._run(["squeue", "-h", "-w", _node_name(node), "-O", SQUEUE_FIELDS])

@@ -1,0 +1,117 @@
+"""The Slurm feed: Slurm's node states, read every interval off the event loop's hot path, fed
+into the guardrails as changes only (issue 12: guardrails count what Slurm counts).
+
+Each read (:class:`~healer.ports.SlurmStates`, one listing of the fleet) becomes a cause per
+Kubernetes node (:func:`healer.core.budget.slurm_cause`: DOWN, NOT_RESPONDING, FAIL, drained or
+draining by anyone, REBOOT_ISSUED, powering down, MAINT). Only the nodes whose cause changed
+since the previous read reach the controller, so the core's work follows change, not fleet
+size. The read itself runs as its own task with a timeout; the event loop only awaits it.
+
+Failing safe: when Slurm cannot be read (an error, a timeout, an answer that does not parse)
+for longer than ``grace`` (default: three intervals), Slurm's view is *unknown*: the
+controller stops admitting disruptive remediations in scopes whose ``maxUnavailable`` or
+failure-domain limits would need it (guardrail ``slurm-unknown``), keeps the causes it last
+read, and says so in ``healer_slurm_view`` and ``/debug/state``. The first good read makes it
+known again. Recovery is never blocked (the guardrails gate only admissions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import structlog
+
+from healer.core.budget import slurm_cause
+from healer.errors import HealerError
+from healer.obs.logging import OnceLogger
+from healer.ports import Clock, SlurmNodeState, SlurmStates
+
+log = structlog.get_logger("healer.slurm_feed")
+
+#: Default seconds between two reads of Slurm's node states.
+DEFAULT_INTERVAL = 10.0
+
+
+class SlurmSink(Protocol):
+    def on_slurm_states(self, changes: Mapping[str, str], *, known: bool) -> None: ...
+
+
+class SlurmFeed:
+    """Polls ``states`` every ``interval`` seconds and tells ``sink`` what changed."""
+
+    def __init__(self, states: SlurmStates, sink: SlurmSink, clock: Clock, *,
+                 interval: float = DEFAULT_INTERVAL, timeout: float | None = None,
+                 grace: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        if not interval > 0:
+            raise ValueError(f"the Slurm state interval must be > 0 s, not {interval!r}")
+        self.states = states
+        self.sink = sink
+        self.clock = clock
+        self.interval = interval
+        self.timeout = timeout if timeout is not None else max(interval, 5.0)
+        self.grace = grace if grace is not None else 3 * interval
+        self._monotonic = monotonic
+        self.causes: dict[str, str] = {}  # node -> cause, as last read (only nodes with one)
+        self.known = False
+        self.last_ok: float | None = None  # monotonic
+        self.last_success: float | None = None  # the clock's time
+        self.reads = 0
+        self.failures = 0
+        self.last_error = ""
+        self._outage = OnceLogger("healer.slurm_feed")
+
+    async def run(self) -> None:
+        while True:
+            await self.poll()
+            await self.clock.sleep(self.interval)
+
+    async def poll(self) -> None:
+        """One read; changes (or the loss of Slurm's view) go to the sink."""
+        try:
+            got = await asyncio.wait_for(self.states.node_states(), self.timeout)
+            causes = _causes(got)
+        except (HealerError, TimeoutError, ValueError, KeyError, TypeError) as e:
+            self._failed(f"{type(e).__name__}: {e}"[:300])
+            return
+        self._outage.ok("Slurm node states")
+        self.reads += 1
+        self.last_ok = self._monotonic()
+        self.last_success = self.clock.now()
+        changes = {n: c for n, c in causes.items() if self.causes.get(n) != c}
+        changes.update({n: "" for n in self.causes if n not in causes})
+        self.causes = causes
+        was = self.known
+        self.known = True
+        if changes or not was:
+            self.sink.on_slurm_states(changes, known=True)
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
+        self._outage.failed("Slurm node states", error)
+        if self.last_ok is None or self._monotonic() - self.last_ok >= self.grace:
+            if self.known or self.reads == 0:  # the loss is news (or nothing was ever read)
+                self.sink.on_slurm_states({}, known=False)
+            self.known = False
+
+    def metrics(self) -> dict[str, object]:
+        """What ``healer_slurm_view_*`` report."""
+        return {"known": self.known, "last_success": self.last_success}
+
+    def debug(self) -> dict[str, object]:
+        return {"known": self.known, "interval": self.interval, "reads": self.reads,
+                "failures": self.failures, "last_error": self.last_error,
+                "unavailable": dict(sorted(self.causes.items()))}
+
+
+def _causes(states: Mapping[str, SlurmNodeState]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for node, st in states.items():
+        cause = slurm_cause(st.base, st.flags)
+        if cause:
+            out[str(node)] = cause
+    return out
