@@ -313,7 +313,8 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
         leading=lambda: ctl.leading,
         slurm_feed=slurm_feed.metrics if slurm_feed is not None else dict,
-        stale_nodes=lambda: {p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
+        stale_nodes=lambda: {**{p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
+                             **ctl.stale_conditions()},
         last_poll=lambda: {p.name: p.last_success for p in prom
                            if p.last_success is not None}))
     def ack_target(incident: str) -> AckTarget | None:  # the incident's node and hook keys

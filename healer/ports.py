@@ -181,9 +181,11 @@ class StateStore(Protocol):
 
 
 class SparePool(Protocol):
-    async def claim(self, node: str, incident: str) -> str | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False
+                    ) -> str | None:
         """Choose (topology-aware) and atomically claim a spare for ``node``; idempotent per
-        incident (a second call returns the same spare). None if no spare fits."""
+        incident (a second call returns the same spare). None if no spare fits;
+        ``same_domain``: only a spare in ``node``'s NVLink domain fits."""
         ...
 
     async def release(self, spare: str, incident: str) -> None: ...

@@ -12,6 +12,7 @@ from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import reason_of
 from healer.adapters.kube.store import CRStateStore
 from healer.core.machine import releases
+from healer.core.model import NodeRecord
 from healer.errors import ConfigError, NotFoundError
 
 
@@ -21,6 +22,16 @@ def _age(seconds: float) -> str:
         if s >= n:
             return f"{s // n}{unit}"
     return f"{s}s"
+
+
+def _spare(r: NodeRecord) -> str:
+    """The spare, and how far it is when it is not in the node's NVLink domain."""
+    p = r.spare_placement
+    if not r.spare:
+        return "-"
+    if p is None or p.same_domain:
+        return r.spare
+    return f"{r.spare} ({p.level}, {p.spare_domain or 'no domain'})"
 
 
 async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: bool = False) -> int:
@@ -40,13 +51,14 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
     if as_json:
         print(json.dumps([{"name": s.name, **s.record.to_dict()} for s in rows], indent=2))
         return 0
-    header = f"{'NAME':38} {'NODE':16} {'PHASE':16} {'AGE':>5} {'IN PHASE':>8}  REASON"
+    header = (f"{'NAME':38} {'NODE':16} {'PHASE':16} {'AGE':>5} {'IN PHASE':>8}  "
+              f"{'SPARE':24} REASON")
     print(header)
     for s in rows:
         r = s.record
         print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase:16} "
               f"{_age(now - r.incident.opened_at):>5} {_age(now - r.phase_since):>8}  "
-              f"{reason_of(r)}")
+              f"{_spare(r):24} {reason_of(r)}")
     if not rows:
         print("(no remediations)")
     return 0

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from healer.core.model import NodeRecord, NodeView, Signal, Taint
-from healer.core.topology import rank_spares, slinky_topology_spec
+from healer.core.model import NodeCondition, NodeRecord, NodeView, Signal, Taint
+from healer.core.topology import rank_spares, same_domain_spares, slinky_topology_spec
 from healer.errors import ConflictError, NotFoundError
 from healer.ports import (
     SLURM_REASON_PREFIX,
@@ -115,10 +115,11 @@ class _Node:
     unschedulable: bool = False
     taints: list[Taint] = field(default_factory=list)
     rv: int = 1
+    conditions: dict[str, NodeCondition] = field(default_factory=dict)
 
     def view(self) -> NodeView:
         return NodeView(self.name, dict(self.labels), dict(self.annotations), self.unschedulable,
-                        tuple(self.taints))
+                        tuple(self.taints), tuple(self.conditions.values()))
 
 
 class FakeNodes(Faulty):
@@ -133,8 +134,13 @@ class FakeNodes(Faulty):
 
     def add(self, n: NodeView) -> None:
         self._nodes[n.name] = _Node(n.name, dict(n.labels), dict(n.annotations), n.unschedulable,
-                                    list(n.taints))
+                                    list(n.taints), conditions={c.type: c for c in n.conditions})
         self._publish("ADDED", n.name)
+
+    def set_condition(self, name: str, cond: NodeCondition) -> None:
+        """What a detector (healer's agent, NPD) does: publish one condition, by type."""
+        self._nodes[name].conditions[cond.type] = cond
+        self._publish("MODIFIED", name)
 
     def _publish(self, etype: str, name: str) -> None:
         node = self._nodes[name]
@@ -415,12 +421,14 @@ class FakeSpares(Faulty):
         return [n for n in await self.nodes.list() if n.labels.get(SPARE_LABEL) == "spare"
                 and not n.annotations.get("healer.io/claimed-by")]
 
-    async def claim(self, node: str, incident: str) -> str | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False
+                    ) -> str | None:
         self._enter("claim", node, incident)
         for n in await self.nodes.list():
             if n.annotations.get("healer.io/claimed-by") == incident:
                 return n.name
-        ranked = rank_spares(await self.nodes.get(node), await self._candidates())
+        rank = same_domain_spares if same_domain else rank_spares
+        ranked = rank(await self.nodes.get(node), await self._candidates())
         if not ranked:
             return None
         spare = ranked[0].name

@@ -40,6 +40,7 @@ from typing import Any, cast
 import structlog
 from kubernetes_asyncio import client
 
+from healer import flags
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.events import KubeEvents
 from healer.agent.findings import Assessment, GpuEvent, GpuReading, Thresholds, assess
@@ -412,28 +413,29 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", default=env("KUBECONFIG"),
                    help="kubeconfig (default: $KUBECONFIG, else in-cluster)")
     p.add_argument("--context", default=None)
-    p.add_argument("--interval", type=float, default=10.0,
+    p.add_argument("--interval", type=flags.seconds(0.1, 3600), default=10.0,
                    help="seconds between two reads of the NVML counters (default: 10)")
-    p.add_argument("--heartbeat", type=float, default=30.0,
+    p.add_argument("--heartbeat", type=flags.seconds(1, 3600), default=30.0,
                    help="seconds between two writes of an unchanged condition (default: 30)")
-    p.add_argument("--event-window", type=float, default=3600.0,
+    p.add_argument("--event-window", type=flags.seconds(1, 30 * 86400), default=3600.0,
                    help="seconds an XID/NVML event keeps the condition False (default: 3600)")
-    p.add_argument("--ecc-corrected-max", type=int, default=1000,
+    p.add_argument("--ecc-corrected-max", type=flags.integer(0, 2**63 - 1), default=1000,
                    help="volatile corrected ECC errors above which: EccCorrectableStorm")
-    p.add_argument("--nvlink-errors-max", type=int, default=100,
+    p.add_argument("--nvlink-errors-max", type=flags.integer(0, 2**63 - 1), default=100,
                    help="NVLink errors of one kind above which: NvlinkErrors")
-    p.add_argument("--pcie-replays-max", type=int, default=100,
+    p.add_argument("--pcie-replays-max", type=flags.integer(0, 2**63 - 1), default=100,
                    help="PCIe replays above which: PcieReplays")
-    p.add_argument("--nvml-wait-ms", type=int, default=250,
+    p.add_argument("--nvml-wait-ms", type=flags.integer(1, 60_000), default=250,
                    help="NVML event wait timeout in ms (bounds how long stopping takes)")
-    p.add_argument("--api-timeout", type=float, default=10.0,
+    p.add_argument("--api-timeout", type=flags.seconds(0.1, 600), default=10.0,
                    help="seconds one API request may take (default: 10)")
     p.add_argument("--http-host", default=os.environ.get("HEALER_HTTP_HOST", "127.0.0.1"),
+                   type=flags.host,
                    help="the one address to serve on (default 127.0.0.1; the DaemonSet passes "
                         "the pod IP; $HEALER_HTTP_HOST)")
     p.add_argument("--debug-state", action="store_true",
                    help="serve /debug/state (redacted; default off)")
-    p.add_argument("--http-port", type=int, default=8081,
+    p.add_argument("--http-port", type=flags.port, default=8081,
                    help="/metrics, /healthz, /readyz (default: 8081)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")

@@ -7,7 +7,11 @@ The pure half decides *what* to write:
   naming each affected GPU's index, UUID and XID). ``lastTransitionTime`` carries over from the
   previous condition unless the status or the reason changed; ``lastHeartbeatTime`` is now.
 * :func:`should_write` says when: at once when status, reason or message changed, else when the
-  heartbeat is due.
+  heartbeat is due (``--heartbeat``, :data:`DEFAULT_HEARTBEAT` = 30 s): an unchanged condition
+  is re-published with only ``lastHeartbeatTime`` moved, so the controller can tell a live
+  agent from a dead one. The controller judges the condition stale once its heartbeat is older
+  than the rule's ``staleAfter`` (default 5 heartbeats, 2m30s; keep it above 5 times ``--heartbeat``
+  when you raise the heartbeat): unknown, alerting, never disruptive.
 * :func:`status_patch` is the strategic-merge patch of the Node's status: ``conditions`` merge by
   ``type``, so the patch touches this one condition and every other (``Ready``...) survives.
 * :func:`event_key`, :func:`event_reason`, :func:`event_note`, :func:`event_type`: one Event per
@@ -36,6 +40,10 @@ from healer.agent.findings import CONDITION_TYPE, Assessment, EventKind, GpuEven
 from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.core.xid import XidCatalog
 from healer.errors import PermanentError
+
+#: Seconds between two writes of an unchanged condition (``healer agent --heartbeat``'s
+#: default; the controller's default heartbeat window for ``GPUHealthy`` is 5 of them).
+DEFAULT_HEARTBEAT = 30.0
 
 #: Event reasons (``events.k8s.io/v1`` ``reason``), by what NVML reported.
 XID_EVENT_REASON = "GPUXid"

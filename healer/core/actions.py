@@ -105,8 +105,11 @@ class Cordon(Action):
 
 @dataclass(frozen=True, slots=True)
 class ClaimSpare(Action):
-    """Choose (topology-aware) and atomically claim a warm spare; DONE with ``spare`` in data."""
+    """Choose (topology-aware) and atomically claim a warm spare; DONE with ``spare`` and its
+    placement (``match``, ``nodeDomain``, ``spareDomain``, ``switch``) in data. With
+    ``same_domain`` only a spare in the node's NVLink domain may be taken (else UNAVAILABLE)."""
 
+    same_domain: bool = False
     step: ClassVar[str] = "claim-spare"
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 

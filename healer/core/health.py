@@ -9,7 +9,12 @@ Pure and deterministic. Semantics, rule by rule:
   Samples older than the staleness limit are not trusted: the rule is *unknown* for that GPU.
 * **Condition** rules test the latest observation of a node condition (``value`` = the
   condition's last-transition time); with ``count``/``within`` they count distinct transitions
-  into the bad status within the window.
+  into the bad status within the window. A condition whose detector vouches for it
+  (``lastHeartbeatTime``, the observation's ``observed_at``) and whose last heartbeat is older
+  than the rule's ``stale_after`` is *stale*, whatever its status: the rule's match is
+  ``STALE`` (unknown, never disruptive), like telemetry that stopped; until then
+  ``recheck_after`` is when the window would pass, so the runtime's timer re-evaluates the
+  node then instead of polling it.
 * **Staleness** rules: a source whose newest fresh data is older than ``after`` (or that sent an
   explicit *stale* marker since, or never sent anything) makes the verdict ``STALE`` unless a
   confirmed rule decides otherwise. ``STALE`` is *unknown*: never healthy, never failed, and the
@@ -35,7 +40,7 @@ from healer.core.policy import (
     StalenessRule,
     XidRule,
 )
-from healer.core.signals import DEFAULT_SAMPLE_MAX_AGE
+from healer.core.signals import DEFAULT_SAMPLE_MAX_AGE, LIVENESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,7 @@ class RuleMatch:
     gpus: tuple[GpuRef, ...] = ()
     detail: str = ""
     evidence: tuple[Signal, ...] = ()  # the signals that make the rule match
+    source: str = ""  # STALE matches: what is stale (``condition/<type>`` for a condition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,13 +254,33 @@ def _condition(
     obs = [o for o in observations if o.key == rule.type]
     if not obs:
         return None, None
+    latest = obs[-1]
+    if rule.count == 0 and rule.stale_after > 0 and latest.get(LIVENESS):
+        age = now - latest.observed_at  # observed_at: the condition's lastHeartbeatTime
+        if age >= rule.stale_after:
+            return (RuleMatch(rule.name, HealthState.STALE, None, latest.observed_at, (),
+                              f"condition {rule.type} stale: last heartbeat "
+                              f"{_fmt_duration(age)} ago (window "
+                              f"{_fmt_duration(rule.stale_after)}; its detector may be down)",
+                              source=f"condition/{rule.type}"), None)
+        # a timer, not a poll: look again when the window would pass without a heartbeat
+        stale_in: float | None = rule.stale_after - age
+    else:
+        stale_in = None
+    m, recheck = _condition_state(rule, obs, latest, now)
+    if stale_in is not None:
+        recheck = stale_in if recheck is None else min(recheck, stale_in)
+    return m, recheck
 
+
+def _condition_state(
+    rule: ConditionRule, obs: list[Signal], latest: Signal, now: float
+) -> tuple[RuleMatch | None, float | None]:
     def bad(o: Signal) -> bool:
         if o.get("status") not in rule.statuses:
             return False
         return rule.reason is None or rule.reason.search(o.get("reason")) is not None
 
-    latest = obs[-1]
     if rule.count > 0:
         transitions = sorted({o.value for o in obs if bad(o) and now - o.value < rule.within})
         if not transitions:

@@ -67,6 +67,7 @@ from healer.core.policy import (
     Policy,
     Steps,
 )
+from healer.core.topology import placement_of
 
 #: Label that opts a node out of remediation.
 EXCLUDE_LABEL = "healer.io/exclude"
@@ -406,7 +407,7 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
         case "cordon":
             return Cordon(inc, node, reason=_reason(rec))
         case "claim-spare":
-            return ClaimSpare(inc, node)
+            return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain)
         case "move-workload":
             return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
         case "await-replacement":
@@ -620,9 +621,18 @@ CANCEL_KEEP = _undo("cancelled", undo=False)
 def _set_spare(ctx: Ctx) -> None:
     r = _result(ctx)
     assert r is not None
-    ctx.record = replace(ctx.rec, spare=r.get("spare"))
+    placed = placement_of(r.get)
+    ctx.record = replace(ctx.rec, spare=r.get("spare"), spare_placement=placed)
     ctx.issue(build_action(ctx, "move-workload"))
-    ctx.event("spare", "SpareClaimed", f"spare {ctx.rec.spare} claimed to replace {ctx.rec.node}")
+    rec = ctx.rec
+    where = f" ({placed.describe(rec.node, rec.spare)})" if placed is not None else ""
+    ctx.event("spare", "SpareClaimed", f"spare {rec.spare} claimed to replace {rec.node}{where}")
+    if placed is not None and not placed.same_domain:
+        # the replacement serves outside the node's NVLink domain: jobs that need the
+        # domain's fabric see a different topology (swap.requireSameDomain refuses this)
+        ctx.event("spare-far", "SpareFromOtherDomain",
+                  f"{placed.describe(rec.node, rec.spare)} (placement {placed.level})",
+                  warning=True)
 
 
 SWAP_IN = Effect("record spare, issue move-workload", _set_spare)
@@ -633,6 +643,13 @@ def _held(ctx: Ctx) -> None:
     ctx.event("held", "HeldForCapacity",
               f"no warm spare fits {ctx.rec.node} ({(r.error if r else '') or 'pool empty'}); "
               "the node stays drained and cordoned until one does", warning=True)
+
+
+def held_reason(rec: NodeRecord) -> str:
+    """Why ``rec`` is held for capacity: what the latest claim said (for ``healer status``)."""
+    s = rec.step("claim-spare")
+    why = (s.error if s is not None and s.error else "") or "no warm spare fits"
+    return f"held for capacity: {why}"
 
 
 HELD = Effect("hold for capacity", _held)

@@ -144,6 +144,12 @@ class NodeCondition:
     reason: str = ""
     message: str = ""
     last_transition: float = 0.0
+    last_heartbeat: float = 0.0  # when its detector last vouched for it (0: it never says)
+
+    def same_content(self, other: NodeCondition) -> bool:
+        """Equal but for the heartbeat (a re-publish of an unchanged condition)."""
+        return (self.type, self.status, self.reason, self.message, self.last_transition) == (
+            other.type, other.status, other.reason, other.message, other.last_transition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +295,44 @@ class GuardrailBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """How far a claimed spare is from the node it replaces (``status.sparePlacement``).
+
+    ``level``: ``domain`` (the same NVLink domain), ``tier-N`` (another domain, or no domain
+    labels, sharing the fabric switch of tier N, the lowest shared one), ``any`` (nothing in
+    common). ``switch``: the shared tier-N switch, if any.
+    """
+
+    level: str
+    node_domain: str = ""
+    spare_domain: str = ""
+    switch: str = ""
+
+    @property
+    def same_domain(self) -> bool:
+        return self.node_domain == self.spare_domain
+
+    def describe(self, node: str, spare: str) -> str:
+        if self.same_domain:
+            return f"spare {spare} is in {node}'s NVLink domain {self.node_domain or '(none)'}"
+        where = (f"spare {spare} is in NVLink domain {self.spare_domain or '(none)'}, {node} in "
+                 f"{self.node_domain or '(none)'}")
+        if self.level.startswith("tier-"):
+            return f"{where}; nearest shared fabric switch: {self.level} {self.switch}"
+        return f"{where}; they share no fabric switch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "sameDomain": self.same_domain,
+                "nodeDomain": self.node_domain, "spareDomain": self.spare_domain,
+                "switch": self.switch}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Placement:
+        return cls(level=str(d.get("level", "")), node_domain=str(d.get("nodeDomain", "")),
+                   spare_domain=str(d.get("spareDomain", "")), switch=str(d.get("switch", "")))
+
+
+@dataclass(frozen=True, slots=True)
 class TransitionRecord:
     """One entry of the record's (bounded) phase history."""
 
@@ -346,6 +390,7 @@ class NodeRecord:
     mode: str = "act"  # observe | dryRun | act
     ledger: tuple[StepRecord, ...] = ()
     spare: str = ""
+    spare_placement: Placement | None = None  # how far the spare is from the node
     slurm_node: str = ""
     verdict: str = HealthState.HEALTHY.value
     verdict_at: float = 0.0
@@ -414,6 +459,8 @@ class NodeRecord:
         }
         if self.blocked is not None:
             d["blocked"] = self.blocked.to_dict()
+        if self.spare_placement is not None:
+            d["sparePlacement"] = self.spare_placement.to_dict()
         return d
 
     @classmethod
@@ -425,6 +472,7 @@ class NodeRecord:
                 f"(this healer reads version {RECORD_FORMAT_VERSION})"
             )
         blocked = d.get("blocked")
+        placed = d.get("sparePlacement")
         return cls(
             node=str(d["node"]),
             incident=Incident.from_dict(d["incident"]),
@@ -434,6 +482,7 @@ class NodeRecord:
             mode=str(d.get("mode", "act")),
             ledger=tuple(StepRecord.from_dict(s) for s in d.get("ledger", ())),
             spare=str(d.get("spare", "")),
+            spare_placement=None if placed is None else Placement.from_dict(placed),
             slurm_node=str(d.get("slurmNode", "")),
             verdict=str(d.get("verdict", HealthState.HEALTHY.value)),
             verdict_at=float(d.get("verdictAt", 0.0)),

@@ -137,6 +137,8 @@ class ConditionRule:
     """A node condition (from healer's agent, NPD, NVSentinel, ...) held for a duration.
 
     ``count``/``within`` turn it into an N-in-window rule on transitions into the bad status.
+    ``stale_after``: a condition whose ``lastHeartbeatTime`` is older than this is *stale*
+    (its detector died): unknown, never disruptive; 0 never judges it.
     """
 
     name: str
@@ -147,6 +149,7 @@ class ConditionRule:
     hold_for: float = 0.0
     count: int = 0
     within: float = 0.0
+    stale_after: float = 0.0  # heartbeat window: older than this, the condition is unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,7 @@ class SwapStep:
     enabled: bool = True
     deadline: float = 1800.0  # spare claimed → replacement registered and ready
     hold_timeout: float = 0.0  # HeldForCapacity → Escalated after this long (0: hold forever)
+    require_same_domain: bool = False  # only a spare of the node's NVLink domain; else held
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,10 @@ rule of the policy set can still look at, pre-indexed by rule (:class:`RuleIndex
   is still fresh data after its window passed), at most :data:`XID_LIMIT`; an occurrence that a
   source reports again (a restart, re-seeding from a record's evidence) is kept once;
 * **conditions**: per type the newest observation plus the distinct observations younger than
-  the longest N-in-window rule's window, at most :data:`CONDITION_LIMIT` per type;
+  the longest N-in-window rule's window, at most :data:`CONDITION_LIMIT` per type; a
+  re-publish of an unchanged condition (its detector's heartbeat) only moves the newest
+  observation's ``observed_at`` to the heartbeat, which :mod:`healer.core.health` judges
+  against the rule's heartbeat window (:func:`default_stale_after`);
 * **fresh and stale markers**: the newest of each kind per source.
 
 :meth:`NodeSignals.signals` gives the evaluation exactly the verdicts it would give on the full
@@ -29,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from healer.core.model import GpuRef, Signal, SignalKind
+from healer.core.model import GpuRef, NodeView, Signal, SignalKind
 from healer.core.policy import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
 
 #: At most this many XID occurrences are kept per node (a storm keeps the newest).
@@ -38,6 +41,30 @@ XID_LIMIT = 64
 CONDITION_LIMIT = 16
 #: Samples older than this are not trusted when a policy has no staleness rule.
 DEFAULT_SAMPLE_MAX_AGE = 300.0
+
+#: How often healer's agent re-publishes an unchanged ``GPUHealthy`` condition (its
+#: ``--heartbeat`` default; ``healer.agent.publish.DEFAULT_HEARTBEAT``, a test keeps them equal).
+AGENT_HEARTBEAT = 30.0
+#: How often node-problem-detector re-publishes its conditions
+#: (``--k8s-exporter-heartbeat-period``, default 5m).
+NPD_HEARTBEAT = 300.0
+#: A condition is stale once this many of its detector's heartbeats were missed.
+HEARTBEAT_MISSES = 5
+#: ``detail`` key of a CONDITION signal whose ``observed_at`` is the condition's
+#: ``lastHeartbeatTime`` (the detector says it is alive), so its staleness can be judged.
+LIVENESS = "liveness"
+
+
+def default_stale_after(condition_type: str) -> float:
+    """The heartbeat window of a condition rule that sets no ``staleAfter``: 5 missed
+    heartbeats of the detector that publishes it (healer's agent: 2m30s; NPD and every other
+    detector: 25m). ``Ready`` has none: the node lifecycle controller already turns a silent
+    kubelet's Ready into Unknown, which the notReady rule matches."""
+    if condition_type == "Ready":
+        return 0.0
+    if condition_type == "GPUHealthy":
+        return HEARTBEAT_MISSES * AGENT_HEARTBEAT
+    return HEARTBEAT_MISSES * NPD_HEARTBEAT
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +194,8 @@ class NodeSignals:
     def _condition(self, s: Signal) -> bool:
         obs = self.conditions.setdefault(s.key, [])
         if obs and obs[-1].value == s.value and obs[-1].detail == s.detail:
-            obs[-1] = s  # the same observation again (a relist, a heartbeat)
+            if s.observed_at >= obs[-1].observed_at:
+                obs[-1] = s  # the same observation again (a relist, a heartbeat): newer
             return False
         obs.append(s)
         if len(obs) > CONDITION_LIMIT:
@@ -210,3 +238,25 @@ class NodeSignals:
         held = len(self.xids) + len(self.last_xid) + len(self.newest)
         held += sum(1 + 2 * sum(r is not None for r in s.runs) for s in self.series.values())
         return held + sum(len(o) for o in self.conditions.values())
+
+
+def condition_signals(n: NodeView, now: float) -> list[Signal]:
+    """The node's conditions as CONDITION signals (``value``: the last transition). A
+    condition its detector vouches for (``lastHeartbeatTime``) is observed at its heartbeat
+    (never later than ``now``: a detector clock ahead of ours must not hide it) and marked
+    :data:`LIVENESS`, so its staleness is judged; one without a heartbeat is observed ``now``
+    and never goes stale."""
+    out = []
+    for c in n.conditions:
+        extra = {LIVENESS: "heartbeat"} if c.last_heartbeat > 0 else {}
+        out.append(Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
+                          min(c.last_heartbeat, now) if c.last_heartbeat > 0 else now, None,
+                          Signal.details(status=c.status, reason=c.reason,
+                                         message=c.message[:200], **extra)))
+    return out
+
+
+def only_heartbeats(prev: NodeView | None, n: NodeView) -> bool:
+    """Did only heartbeats change between ``prev`` and ``n``'s conditions?"""
+    return prev is not None and len(prev.conditions) == len(n.conditions) and all(
+        a.same_content(b) for a, b in zip(prev.conditions, n.conditions, strict=True))

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from healer import flags
 from healer.devstack.kube import STATE_FILE, KubeStack
 from healer.errors import ConfigError
 
@@ -164,7 +165,8 @@ def register(
     )
     up.add_argument("--no-kwok", action="store_true", help="no kwok (no fake Nodes)")
     up.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds each component may take to start"
+        "--timeout", type=flags.seconds(1, 3600), default=60.0,
+        help="seconds each component may take to start"
     )
     up.set_defaults(fn=cmd_up)
 

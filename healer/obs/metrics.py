@@ -68,7 +68,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_gpu_serial_incidents": ("gauge", "Incidents per GPU serial within the retention "
                                     "window (serials with at least two)."),
     "healer_escalations_total": ("counter", "Remediations escalated to a human."),
-    "healer_telemetry_stale_nodes": ("gauge", "Nodes whose telemetry is stale, by source."),
+    "healer_telemetry_stale_nodes": ("gauge", "Nodes whose telemetry is stale, by source (a "
+                                     "telemetry source, or condition/<type> for a node "
+                                     "condition whose detector stopped heartbeating)."),
     "healer_telemetry_last_success_timestamp_seconds": ("gauge", "Last successful poll per "
                                                          "telemetry source."),
     "healer_api_call_duration_seconds": ("histogram", "Calls to Kubernetes, Slurm and "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from healer.core import policy as core
 from healer.core.model import Severity
+from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
 
@@ -144,8 +145,10 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
         if (cond.count > 0) != (cond.within > 0):
             issues.append(Issue(cp, "count and within go together (N transitions within a "
                                     "window); set both or neither"))
+        stale_after = (default_stale_after(cond.type) if cond.stale_after is None
+                       else cond.stale_after)
         return core.ConditionRule(r.name, sev, cond.type, frozenset(cond.status), pattern,
-                                  cond.hold_for, cond.count, cond.within)
+                                  cond.hold_for, cond.count, cond.within, stale_after)
     assert r.not_ready is not None
     return core.ConditionRule(r.name, sev, "Ready", frozenset({"False", "Unknown"}), None,
                               r.not_ready.hold_for)
@@ -206,7 +209,8 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
                              on_timeout=core.DrainTimeout(st.drain.on_timeout),
                              requeue_grace=st.drain.requeue_grace),
         swap=core.SwapStep(enabled=st.swap.enabled, deadline=st.swap.deadline,
-                           hold_timeout=st.swap.hold_timeout),
+                           hold_timeout=st.swap.hold_timeout,
+                           require_same_domain=st.swap.require_same_domain),
         validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
                                        command=tuple(v.command), deadline=v.deadline),
         repair=core.RepairStep(hook=rp.hook, url=rp.url or "", secret_ref=rp.secret_ref or "",

@@ -124,6 +124,11 @@ class ConditionMatch(Model):
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
     count: int = Field(default=0, ge=0, description="N transitions into the status ...")
     within: Duration = Field(default=0.0, ge=0, description="... within this window")
+    stale_after: Duration | None = Field(default=None, description=(
+        "heartbeat window: a condition whose lastHeartbeatTime is older than this is stale "
+        "(its detector stopped): unknown, alerting, never disruptive; 0 never judges it. "
+        "Default: 5 missed heartbeats of its detector (GPUHealthy, healer's agent: 2m30s; "
+        "any other type, e.g. NPD's: 25m)"))
 
 
 class NotReadyMatch(Model):
@@ -170,6 +175,10 @@ class SwapSpec(Model):
     enabled: bool = True
     deadline: Duration = Field(default=1800.0, gt=0)
     hold_timeout: Duration = Field(default=0.0, ge=0)
+    require_same_domain: bool = Field(default=False, description=(
+        "take only a spare in the node's NVLink domain (accelerator.topograph.run/domain); "
+        "with none free the node is HeldForCapacity. Default: the nearest spare, reported "
+        "(Event SpareFromOtherDomain, status.sparePlacement) when it is in another domain"))
 
 
 class ValidationSpec(Model):

@@ -34,6 +34,7 @@ import structlog
 
 from healer.core.budget import BudgetView, usage
 from healer.core.engine import Engine, takes_capacity
+from healer.core.health import Verdict
 from healer.core.machine import (
     EXCLUDE_LABEL,
     Decision,
@@ -42,9 +43,10 @@ from healer.core.machine import (
     recorded_events,
     releases,
 )
-from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
+from healer.core.model import HealthState, NodeRecord, NodeView, Signal
 from healer.core.phases import MAY_BE_CORDONED, PENDING_ADMISSION, Phase
 from healer.core.policy import PolicySet
+from healer.core.signals import condition_signals, only_heartbeats
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConflictError, HealerError
 from healer.obs.logging import OnceLogger
@@ -118,6 +120,7 @@ class Controller:
         self._seen: dict[str, tuple[Any, ...]] = {}  # node → last derived-trigger state
         self._warm_until = 0.0
         self._outage = OnceLogger("healer.controller")
+        self._stale_conditions: dict[str, tuple[str, ...]] = {}  # node → stale condition/<type>
 
     # -- state (the engine's) -------------------------------------------------------------------
 
@@ -209,14 +212,12 @@ class Controller:
             return
         prev = self.nodes.get(n.name)
         relabelled = self.engine.set_node(n)
-        changed = prev is None or prev.conditions != n.conditions
-        if changed:
-            self.engine.ingest(
-                Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
-                       now, None, Signal.details(status=c.status, reason=c.reason,
-                                                 message=c.message[:200]))
-                for c in n.conditions)
-        if changed or relabelled:
+        beat = prev is None or prev.conditions != n.conditions
+        changed = beat and not only_heartbeats(prev, n)
+        if beat:  # a heartbeat alone only refreshes the signal: no evaluation (cost: none)
+            self.engine.ingest(condition_signals(n, now))
+        if changed or relabelled or (
+                beat and self.engine.last_state.get(n.name) is HealthState.STALE):
             self._submit(n.name, Evaluate(now))
         self._derive_triggers(n, now)
         if prev is not None and prev.labels != n.labels:
@@ -324,6 +325,7 @@ class Controller:
         v = ev.verdict
         if v is None:
             return None
+        self._note_stale_conditions(node, v)
         if ev.recheck_at is not None:
             self._schedule(node, "evaluate", ev.recheck_at - now, Evaluate(now))
         if ev.trigger is None:
@@ -334,6 +336,30 @@ class Controller:
         if ev.changed:
             log.info("verdict", node=node, state=v.state.value, summary=v.summary())
         return ev.trigger
+
+    def _note_stale_conditions(self, node: str, v: Verdict) -> None:
+        stale = tuple(sorted({m.source for m in v.matches if m.state is HealthState.STALE
+                              and m.source.startswith("condition/")}))
+        before = self._stale_conditions.get(node, ())
+        if stale == before:
+            return
+        if stale:
+            self._stale_conditions[node] = stale
+            log.warning("node condition stale: unknown, never disruptive", node=node,
+                        sources=list(stale), summary=v.summary())
+        else:
+            self._stale_conditions.pop(node, None)
+            log.info("node condition fresh again", node=node, sources=list(before))
+
+    def stale_conditions(self) -> dict[str, int]:
+        """Nodes with a stale node condition, by ``condition/<type>`` (for
+        ``healer_telemetry_stale_nodes``)."""
+        out: dict[str, int] = {}
+        for node, sources in self._stale_conditions.items():
+            if node in self.nodes:
+                for src in sources:
+                    out[src] = out.get(src, 0) + 1
+        return out
 
     def view(self) -> BudgetView:
         """What the guardrails see now (O(1): the engine's incremental fleet index)."""

@@ -9,6 +9,7 @@ a spare is chosen but not claimed), so the whole flow can be watched without tou
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeRecord
+from healer.core.topology import DOMAIN_LABEL, placement, placement_data
 from healer.errors import HealerError, PermanentError, TransientError
 from healer.obs.logging import OnceLogger
 from healer.ports import (
@@ -74,6 +76,17 @@ def _hook(r: HookResult) -> Outcome:
     status = {StepOutcome.DONE: StepStatus.DONE, StepOutcome.PENDING: StepStatus.PENDING,
               StepOutcome.FAILED: StepStatus.FAILED}[r.outcome]
     return Outcome(status, r.detail if status is not StepStatus.DONE else "", dict(r.data))
+
+
+async def _no_spare(p: Ports, act: a.ClaimSpare) -> str:
+    """Why no spare was claimed, in words ``healer status`` shows."""
+    if not act.same_domain:
+        return "no warm spare fits this node"
+    dom = ""
+    with contextlib.suppress(HealerError):
+        dom = (await p.nodes.get(act.node)).labels.get(DOMAIN_LABEL, "")
+    return (f"no free warm spare in NVLink domain {dom or '(none)'} (swap.requireSameDomain: "
+            "spares in other domains are not taken)")
 
 
 class Executor:
@@ -167,10 +180,15 @@ class Executor:
                 owned = await p.nodes.cordon(act.node, act.incident, act.reason)
                 return Outcome(StepStatus.DONE, "", {"owner": "healer" if owned else "other"})
             case a.ClaimSpare():
-                spare = await p.spares.claim(act.node, act.incident)
+                spare = await p.spares.claim(act.node, act.incident,
+                                             same_domain=act.same_domain)
                 if spare is None:
-                    return Outcome(StepStatus.UNAVAILABLE, "no warm spare fits this node")
-                return Outcome(StepStatus.DONE, "", {"spare": spare})
+                    return Outcome(StepStatus.UNAVAILABLE, await _no_spare(p, act))
+                data = {"spare": spare}
+                with contextlib.suppress(HealerError):  # the claim stands; only the report
+                    data.update(placement_data(placement(await p.nodes.get(act.node),
+                                                         await p.nodes.get(spare))))
+                return Outcome(StepStatus.DONE, "", data)
             case a.MoveWorkload():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 return _hook(await p.workload.move(act.incident, sn, act.node, act.spare))

@@ -17,7 +17,14 @@ from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import REASON_PREFIX, SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeCondition, NodeView, Taint
-from healer.core.topology import DOMAIN_LABEL, rank_spares, slinky_topology_spec
+from healer.core.topology import (
+    DOMAIN_LABEL,
+    placement,
+    placement_data,
+    rank_spares,
+    same_domain_spares,
+    slinky_topology_spec,
+)
 
 SPARE_LABEL = "healer.io/role"
 SPARE_TAINT = "healer.io/spare"
@@ -249,15 +256,22 @@ class SimWorld:
     def _do_ClaimSpare(self, act: a.ClaimSpare, now: float) -> Result:
         claimed = self.nodes.get(self._claims.get(act.incident, ""))
         if claimed is not None and claimed.claimed_by == act.incident:
-            return self._ok(spare=claimed.name)  # idempotent: already claimed by this incident
+            # idempotent: already claimed by this incident
+            return self._ok(spare=claimed.name, **placement_data(placement(
+                self.nodes[act.node].view(now), claimed.view(now))))
         free = [n.view(now) for n in self.free_spares(act.node)]
-        ranked = rank_spares(self.nodes[act.node].view(now), free)
+        bad = self.nodes[act.node].view(now)
+        ranked = (same_domain_spares if act.same_domain else rank_spares)(bad, free)
         if not ranked:
+            if act.same_domain:
+                return (StepStatus.UNAVAILABLE, "no free spare in NVLink domain "
+                        f"{bad.labels.get(DOMAIN_LABEL) or '(none)'} (requireSameDomain)", {})
             return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
         best = self.nodes[ranked[0].name]
         best.claimed_by = act.incident
         self._claims[act.incident] = best.name
-        return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""))
+        return self._ok(spare=best.name, domain=best.labels.get(DOMAIN_LABEL, ""),
+                        **placement_data(placement(bad, ranked[0])))
 
     def free_spares(self, node: str) -> list[SimNode]:
         """The spares that ``node``'s incident may claim: those of its NVLink domain when it

@@ -4,8 +4,21 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from healer.core.machine import ALWAYS, IGNORED, TRANSITIONS, TriggerKind
+from healer.adapters.kube.crd import reason_of
+from healer.core import policy as cp
+from healer.core.actions import ClaimSpare, EmitEvent, StepStatus
+from healer.core.machine import (
+    ALWAYS,
+    IGNORED,
+    TRANSITIONS,
+    Decision,
+    TriggerKind,
+    held_reason,
+    step,
+)
+from healer.core.model import NodeRecord, Placement
 from healer.core.phases import TERMINAL, Phase
+from tests.builders import T0, open_step, policies, policy, record, s_trigger, view
 
 
 def _edges() -> dict[Phase, set[Phase]]:
@@ -94,3 +107,76 @@ def test_swapping_is_entered_only_before_any_swap() -> None:
     after = {Phase.SWAPPING, Phase.ANNOTATING, Phase.VALIDATING, Phase.UNDRAINING, Phase.REPAIR}
     back = {t for t in TRANSITIONS if t.source in after and t.target in sources}
     assert not back
+
+
+# -- where the spare comes from (issue 12: reported; requireSameDomain holds for capacity) ------
+
+def _claimed(placed: dict[str, str], steps: cp.Steps | None = None) -> Decision:
+    rec = record(Phase.CORDONED, ledger=(open_step("claim-spare"),))
+    v = view(policies(policy(steps=steps)))
+    return step(rec, s_trigger("claim-spare", StepStatus.DONE, spare="s1", **placed), T0 + 5, v)
+
+
+def _events(d: Decision) -> dict[str, EmitEvent]:
+    return {a.reason: a for a in d.actions if isinstance(a, EmitEvent)}
+
+
+def test_a_spare_from_another_domain_is_recorded_and_raises_an_event() -> None:
+    d = _claimed({"match": "tier-1", "nodeDomain": "nvl-a", "spareDomain": "nvl-b",
+                  "switch": "spine1"})
+    assert d.record is not None
+    assert d.phase is Phase.SWAPPING
+    assert d.record.spare_placement == Placement("tier-1", "nvl-a", "nvl-b", "spine1")
+    ev = _events(d)["SpareFromOtherDomain"]
+    assert ev.type == "Warning"
+    assert "NVLink domain nvl-b" in ev.note
+    assert "n1 in nvl-a" in ev.note
+    assert "tier-1 spine1" in ev.note
+    # the record carries it to the NodeRemediation's status and back
+    back = NodeRecord.from_dict(d.record.to_dict())
+    assert back.spare_placement == d.record.spare_placement
+    assert d.record.to_dict()["sparePlacement"] == {
+        "level": "tier-1", "sameDomain": False, "nodeDomain": "nvl-a", "spareDomain": "nvl-b",
+        "switch": "spine1"}
+
+
+def test_a_spare_from_the_same_domain_raises_no_warning() -> None:
+    d = _claimed({"match": "domain", "nodeDomain": "nvl-a", "spareDomain": "nvl-a"})
+    assert d.record is not None
+    assert d.record.spare_placement is not None
+    assert d.record.spare_placement.same_domain
+    ev = _events(d)
+    assert "SpareFromOtherDomain" not in ev
+    assert "n1's NVLink domain nvl-a" in ev["SpareClaimed"].note
+
+
+def test_a_claim_without_placement_data_records_none() -> None:
+    d = _claimed({})  # e.g. a dry run: no spare was really chosen
+    assert d.record is not None
+    assert d.record.spare_placement is None
+    assert "SpareFromOtherDomain" not in _events(d)
+
+
+def test_require_same_domain_reaches_the_claim_and_holds_for_capacity() -> None:
+    steps = cp.Steps(swap=cp.SwapStep(require_same_domain=True))
+    rec = record(Phase.CORDONED, ledger=(open_step("cordon"),))
+    v = view(policies(policy(steps=steps)))
+    d = step(rec, s_trigger("cordon", StepStatus.DONE), T0 + 1, v)
+    claims = [a for a in d.actions if isinstance(a, ClaimSpare)]
+    assert claims
+    assert claims[0].same_domain
+    why = "no free warm spare in NVLink domain nvl-a (swap.requireSameDomain)"
+    d2 = step(d.record, s_trigger("claim-spare", StepStatus.UNAVAILABLE, error=why), T0 + 2, v)
+    assert d2.phase is Phase.HELD_FOR_CAPACITY
+    assert d2.record is not None
+    assert why in _events(d2)["HeldForCapacity"].note
+    assert held_reason(d2.record) == f"held for capacity: {why}"
+    assert reason_of(d2.record) == f"held for capacity: {why}"
+
+
+def test_default_claim_takes_any_domain() -> None:
+    rec = record(Phase.CORDONED, ledger=(open_step("cordon"),))
+    d = step(rec, s_trigger("cordon", StepStatus.DONE), T0 + 1, view())
+    claims = [a for a in d.actions if isinstance(a, ClaimSpare)]
+    assert claims
+    assert not claims[0].same_domain

@@ -22,11 +22,20 @@ from healer.adapters.topograph import (
     check_request,
     load_request,
 )
-from healer.core.model import NodeView
+from healer.core.actions import ClaimSpare, StepStatus
+from healer.core.model import NodeView, Placement
+from healer.core.topology import (
+    placement,
+    placement_data,
+    placement_of,
+    rank_spares,
+    same_domain_spares,
+)
 from healer.errors import ConfigError, NotFoundError, PermanentError, TransientError
 from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
-from healer.testing import FakeNodes
+from healer.runtime.executor import Executor, Ports
+from healer.testing import FakeNodes, fake_ports
 
 TIERS = {"fabric.topograph.run/tier-0": "leaf1", "fabric.topograph.run/tier-1": "spine1"}
 SPEC = "default:spine1:leaf1"
@@ -398,3 +407,75 @@ def test_slurmrestd_node_topology_is_parsed() -> None:
     assert parse_node_json(base).topology == ""
     assert parse_node_json({**base, "topology": None}).topology == ""
     assert parse_node_json({**base, "topology": {"odd": 1}}).topology == ""
+
+
+# -- how far the claimed spare is (issue 12: reported; swap.requireSameDomain) ---------------
+
+DOM = "accelerator.topograph.run/domain"
+
+
+def _gpu(name: str, dom: str | None, leaf: str, spare: bool = False) -> NodeView:
+    labels = {"fabric.topograph.run/tier-0": leaf, "fabric.topograph.run/tier-1": "spine1"}
+    if dom is not None:
+        labels[DOM] = dom
+    if spare:
+        labels["healer.io/role"] = "spare"
+    return NodeView(name, labels)
+
+
+def test_placement_says_which_domain_and_tier() -> None:
+    bad = _gpu("node-02", "nvl-a", "leaf1")
+    assert placement(bad, _gpu("spare-a", "nvl-a", "leaf9")) == Placement("domain", "nvl-a",
+                                                                        "nvl-a", "")
+    far = placement(bad, _gpu("spare-b", "nvl-b", "leaf2"))
+    assert far == Placement("tier-1", "nvl-a", "nvl-b", "spine1")
+    assert not far.same_domain
+    assert placement(bad, _gpu("spare-c", "nvl-c", "leaf1")).level == "tier-0"
+    assert placement(bad, NodeView("spare-x", {})) == Placement("any", "nvl-a", "", "")
+    assert placement_of(lambda k: placement_data(far).get(k, "")) == far
+    assert placement_of(lambda k: "") is None
+    # two nodes without a domain label are in the same (no) domain
+    assert placement(_gpu("n", None, "leaf1"), _gpu("s", None, "leaf1")).same_domain
+
+
+def test_same_domain_spares_keeps_only_the_domain() -> None:
+    bad = _gpu("node-02", "nvl-a", "leaf1")
+    spares = [_gpu("spare-b", "nvl-b", "leaf1"), _gpu("spare-a", "nvl-a", "leaf3")]
+    assert [s.name for s in rank_spares(bad, spares)] == ["spare-a", "spare-b"]
+    assert [s.name for s in same_domain_spares(bad, spares)] == ["spare-a"]
+    assert same_domain_spares(bad, spares[:1]) == []
+
+
+def _executor(nodes: list[NodeView]) -> tuple[Executor, dict[str, Any]]:
+    fakes = fake_ports(nodes)
+    return Executor(Ports(**fakes)), fakes
+
+
+async def test_claim_reports_a_spare_from_another_domain() -> None:
+    ex, _ = _executor([_gpu("node-02", "nvl-a", "leaf1"),
+                       _gpu("spare-b", "nvl-b", "leaf2", spare=True)])
+    (t,) = await ex.run(ClaimSpare("inc-1", "node-02"), None)
+    assert t.result is not None
+    assert t.result.status is StepStatus.DONE
+    assert dict(t.result.data) == {"spare": "spare-b", "match": "tier-1", "nodeDomain": "nvl-a",
+                                   "spareDomain": "nvl-b", "switch": "spine1"}
+
+
+async def test_require_same_domain_leaves_the_other_domain_alone() -> None:
+    ex, fakes = _executor([_gpu("node-02", "nvl-a", "leaf1"),
+                           _gpu("spare-b", "nvl-b", "leaf1", spare=True)])
+    (t,) = await ex.run(ClaimSpare("inc-1", "node-02", same_domain=True), None)
+    assert t.result is not None
+    assert t.result.status is StepStatus.UNAVAILABLE
+    assert "NVLink domain nvl-a" in t.result.error
+    assert "requireSameDomain" in t.result.error
+    # nothing was claimed: the other domain's spare is still in the pool
+    spare = fakes["nodes"].node("spare-b")
+    assert spare.labels.get("healer.io/role") == "spare"
+    assert "healer.io/claimed-by" not in spare.annotations
+    fakes["nodes"].add(_gpu("spare-a", "nvl-a", "leaf5", spare=True))
+    (t,) = await ex.run(ClaimSpare("inc-1", "node-02", same_domain=True), None)
+    assert t.result is not None
+    assert t.result.status is StepStatus.DONE
+    assert t.result.get("spare") == "spare-a"
+    assert t.result.get("match") == "domain"

@@ -104,6 +104,15 @@ def _check_kubeconfig_file(path: str) -> None:
     if not isinstance(doc, dict):
         raise ConfigError(f"kubeconfig {path}: not a kubeconfig (expected a mapping with "
                           f"clusters, contexts and users, got {type(doc).__name__})")
+    for key, inner in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+        items = doc.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list) or not all(
+                isinstance(i, dict) and isinstance(i.get("name"), str)
+                and isinstance(i.get(inner) or {}, dict) for i in items):
+            raise ConfigError(f"kubeconfig {path}: {key}: expected a list of {{name: ..., "
+                              f"{inner}: {{...}}}}")
 
 
 def _one_line(e: BaseException) -> str:

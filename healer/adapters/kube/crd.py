@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from healer.core.machine import held_reason
 from healer.core.model import RECORD_FORMAT_VERSION, NodeRecord
 from healer.core.phases import Phase
 from healer.core.timefmt import rfc3339
@@ -69,6 +70,14 @@ _STATUS = {
         "phaseSince": _n(), "mode": {"type": "string", "enum": ["observe", "dryRun", "act"]},
         "ledger": {"type": "array", "items": _STEP},
         "spare": _s("the warm spare that replaces the node"),
+        "sparePlacement": {
+            "type": "object",
+            "description": "how far the spare is from the node: level domain (the same NVLink "
+                           "domain), tier-N (another domain, sharing the tier-N fabric switch) "
+                           "or any (nothing shared); a spare from another domain also raises "
+                           "a SpareFromOtherDomain Event",
+            "properties": {"level": _s(), "sameDomain": {"type": "boolean"},
+                           "nodeDomain": _s(), "spareDomain": _s(), "switch": _s()}},
         "slurmNode": _s(), "verdict": _s(), "verdictAt": _n(),
         "paused": {"type": "boolean"}, "repaired": {"type": "boolean"},
         "outcome": _s(),
@@ -110,6 +119,8 @@ def crd_manifest() -> dict[str, Any]:
                     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
                     {"name": "Reason", "type": "string", "jsonPath": ".status.reason"},
                     {"name": "Spare", "type": "string", "jsonPath": ".status.spare"},
+                    {"name": "Placement", "type": "string",
+                     "jsonPath": ".status.sparePlacement.level", "priority": 1},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
                 "schema": {"openAPIV3Schema": {
@@ -132,7 +143,9 @@ def crd_manifest() -> dict[str, Any]:
 
 def reason_of(rec: NodeRecord) -> str:
     waiting = next((s for s in reversed(rec.ledger) if not s.done and s.error), None)
-    if rec.blocked is not None:
+    if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY and not rec.blocked and waiting is None:
+        text = held_reason(rec)  # what the last claim said (e.g. requireSameDomain)
+    elif rec.blocked is not None:
         text = f"held by {rec.blocked.guardrail}: {rec.blocked.message}"
     elif waiting is not None and not rec.outcome:  # e.g. a swap held on someone's drain
         text = f"{waiting.step}: {waiting.error}"

@@ -45,7 +45,7 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
                    for t in spec.get("taints") or [])
     conds = tuple(NodeCondition(str(c.get("type", "")), str(c.get("status", "")),
                                 str(c.get("reason") or ""), str(c.get("message") or ""),
-                                _ts(c.get("lastTransitionTime")))
+                                _ts(c.get("lastTransitionTime")), _ts(c.get("lastHeartbeatTime")))
                   for c in status.get("conditions") or [])
     return NodeView(str(meta.get("name", "")), dict(meta.get("labels") or {}),
                     dict(meta.get("annotations") or {}), bool(spec.get("unschedulable")),

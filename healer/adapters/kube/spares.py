@@ -12,7 +12,8 @@ NodeSet selects (with two swaps in flight, on the other's spare). The workload m
 (:class:`healer.adapters.slinky.SlinkyWorkload`) at the moment it evicts; ``release`` and
 ``return_to_pool`` close it again. Two claimers racing
 for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
-topology-aware (same NVLink domain, then the lowest shared fabric tier, then any).
+topology-aware (same NVLink domain, then the lowest shared fabric tier, then any; only the
+same domain with the policy's ``swap.requireSameDomain``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.core.model import NodeView
 from healer.core.policy import LabelSelector
-from healer.core.topology import DOMAIN_LABEL, rank_spares, slinky_topology_spec
+from healer.core.topology import (
+    DOMAIN_LABEL,
+    rank_spares,
+    same_domain_spares,
+    slinky_topology_spec,
+)
 from healer.errors import ConflictError
 
 CLAIMED_BY = "healer.io/claimed-by"
@@ -76,7 +82,8 @@ class KubeSparePool:
                 return str(raw["metadata"]["name"])
         return None
 
-    async def claim(self, node: str, incident: str) -> str | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False
+                    ) -> str | None:
         held = await self.held_by(incident)
         if held is not None:  # idempotent: this incident already holds a spare
             return held
@@ -86,7 +93,8 @@ class KubeSparePool:
         for _ in range(5):
             free = await self._free()
             by_name = {v.name: raw for v, raw in free}
-            for cand in rank_spares(bad, [v for v, _ in free]):
+            rank = same_domain_spares if same_domain else rank_spares
+            for cand in rank(bad, [v for v, _ in free]):
                 raw = by_name[cand.name]
                 try:
                     await self.nodes._patch(cand.name, self._claim_patch(raw, incident))
