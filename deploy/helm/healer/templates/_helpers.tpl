@@ -112,6 +112,10 @@ missing (values.schema.json says the same). */}}
 {{- if eq .Values.slurm.driver "slurmrestd" }}
 - {{ printf "--slurmrestd-url=%s" (required "slurm.slurmrestd.url is required when slurm.driver is slurmrestd" .Values.slurm.slurmrestd.url) | quote }}
 - {{ printf "--slurmrestd-token-secret=%s" (include "healer.tokenSecretRef" .) | quote }}
+{{- else if and (eq .Values.slurm.driver "slinky") .Values.slurm.slurmrestd.url .Values.slurm.slurmrestd.tokenSecret.name }}
+{{- /* Slinky drains through Kubernetes; jobs are listed and signalled through slurmrestd */}}
+- {{ printf "--slurmrestd-url=%s" .Values.slurm.slurmrestd.url | quote }}
+- {{ printf "--slurmrestd-token-secret=%s" (include "healer.tokenSecretRef" .) | quote }}
 {{- end }}
 {{- with .Values.slurm.slurmConf }}
 - {{ printf "--slurm-conf=%s" . | quote }}
@@ -121,7 +125,14 @@ missing (values.schema.json says the same). */}}
 {{- end }}
 - {{ printf "--poll-interval=%v" .Values.prometheus.pollInterval | quote }}
 - {{ printf "--lease-name=%s" (include "healer.leaseName" .) | quote }}
+- {{ printf "--http-host=%s" .Values.http.host | quote }}
 - {{ printf "--http-port=%v" (int .Values.httpPort) | quote }}
+{{- if .Values.http.debugState }}
+- --debug-state
+{{- end }}
+{{- if (include "healer.policyNeeds" . | fromJson).webhooks }}
+- {{ printf "--callback-url=%s" (include "healer.callbackUrl" .) | quote }}
+{{- end }}
 - {{ printf "--log-level=%s" .Values.log.level | quote }}
 - {{ printf "--log-format=%s" .Values.log.format | quote }}
 {{- if .Values.dryRun }}
@@ -130,4 +141,86 @@ missing (values.schema.json says the same). */}}
 {{- range .Values.extraArgs }}
 - {{ . | quote }}
 {{- end }}
+{{- end -}}
+
+{{/* What the policies in .Values.policies ask of the installation, as JSON:
+  secrets:     {namespace: [name, ...]}  the webhook hooks' HMAC Secrets (secretRef)
+  configMaps:  {namespace: [name, ...]}  the Job hooks' templates (jobTemplate)
+  webhooks:    true when any policy has a webhook hook (the ack callback is then passed)
+  slurmSignal: ["file: policy", ...]     enabled slurm-signal checkpoints of policies that are
+                                         not `mode: observe` (they will signal Slurm jobs)
+Only RemediationPolicy documents count; a document that does not parse is left to healer's
+own validation (the controller refuses it with file:line). */}}
+{{- define "healer.policyNeeds" -}}
+{{- $secrets := dict -}}
+{{- $cms := dict -}}
+{{- $signal := list -}}
+{{- $webhooks := false -}}
+{{- range $file, $text := .Values.policies -}}
+{{- range $doc := regexSplit "(?m)^---[ \\t]*$" (toString $text) -1 -}}
+{{- $p := fromYaml $doc -}}
+{{- if and $p (eq (toString (get $p "kind")) "RemediationPolicy") -}}
+{{- $spec := get $p "spec" | default dict -}}
+{{- $steps := get $spec "steps" | default dict -}}
+{{- $cp := get $steps "checkpoint" | default dict -}}
+{{- $rp := get $steps "repair" | default dict -}}
+{{- $hooks := list -}}
+{{- if get $cp "enabled" -}}{{- $hooks = append $hooks $cp -}}{{- end -}}
+{{- $hooks = append $hooks $rp -}}
+{{- range $h := $hooks -}}
+{{- $kind := toString (get $h "hook") -}}
+{{- if and (eq $kind "webhook") (get $h "secretRef") -}}
+{{- $webhooks = true -}}
+{{- $ref := (splitList ":" (toString (get $h "secretRef"))) | first -}}
+{{- $parts := splitList "/" $ref -}}
+{{- if eq (len $parts) 2 -}}
+{{- $_ := set $secrets (index $parts 0) (append (get $secrets (index $parts 0) | default list) (index $parts 1) | uniq | sortAlpha) -}}
+{{- end -}}
+{{- else if eq $kind "webhook" -}}
+{{- $webhooks = true -}}
+{{- else if and (eq $kind "job") (get $h "jobTemplate") -}}
+{{- $parts := splitList "/" (toString (get $h "jobTemplate")) -}}
+{{- if eq (len $parts) 2 -}}
+{{- $_ := set $cms (index $parts 0) (append (get $cms (index $parts 0) | default list) (index $parts 1) | uniq | sortAlpha) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $mode := toString (get $spec "mode" | default "observe") -}}
+{{- $cpHook := toString (get $cp "hook" | default "slurm-signal") -}}
+{{- if and (get $cp "enabled") (eq $cpHook "slurm-signal") (ne $mode "observe") -}}
+{{- $meta := get $p "metadata" | default dict -}}
+{{- $signal = append $signal (printf "%s: %s" $file (toString (get $meta "name"))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- dict "secrets" $secrets "configMaps" $cms "webhooks" $webhooks "slurmSignal" $signal | toJson -}}
+{{- end -}}
+
+{{/* Does the controller reach Slurm's job API (to list and signal jobs)? slurmrestd: always;
+slinky: with slurm.slurmrestd.url and its token Secret (or scontrol in a custom image);
+scontrol: only in an image that carries the Slurm client. */}}
+{{- define "healer.slurmJobsReachable" -}}
+{{- $s := .Values.slurm -}}
+{{- if eq $s.driver "slurmrestd" -}}true
+{{- else if and (eq $s.driver "slinky") $s.slurmrestd.url $s.slurmrestd.tokenSecret.name -}}true
+{{- else if and $s.clientInImage $s.slurmConf -}}true
+{{- end -}}
+{{- end -}}
+
+{{/* Refuse what cannot work as installed, with the reason and the fix. */}}
+{{- define "healer.checks" -}}
+{{- $needs := include "healer.policyNeeds" . | fromJson -}}
+{{- $s := .Values.slurm -}}
+{{- if and (eq $s.driver "scontrol") (not $s.clientInImage) -}}
+{{- fail "slurm.driver=scontrol runs scontrol inside the controller, and healer's image has no Slurm client: build an image with scontrol and munge, set slurm.clientInImage=true and slurm.slurmConf (mounted with extraVolumes), or use slurm.driver=slurmrestd or slinky" -}}
+{{- end -}}
+{{- if and $needs.slurmSignal (not (include "healer.slurmJobsReachable" .)) -}}
+{{- fail (printf "the slurm-signal checkpoint of %s signals Slurm jobs, which slurm.driver=%s cannot reach as configured: set slurm.slurmrestd.url (Slinky: http://<restapi>-restapi.%s.svc:6820) and slurm.slurmrestd.tokenSecret.name (a Secret with a slurmrestd JWT, e.g. from a Slinky Token), or use a webhook or job checkpoint hook, or keep that policy at mode: observe" (join ", " $needs.slurmSignal) $s.driver $s.namespace) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where webhook receivers POST acks: hooks.callbackUrl, else the metrics Service. */}}
+{{- define "healer.callbackUrl" -}}
+{{- default (printf "http://%s-metrics.%s.svc:%v/v1/hooks/ack" (include "healer.fullname" .) .Release.Namespace (int .Values.service.port)) .Values.hooks.callbackUrl -}}
 {{- end -}}
