@@ -132,6 +132,45 @@ def parse_time(text: str, now: float) -> float:
     return dt.timestamp()
 
 
+#: The longest range a backtest reads, and the most evaluation steps it replays: beyond, the
+#: fetch or the replay would take hours or exhaust memory; a clear error says so at once.
+MAX_RANGE_DAYS = 400
+MAX_STEPS = 2_000_000
+MIN_STEP = 1.0
+
+
+def check_range(start: float, end: float, step: float, now: float) -> None:
+    """Raise a one-line :class:`ConfigError` unless ``[start, end]`` every ``step`` is a
+    range a backtest can read: finite, from 1970 on, not beyond tomorrow, ``start < end``, at
+    most :data:`MAX_RANGE_DAYS` days and :data:`MAX_STEPS` steps of at least ``MIN_STEP``."""
+    for flag, t in (("--from", start), ("--to", end)):
+        if not math.isfinite(t):
+            raise ConfigError(f"{flag}: not a finite time")
+        if t < 0:
+            raise ConfigError(f"{flag}: {_ago(now - t)} ago is before 1970-01-01 (the Unix "
+                              "epoch); Prometheus holds nothing older")
+        if t > now + 86400:
+            raise ConfigError(f"{flag}: {rfc3339(t) if t < 253402300799 else 'beyond 9999'} "
+                              "is in the future")
+    if not math.isfinite(step) or step < MIN_STEP:
+        raise ConfigError(f"--step: expected at least {MIN_STEP:g}s")
+    if end <= start:
+        raise ConfigError(f"the backtest range is empty: --to ({rfc3339(end)}) must be after "
+                          f"--from ({rfc3339(start)})")
+    days = (end - start) / 86400
+    if days > MAX_RANGE_DAYS:
+        raise ConfigError(f"--from/--to: the range is {days:,.0f} days; a backtest reads at "
+                          f"most {MAX_RANGE_DAYS} days (split it into shorter ranges)")
+    steps = (end - start) / step
+    if steps > MAX_STEPS:
+        raise ConfigError(f"--step: {human_duration(step)} over {human_duration(end - start)} "
+                          f"is {steps:,.0f} steps; at most {MAX_STEPS:,} (use a larger --step)")
+
+
+def _ago(seconds: float) -> str:
+    return f"{seconds / 86400:,.0f} days" if seconds < 1e15 else "an absurd time"
+
+
 def parse_seconds(text: str, what: str) -> float:
     """A duration (``60s``, ``5m``) or a bare number of seconds."""
     value = text.strip()
@@ -1150,6 +1189,7 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     """
     from healer.adapters.prometheus import PrometheusSource
 
+    check_range(start, end, step, time.time())
     began = time.monotonic()
     nodes = await kube_node_labels(kubeconfig) if kubeconfig else None
     bt = Backtest(policies, start, end, step=step, node_labels=node_labels, nodes=nodes,
@@ -1211,6 +1251,7 @@ def cmd_backtest(args: argparse.Namespace, *, out: Callable[[str], Any] | None =
     """``healer backtest``: 0 on success, 2 on bad flags/policies or an unreachable Prometheus."""
     import asyncio
 
+    from healer.adapters.prometheus.access import read_bearer_token
     from healer.errors import PolicyError
     from healer.obs.logging import setup
     from healer.policy.load import load_policy_set
@@ -1226,11 +1267,15 @@ def cmd_backtest(args: argparse.Namespace, *, out: Callable[[str], Any] | None =
                         parse_seconds(args.validation_latency, "--validation-latency"))
         repair = None if args.repair_after is None else parse_seconds(args.repair_after,
                                                                       "--repair-after")
+        check_range(start, end, step, now)
+        if args.spares is not None and args.spares < 0:
+            raise ConfigError("--spares: expected a count ≥ 0")
         labels = parse_labels(args.node_labels)
-        policies = load_policy_set(args.policies)
         opts: dict[str, Any] = {}
         if args.bearer_token_file:
+            read_bearer_token(args.bearer_token_file)  # fails now, not after the first query
             opts["bearer_token_file"] = args.bearer_token_file
+        policies = load_policy_set(args.policies)
         if args.ca_file:
             opts["ca_file"] = args.ca_file
         if args.insecure_skip_verify:

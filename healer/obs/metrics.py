@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from healer.core.budget import CAUSES, usage
@@ -73,6 +73,11 @@ METRICS: dict[str, tuple[str, str]] = {
                                      "condition whose detector stopped heartbeating)."),
     "healer_telemetry_last_success_timestamp_seconds": ("gauge", "Last successful poll per "
                                                          "telemetry source."),
+    "healer_telemetry_samples_dropped_total": ("counter", "Telemetry samples and answers "
+                                               "dropped as unusable, by source, metric "
+                                               "(heartbeat, xid or a rule's signal key) and "
+                                               "reason (nan, inf, not-a-number, out-of-range, "
+                                               "bad-time, malformed, bad-answer, too-many)."),
     "healer_api_call_duration_seconds": ("histogram", "Calls to Kubernetes, Slurm and "
                                          "Prometheus, by system and operation."),
     "healer_api_call_errors_total": ("counter", "Failed calls by system, operation and kind."),
@@ -105,6 +110,8 @@ class StateSource:
     spare_depth: Callable[[], Mapping[str, int]] = dict
     stale_nodes: Callable[[], Mapping[str, int]] = dict
     last_poll: Callable[[], Mapping[str, float]] = dict
+    #: (source, metric, reason) → telemetry samples dropped so far
+    dropped: Callable[[], Mapping[tuple[str, str, str], float]] = dict
     leading: Callable[[], bool] = lambda: False
     #: the Slurm feed: {"known": bool, "last_success": float | None}; {} without one
     slurm_feed: Callable[[], Mapping[str, Any]] = dict
@@ -116,7 +123,7 @@ class _StateCollector(Collector):
     def __init__(self, src: StateSource) -> None:
         self.src = src
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         src, now = self.src, self.src.clock()
         records = src.records()
         by_phase: dict[tuple[str, str], int] = {}
@@ -199,6 +206,12 @@ class _StateCollector(Collector):
         for source, t in sorted(src.last_poll().items()):
             polls.add_metric([source], t)
         yield polls
+        dropped = CounterMetricFamily("healer_telemetry_samples_dropped",
+                                      METRICS["healer_telemetry_samples_dropped_total"][1],
+                                      labels=["source", "metric", "reason"])
+        for labels, dropped_n in sorted(src.dropped().items()):
+            dropped.add_metric(list(labels), dropped_n)
+        yield dropped
         yield _gauge("healer_leader", int(src.leading()))
         yield _gauge("healer_up", 1)
 

@@ -119,7 +119,8 @@ def test_xid_and_freshness_queries() -> None:
     assert xid_expr(600, {"job": "dcgm"}) == (
         f'{{__name__=~"{XID_GAUGE}|{XID_COUNT}",job="dcgm"}}[10m]')
     f = freshness_expr(by=("hostname", "gpu"), matchers={"job": "dcgm"})
-    assert f == ('max by (hostname, gpu) (timestamp(DCGM_FI_DEV_GPU_TEMP{job="dcgm"})) or '
+    hb = 'DCGM_FI_DEV_GPU_TEMP{job="dcgm"}'
+    assert f == (f'max by (hostname, gpu) ((timestamp({hb}) and ({hb} > -Inf < +Inf))) or '
                  'label_replace(up{job="dcgm"} == 0, "healer_up", "0", "", "")')
 
 
@@ -581,7 +582,8 @@ def test_inf_xid_sample_does_not_block_the_cursor(poller: Any) -> None:
     assert xids(p.poll(xid=xid_body(n, (n + 5, "+Inf"), (n + 10, "NaN"), (n + 14, "79")))) \
         == [79.0]
     assert p.src.last_poll is not None
-    assert p.src.last_poll.malformed_samples == 0  # skipped points of a usable series
+    assert p.src.last_poll.malformed_samples == 2  # dropped points of a usable series
+    assert p.src.drops.counts == {("xid", "inf"): 1, ("xid", "nan"): 1}
     assert xids(p.poll(xid=xid_body(n, (n + 14, "79"), (n + 20, "+Inf")))) == []  # once
     assert xids(p.poll(xid=xid_body(n, (n + 40, "48")))) == [48.0]
     # quiet GPUs (every sample "0", cursor at "no XID") only advance the cursor

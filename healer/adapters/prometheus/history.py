@@ -1,7 +1,9 @@
 """Backtests: what the source would have produced over a past interval (range queries).
 
 Unfiltered: every sample of every series becomes a METRIC signal (a replay evaluates rules
-itself). Nothing here touches the live poll state (trackers, cursors, violating set).
+itself). Nothing here touches the live poll state (trackers, cursors, violating set). Samples
+no exporter sends (outside the queried range, NaN/±Inf, impossible values: see
+:mod:`.sanity`) are dropped and counted in the source's ``drops``, as in a live poll.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from collections import defaultdict
 from typing import TYPE_CHECKING
 
 from healer.adapters.prometheus.freshness import FreshnessTracker, NodeRows
-from healer.adapters.prometheus.labels import labels_of, samples
+from healer.adapters.prometheus.labels import labels_of
 from healer.adapters.prometheus.parse import PollParser
 from healer.adapters.prometheus.promql import UP_MARK, xid_expr
+from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, XID, XID_EDGE
 from healer.adapters.prometheus.xid import XidTracker
 from healer.core.model import Signal
 
@@ -39,7 +42,7 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
         b = min(a + span, end)
         chunks.append((a, b))
         a = b + step
-    parser = PollParser(src.name, src.host_labels, src.node_map)
+    parser = PollParser(src.name, src.host_labels, src.node_map, src.drops)
     signals: list[Signal] = []
     # freshness first: it gives every metric sample its node's scrape time
     fresh_at: dict[float, NodeRows] = defaultdict(dict)
@@ -48,11 +51,16 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
         for entry in await src.query_range(src.gpu_freshness_query, a, b, step):
             labels = labels_of(entry)
             if labels is None:
+                src.drops.add(HEARTBEAT, "malformed")
                 continue
-            points = samples(entry)
+            # a heartbeat is a time: never after the sample's own step, nor before 1970
+            points = [(t, v) for t, v in parser.points(entry, HEARTBEAT, a - step,
+                                                       b + FUTURE_SLACK)
+                      if 0 < v <= t + FUTURE_SLACK or UP_MARK in labels]
             if not points:
                 continue
-            instance = labels.get("instance", "")
+            raw_instance = labels.get("instance", "")
+            instance = raw_instance if isinstance(raw_instance, str) else ""
             if UP_MARK in labels:
                 for t, _ in points:
                     down_at[t].add(instance)
@@ -76,15 +84,17 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
     for q in src.plan.metrics:
         for a, b in chunks:
             res = await src.query_range(q.unfiltered, a, b, step)
-            signals.extend(parser.metric_history(q, res))
+            signals.extend(parser.metric_history(q, res, a - step, b + FUTURE_SLACK))
     if src.plan.xid:
         xids = XidTracker()
         a = start - src.xid_overlap  # one sample before start sets the baseline
         while a < end:
             b = min(a + 3600.0, end)
             res = await src.query(xid_expr(b - a, src.matchers), b)
-            series, _ = parser.xid_series(res)
+            series, _ = parser.xid_series(res, a - XID_EDGE, b + FUTURE_SLACK)
             signals.extend(src.xid_signals(xids.feed(series, since=start), parser))
+            if xids.capped:
+                src.drops.add(XID, "too-many", xids.capped)
             a = b
     signals.sort(key=lambda s: (s.observed_at, s.node, s.kind.value))
     return signals

@@ -2,13 +2,19 @@
 
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx, 408 and 429 are
 ``TransientError``, 401/403 ``ForbiddenError``, 404 ``NotFoundError``, other 4xx
-``PermanentError`` (a bad ``promql`` rule, bad credentials); a body that is not JSON (a
-proxy's page) or not shaped like an API answer is ``TransientError``.
+``PermanentError`` (a bad ``promql`` rule, bad credentials); a body that is not an API
+answer is :class:`BadAnswer` (a ``TransientError``): not JSON (a proxy's HTML page, a
+truncated body), a content type that is not JSON, larger than ``max_body`` bytes (read in
+chunks, never whole), nested deeper than JSON decoders allow, ``status`` other than
+``success``, ``data.result`` not a list. Bare ``NaN``/``Infinity`` tokens (not JSON, but
+some proxies write them) are read as the strings Prometheus would have sent, so that only
+their samples are dropped (:mod:`.sanity`), not the whole answer.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -25,6 +31,14 @@ from healer.errors import (
     PermanentError,
     TransientError,
 )
+
+#: The largest answer body read (bytes); a larger one is a :class:`BadAnswer`.
+MAX_BODY = 512 * 1024 * 1024
+
+
+class BadAnswer(TransientError):
+    """Prometheus (or whatever answered in its place) sent something that is not an API
+    answer: the whole answer is unusable (counted as ``bad-answer``)."""
 
 
 class HttpStatus(Exception):
@@ -87,33 +101,60 @@ def gc_paused() -> Iterator[None]:
                 gc.enable()
 
 
+def _lenient(body: bytes) -> Any:
+    """JSON with bare ``NaN``/``Infinity``/``-Infinity`` read as strings (orjson refuses
+    them); raises ValueError or RecursionError like any decoder."""
+    return json.loads(body, parse_constant=lambda c: {"NaN": "NaN", "Infinity": "+Inf",
+                                                      "-Infinity": "-Inf"}.get(c, c))
+
+
 def decode_result(body: bytes, what: str, url: str) -> list[Any]:
-    """An API answer's ``data.result`` list, decoded with orjson (no per-sample objects)."""
+    """An API answer's ``data.result`` list, decoded with orjson (no per-sample objects);
+    :class:`BadAnswer` if the body is not one (see the module)."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise TransientError(f"{what}: unexpected answer from {url}: {e}") from e
-    try:
-        result = doc["data"]["result"]
-    except (KeyError, TypeError, IndexError) as e:
-        raise TransientError(f"{what}: malformed answer from {url}: {e!r}") from e
-    if not result:
-        return []
+        try:
+            doc = _lenient(body)
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            head = body[:80].decode("utf-8", "replace").strip().replace("\n", " ")
+            raise BadAnswer(f"{what}: unexpected answer from {url} (not JSON: {e}; it "
+                            f"begins {head!r})") from None
+    if not isinstance(doc, dict):
+        raise BadAnswer(f"{what}: malformed answer from {url}: a JSON "
+                        f"{type(doc).__name__}, not an object")
+    status = doc.get("status")
+    if status is not None and status != "success":
+        raise BadAnswer(f"{what}: answer from {url} has status {str(status)[:40]!r}: "
+                        f"{str(doc.get('error', ''))[:200]}")
+    data = doc.get("data")
+    result = data.get("result") if isinstance(data, dict) else None
+    if result is None:
+        raise BadAnswer(f"{what}: malformed answer from {url}: no data.result")
     if not isinstance(result, list):
-        raise TransientError(f"{what}: malformed answer from {url}: result is "
-                             f"{type(result).__name__}")
+        raise BadAnswer(f"{what}: malformed answer from {url}: result is "
+                        f"{type(result).__name__}, not a list")
     return result
+
+
+def _json_type(content_type: str | None) -> bool:
+    """Whether a Content-Type may hold an API answer (absent: assume so)."""
+    if not content_type:
+        return True
+    main = content_type.split(";", 1)[0].strip().lower()
+    return main in ("", "application/json", "text/json") or main.endswith("+json")
 
 
 class Http:
     """GET ``/api/v1/query`` and ``/api/v1/query_range``; thread-safe request counting."""
 
     def __init__(self, url: str, session: requests.Session, headers: Mapping[str, str],
-                 timeout: float) -> None:
+                 timeout: float, max_body: int = MAX_BODY) -> None:
         self.url = url
         self.session = session
         self.headers = dict(headers)
         self.timeout = timeout
+        self.max_body = max_body
         self.requests = 0
         self._lock = threading.Lock()
 
@@ -122,19 +163,27 @@ class Http:
             self.requests += 1
         try:
             # verify and cert explicitly: requests would let REQUESTS_CA_BUNDLE override them
-            r = self.session.get(self.url + path, params=params, headers=self.headers,
-                                 timeout=self.timeout, verify=self.session.verify,
-                                 cert=self.session.cert)
-            if r.status_code != 200:
-                retry_after: float | None = None
-                header = r.headers.get("Retry-After")
-                if header:
-                    try:
-                        retry_after = float(header)
-                    except ValueError:
-                        retry_after = None
-                raise HttpStatus(r.status_code, r.text[:500], retry_after)
-            return r.content
+            with self.session.get(self.url + path, params=params, headers=self.headers,
+                                  timeout=self.timeout, verify=self.session.verify,
+                                  cert=self.session.cert, stream=True) as r:
+                if r.status_code != 200:
+                    retry_after: float | None = None
+                    header = r.headers.get("Retry-After")
+                    if header:
+                        try:
+                            retry_after = float(header)
+                        except ValueError:
+                            retry_after = None
+                        if retry_after is not None and not 0 <= retry_after <= 3600:
+                            retry_after = None
+                    raw = r.raw.read(500, decode_content=True) or b""
+                    raise HttpStatus(r.status_code, raw.decode("utf-8", "replace"),
+                                     retry_after)
+                ctype = r.headers.get("Content-Type")
+                if not _json_type(ctype):
+                    raise BadAnswer(f"{what}: {self.url} answered {str(ctype)[:60]!r}, not JSON "
+                                    "(a proxy's page?)")
+                return self._read(r, what)
         except HttpStatus as e:
             raise map_status(e, what) from None
         except requests.exceptions.SSLError as e:  # retrying cannot fix a certificate
@@ -146,6 +195,18 @@ class Http:
                                  f"{root_cause(e)}") from e
         except requests.RequestException as e:
             raise TransientError(f"{what}: {e}") from e
+
+    def _read(self, r: requests.Response, what: str) -> bytes:
+        """The body, in chunks, refusing more than ``max_body`` bytes."""
+        parts: list[bytes] = []
+        size = 0
+        for chunk in r.iter_content(chunk_size=1 << 20):
+            size += len(chunk)
+            if size > self.max_body:
+                raise BadAnswer(f"{what}: the answer from {self.url} is larger than "
+                                f"{self.max_body >> 20} MiB")
+            parts.append(chunk)
+        return b"".join(parts)
 
     def query(self, expr: str, at: float, what: str) -> list[Any]:
         body = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"}, what)

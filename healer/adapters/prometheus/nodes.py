@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from healer.adapters.prometheus.freshness import NodeRows, NodeSummary
 from healer.adapters.prometheus.promql import FRESH_MARK, JOB_LABEL, UP_MARK
+from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, MAX_GPUS, value_reason
 from healer.core.model import GpuRef
 
 if TYPE_CHECKING:
     from healer.adapters.prometheus.parse import PollParser
 
 _INF = math.inf
-_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError)
+_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError)
 
 
 @dataclass(slots=True)
@@ -42,11 +43,15 @@ class Freshness:
     unmapped: int = 0
 
 
-def read_freshness(parser: PollParser, result: Sequence[Any]) -> Freshness:
+def read_freshness(parser: PollParser, result: Sequence[Any], now: float = _INF
+                   ) -> Freshness:
     """A freshness answer (either shape, see the module) → :class:`Freshness`.
 
     The job labels of every node with per-GPU rows replace that node's in ``parser.jobs``; a
     summarised node's selecting host label is remembered (``parser.host_of``) the first time.
+    A row whose value is not a heartbeat time in ``(0, now]`` (or, for a ``gpus`` row, not a
+    GPU count) is dropped and counted under ``heartbeat`` (see :mod:`.sanity`): only its own
+    node or GPU then lacks a heartbeat.
     """
     out = Freshness()
     by_node, nodes, down = out.rows, out.nodes, out.down
@@ -55,9 +60,13 @@ def read_freshness(parser: PollParser, result: Sequence[Any]) -> Freshness:
     gpu_of = parser.gpu
     node_of = parser.node_of
     host_of = parser.host_of
+    drop = parser.drops.add
+    latest = now + FUTURE_SLACK
     for entry in result:
         try:
             raw = entry["value"]
+            if raw[1] is True or raw[1] is False:
+                raise TypeError(raw[1])
             v = float(raw[1])
             float(raw[0])
             labels = entry.get("metric") or {}
@@ -65,10 +74,20 @@ def read_freshness(parser: PollParser, result: Sequence[Any]) -> Freshness:
                 raise ValueError(v)
         except _MALFORMED:
             malformed += 1
+            drop(HEARTBEAT, _reason(entry))
             continue
         mark = labels.get(FRESH_MARK)
         if mark is None and UP_MARK in labels:
             down.add(str(labels.get("instance", "")))
+            continue
+        if mark == "gpus":
+            if not 0 <= v <= MAX_GPUS or v != int(v):
+                malformed += 1
+                drop(HEARTBEAT, "out-of-range")
+                continue
+        elif not 0 < v <= latest:  # a heartbeat time: never from the future, nor before 1970
+            malformed += 1
+            drop(HEARTBEAT, "bad-time")
             continue
         node = node_of(labels)
         if node is None:
@@ -120,6 +139,13 @@ def read_freshness(parser: PollParser, result: Sequence[Any]) -> Freshness:
     parser.malformed += malformed
     out.unmapped = unmapped
     return out
+
+
+def _reason(entry: Any) -> str:
+    reason = value_reason(entry)
+    if reason == "out-of-range":  # a finite value refused for its labels or shape
+        return "malformed"
+    return reason
 
 
 class PollView:

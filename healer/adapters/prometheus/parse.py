@@ -4,7 +4,8 @@
 set of currently violating series (for the one recovery signal, see the package docstring)
 and the jobs per GPU of each node's last per-GPU freshness rows (:mod:`.nodes`). A malformed
 entry (not an object, a label map that is not one, a value that is not ``[time, "number"]``,
-a NaN or ±Inf) is skipped and counted in ``malformed``; it never raises.
+a NaN or ±Inf, a value or time no exporter sends: see :mod:`.sanity`) is skipped, counted in
+``malformed`` (this poll) and in ``drops`` (by metric and reason, cumulative); it never raises.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name, samples
+from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name
 from healer.adapters.prometheus.nodes import PollView
 from healer.adapters.prometheus.promql import (
     JOB_LABEL,
@@ -22,6 +23,16 @@ from healer.adapters.prometheus.promql import (
     XID_COUNT,
     XID_GAUGE,
     PlannedQuery,
+)
+from healer.adapters.prometheus.sanity import (
+    MAX_XID,
+    MAX_XID_COUNT,
+    XID,
+    Drops,
+    point,
+    rule_range,
+    value_reason,
+    xid_label,
 )
 from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker, _XidCursor
 from healer.core.model import GpuRef, Signal, SignalKind
@@ -32,15 +43,17 @@ Slot = tuple[str, GpuRef | None]
 #: (node, GPU, value, violates): one series a metric answer emits
 Emission = tuple[str, GpuRef | None, float, bool]
 _INF = math.inf
-_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError)
+_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError)
 
 
 class PollParser:
     """Parses the answers of one source's queries; see the module."""
 
     def __init__(self, source: str, host_labels: Sequence[str],
-                 node_map: NodeMap | None = None) -> None:
+                 node_map: NodeMap | None = None, drops: Drops | None = None) -> None:
         self.source = source
+        #: samples and answers dropped, by (metric, reason) (see :mod:`.sanity`)
+        self.drops = drops if drops is not None else Drops()
         self.host_labels = tuple(host_labels)
         self.node_map = node_map
         self.gpu = GpuCache()
@@ -124,14 +137,21 @@ class PollParser:
         best: dict[Slot, tuple[float, bool]] = {}
         unmapped = malformed = 0
         node_of, gpu_of = self.node_of, self.gpu
+        lo, hi = rule_range(q.rule)
+        drop = self.drops.add
         for entry in result:
             try:
-                v = float(entry["value"][1])
+                raw = entry["value"][1]
+                if raw is True or raw is False:
+                    raise TypeError(raw)
+                v = float(raw)
             except _MALFORMED:
                 malformed += 1
+                drop(q.key, value_reason(entry))
                 continue
-            if not -_INF < v < _INF:
+            if not lo <= v <= hi or v == _INF or v == -_INF:  # NaN fails the first
                 malformed += 1
+                drop(q.key, value_reason(entry))
                 continue
             if single is not None:
                 bad = single[0](v, single[1])
@@ -142,6 +162,7 @@ class PollParser:
             labels = labels_of(entry)
             if labels is None:
                 malformed += 1
+                drop(q.key, "malformed")
                 continue
             node = node_of(labels)
             if node is None:
@@ -220,6 +241,7 @@ class PollParser:
                 per[int(labels[TAG_LABEL])].append(entry)  # type: ignore[index]
             except _MALFORMED:
                 self.malformed += 1
+                self.drops.add("recovery", "malformed")
         signals: list[Signal] = []
         unmapped = stale = 0
         for i, entries in sorted(per.items()):
@@ -231,18 +253,47 @@ class PollParser:
             stale += old
         return signals, unmapped, stale
 
-    def metric_history(self, q: PlannedQuery, result: Sequence[Any]) -> list[Signal]:
-        """A range answer → one METRIC signal per node, GPU and step (unfiltered)."""
+    def points(self, entry: Any, metric: str, lo_t: float = -_INF, hi_t: float = _INF,
+               lo: float = -_INF, hi: float = _INF, integral: bool = False
+               ) -> list[tuple[float, float]]:
+        """A range-vector entry's samples that pass :func:`~.sanity.point` (and are whole
+        numbers when ``integral``); every other one is counted in ``drops`` under ``metric``."""
+        raw = entry.get("values") if isinstance(entry, dict) else None
+        if not isinstance(raw, list):
+            self.malformed += 1
+            self.drops.add(metric, "malformed")
+            return []
+        out: list[tuple[float, float]] = []
+        bad: dict[str, int] = {}
+        for p in raw:
+            got = point(p, lo_t, hi_t, lo, hi)
+            if isinstance(got, str):
+                bad[got] = bad.get(got, 0) + 1
+            elif integral and got[1] != int(got[1]):
+                bad["out-of-range"] = bad.get("out-of-range", 0) + 1
+            else:
+                out.append(got)
+        for reason, n in bad.items():
+            self.malformed += n
+            self.drops.add(metric, reason, n)
+        return out
+
+    def metric_history(self, q: PlannedQuery, result: Sequence[Any], lo_t: float = -_INF,
+                       hi_t: float = _INF) -> list[Signal]:
+        """A range answer → one METRIC signal per node, GPU and step (unfiltered); samples
+        outside ``[lo_t, hi_t]`` or the rule's possible values are dropped and counted."""
         best: dict[Slot, dict[float, float]] = {}
         lower = q.op in (Op.LT, Op.LE)
+        lo, hi = rule_range(q.rule)
         for entry in result:
             labels = labels_of(entry)
             if labels is None:
+                self.drops.add(q.key, "malformed")
                 continue
             node = self.node_of(labels)
             if node is None:
                 continue
-            points = samples(entry)
+            points = self.points(entry, q.key, lo_t, hi_t, lo, hi)
             if not points:
                 continue
             slots = best.setdefault((node, self.gpu(labels)), {})
@@ -260,14 +311,39 @@ class PollParser:
 
     # -- XIDs -----------------------------------------------------------------------------
 
-    def xid_series(self, result: Sequence[Any]) -> tuple[list[XidSeries], int]:
-        """The XID answer → the series with node and GPU resolved (+ unmapped count)."""
+    def xid_points(self, entry: Any, metric: Any, lo_t: float, hi_t: float
+                   ) -> tuple[tuple[float, float], ...]:
+        """An XID series' samples: codes 0..MAX_XID, counts 0..MAX_XID_COUNT, whole numbers,
+        in ``[lo_t, hi_t]``; the others are dropped and counted (see :mod:`.sanity`)."""
+        top = float(MAX_XID) if metric == XID_GAUGE else float(MAX_XID_COUNT)
+        return tuple(self.points(entry, XID, lo_t, hi_t, 0.0, top, integral=True))
+
+    def xid_of(self, metric: Any, labels: dict[str, Any]) -> tuple[bool, int | None]:
+        """(usable, the ``xid`` label of a count series): a count series whose ``xid`` label
+        is not a code 1..MAX_XID is dropped (counted)."""
+        if metric != XID_COUNT:
+            return True, None
+        raw = labels.get("xid")
+        if raw is None or raw == "":
+            return True, None
+        code = xid_label(raw)
+        if code is None:
+            self.malformed += 1
+            self.drops.add(XID, "out-of-range")
+            return False, None
+        return True, code
+
+    def xid_series(self, result: Sequence[Any], lo_t: float = -_INF, hi_t: float = _INF
+                   ) -> tuple[list[XidSeries], int]:
+        """The XID answer → the series with node and GPU resolved (+ unmapped count);
+        samples outside ``[lo_t, hi_t]`` or not a possible code or count are dropped."""
         out: list[XidSeries] = []
         unmapped = 0
         for entry in result:
             labels = labels_of(entry)
             if labels is None:
                 self.malformed += 1
+                self.drops.add(XID, "malformed")
                 continue
             node = self.node_of(labels)
             gpu = self.gpu(labels)
@@ -277,13 +353,10 @@ class PollParser:
             metric = labels.get("__name__", "")
             if metric not in (XID_GAUGE, XID_COUNT):
                 continue
-            xid: int | None = None
-            if metric == XID_COUNT and labels.get("xid"):
-                try:
-                    xid = int(labels["xid"])
-                except _MALFORMED:
-                    continue
-            out.append(XidSeries(node, gpu, metric, xid, tuple(samples(entry))))
+            ok, xid = self.xid_of(metric, labels)
+            if ok:
+                out.append(XidSeries(node, gpu, metric, xid,
+                                     self.xid_points(entry, metric, lo_t, hi_t)))
         return out, unmapped
 
     def xid_flagged(self, result: Sequence[Any]
@@ -297,6 +370,7 @@ class PollParser:
             labels = labels_of(entry)
             if labels is None:
                 self.malformed += 1
+                self.drops.add(XID, "malformed")
                 continue
             node = self.node_of(labels)
             host = self.host_matcher(labels) if node is not None else None
@@ -310,8 +384,13 @@ class PollParser:
 
     def xid_live(self, result: Sequence[Any], tracker: XidTracker, since: float,
                  known: Callable[[str, GpuRef], bool] | None = None,
-                 previous: float = -math.inf) -> tuple[list[XidEvent], int, int]:
+                 previous: float = -math.inf, lo_t: float = -_INF, hi_t: float = _INF
+                 ) -> tuple[list[XidEvent], int, int]:
         """The XID answer of a live poll → (events, unmapped, samples).
+
+        Only samples in ``[lo_t, hi_t]`` (the query's window) that are possible codes or
+        counts are read (see :mod:`.sanity`): a stamp from the future never moves a cursor
+        past good data, a bad sample never stops it from moving past the good ones.
 
         A series whose every sample is ``"0"`` on a GPU whose cursor already says "no XID,
         no counts" changes nothing but the cursor's time: it skips the per-sample work (a GPU
@@ -329,6 +408,7 @@ class PollParser:
             labels = labels_of(entry)
             if labels is None:
                 self.malformed += 1
+                self.drops.add(XID, "malformed")
                 continue
             node = node_of(labels)
             gpu = gpu_of(labels)
@@ -346,7 +426,8 @@ class PollParser:
                 try:
                     values = entry["values"]
                     last = float(values[-1][0])
-                    zero = -_INF < last < _INF and all(p[1] == "0" for p in values)
+                    zero = lo_t <= last <= hi_t and all(
+                        p[1] == "0" and lo_t <= p[0] <= hi_t and len(p) == 2 for p in values)
                 except _MALFORMED:
                     zero = False
                 if zero:
@@ -367,13 +448,13 @@ class PollParser:
             if last > cur.t:  # Prometheus returns a series' samples in time order
                 cur.t = last
         for node, gpu, metric, labels, entry in busy:
-            xid: int | None = None
-            if metric == XID_COUNT and labels.get("xid"):
-                try:
-                    xid = int(labels["xid"])
-                except _MALFORMED:
-                    continue
-            points = tuple(samples(entry))
+            ok, xid = self.xid_of(metric, labels)
+            if not ok:
+                continue
+            points = self.xid_points(entry, metric, lo_t, hi_t)
             n += len(points)
             series.append(XidSeries(node, gpu, metric, xid, points))
-        return tracker.feed(series, since=since), unmapped, n
+        events = tracker.feed(series, since=since)
+        if tracker.capped:
+            self.drops.add(XID, "too-many", tracker.capped)
+        return events, unmapped, n

@@ -203,6 +203,13 @@ def server_filter(expr: str, predicates: Sequence[tuple[Op, float]]) -> str:
     return f"({expr}) {op} {t!r}"
 
 
+def heartbeat_expr(sel: str) -> str:
+    """The sample times of a heartbeat selector, of its finite samples only: a NaN or ±Inf
+    reading (``+Inf`` °C) is not a sign of life (``and`` keeps ``timestamp()``'s sample
+    times, which an operator applied to the selector itself would replace)."""
+    return f"(timestamp({sel}) and ({sel} > -Inf < +Inf))"
+
+
 def freshness_expr(*, by: Sequence[str], heartbeat: str = DEFAULT_HEARTBEAT,
                    matchers: Mapping[str, str] | None = None, join: str = "",
                    regex: Mapping[str, str] | None = None, up: bool = True) -> str:
@@ -210,7 +217,7 @@ def freshness_expr(*, by: Sequence[str], heartbeat: str = DEFAULT_HEARTBEAT,
 
     The per-GPU rows (UUID, serial and job labels): the follow-up of the nodes that need them
     (``regex`` restricts it to their hosts, ``up=False`` leaves the ``up`` part out)."""
-    inner = f"timestamp({selector(heartbeat, matchers, regex)})"
+    inner = heartbeat_expr(selector(heartbeat, matchers, regex))
     if join:
         inner = f"({inner}) {join.strip()}"
     out = f"max by ({', '.join(by)}) ({inner})"
@@ -233,7 +240,7 @@ def node_freshness_expr(*, by_node: Sequence[str], by_gpu: Sequence[str],
     (``by_gpu`` groups) have a heartbeat at most ``stale_after`` old (no row when none has);
     plus every failing scrape target (``up == 0``) as in :func:`freshness_expr`.
     """
-    inner = f"timestamp({selector(heartbeat, matchers)})"
+    inner = heartbeat_expr(selector(heartbeat, matchers))
     if join:
         inner = f"({inner}) {join.strip()}"
     node = ", ".join(by_node)

@@ -22,6 +22,7 @@ from healer.adapters.prometheus.followup import Pending, recovery_queries
 from healer.adapters.prometheus.freshness import NodeRows
 from healer.adapters.prometheus.nodes import PollView, read_freshness
 from healer.adapters.prometheus.promql import freshness_expr, host_regexes, xid_expr
+from healer.adapters.prometheus.sanity import FUTURE_SLACK, XID_EDGE
 from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import HealerError, PermanentError
@@ -61,7 +62,7 @@ def first_round(src: PrometheusSource, now: float, bodies: Mapping[str, Answer],
         src.outage, src.outage_since = False, None
     src.polls += 1
     parser.malformed = 0
-    got = read_freshness(parser, fresh)
+    got = read_freshness(parser, fresh, now)
     unmapped = got.unmapped
     signals, transitions, fetch, held = src.freshness.observe_summary(
         now, got.rows, got.nodes, got.down, lambda n: refresh_due(src, n))
@@ -156,7 +157,7 @@ def second_round(src: PrometheusSource, now: float, bodies: Mapping[str, Answer]
             errors.append(src._once("per-GPU freshness query failed", str(res),
                                     permanent=isinstance(res, PermanentError)))
             continue
-        got = read_freshness(parser, res)
+        got = read_freshness(parser, res, now)
         unmapped += got.unmapped
         samples += len(res)
         rows.update((n, r) for n, r in got.rows.items() if n in p.fetch)
@@ -189,7 +190,8 @@ def second_round(src: PrometheusSource, now: float, bodies: Mapping[str, Answer]
                                         permanent=isinstance(res, PermanentError)))
                 continue
             events, bad, n = parser.xid_live(res, src.xids, p.since, known,
-                                             -math.inf if last is None else last)
+                                             -math.inf if last is None else last,
+                                             now - p.window - XID_EDGE, now + FUTURE_SLACK)
             unmapped += bad
             samples += n
             xid_events += len(events)

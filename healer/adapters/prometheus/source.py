@@ -23,9 +23,10 @@ from tenacity import (
 )
 
 from healer.adapters.calls import timed
+from healer.adapters.prometheus.access import check_url, read_bearer_token
 from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
-from healer.adapters.prometheus.http import Http, decode_result, gc_paused
+from healer.adapters.prometheus.http import BadAnswer, Http, decode_result, gc_paused
 from healer.adapters.prometheus.parse import NodeMap, PollParser
 from healer.adapters.prometheus.promql import (
     DEFAULT_HEARTBEAT,
@@ -40,6 +41,7 @@ from healer.adapters.prometheus.promql import (
     xid_prequery_expr,
 )
 from healer.adapters.prometheus.rounds import first_round, second_round
+from healer.adapters.prometheus.sanity import HEARTBEAT, XID, Drops
 from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.adapters.prometheus.xid import XidEvent, XidTracker
 from healer.core.model import Signal, SignalKind
@@ -102,9 +104,11 @@ class PrometheusSource:
         clock: Clock | None = None,
         source: str = SOURCE,
     ) -> None:
-        if poll_interval <= 0 or timeout <= 0 or stale_after <= 0:
-            raise ConfigError("poll_interval, timeout and stale_after must be positive")
-        self.url = url.rstrip("/")
+        if not (0 < poll_interval < math.inf and 0 < timeout < math.inf
+                and 0 < stale_after < math.inf):
+            raise ConfigError("poll_interval, timeout and stale_after must be positive "
+                              "finite numbers of seconds")
+        self.url = check_url(url).rstrip("/")
         self.name = source
         self.poll_interval = float(poll_interval)
         self.host_labels = tuple(host_labels)
@@ -129,7 +133,9 @@ class PrometheusSource:
             by_node=(*self.host_labels, "instance", *self.extra_labels),
             by_gpu=self._metric_by, stale_after=stale_after, heartbeat=heartbeat,
             matchers=self.matchers, join=join)
-        self.parser = PollParser(source, self.host_labels, node_map)
+        #: samples and answers dropped so far, by (metric, reason) (:mod:`.sanity`)
+        self.drops = Drops()
+        self.parser = PollParser(source, self.host_labels, node_map, self.drops)
         self.plan = self._plan(policies)
         self.freshness = FreshnessTracker(source, stale_after=stale_after,
                                           forget_after=forget_after)
@@ -204,12 +210,10 @@ class PrometheusSource:
     # -- HTTP -----------------------------------------------------------------------------
 
     def _headers_refresh(self) -> None:
+        """Re-read the bearer token file (it may be rotated) before every query."""
         if self._token_file is None:
             return
-        try:
-            token = self._token_file.read_text().strip()
-        except OSError as e:
-            raise PermanentError(f"cannot read the bearer token file: {e}") from e
+        token = read_bearer_token(self._token_file)
         self._http.headers = {**self._http.headers, "Authorization": f"Bearer {token}"}
 
     async def _retrying(self, fn: Callable[[], Any], op: str = "query") -> Any:
@@ -226,12 +230,19 @@ class PrometheusSource:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def query(self, expr: str, at: float, what: str = "") -> list[Any]:
-        """One instant query evaluated at ``at``; the ``result`` list (decoded with orjson)."""
+        """One instant query evaluated at ``at``; the ``result`` list (decoded with orjson).
+        Re-reads the bearer token file first (as every query outside a poll does)."""
+        await self._in_thread(self._headers_refresh)
+        return await self._query(expr, at, what)
+
+    async def _query(self, expr: str, at: float, what: str = "") -> list[Any]:
         label = what or f"query {expr[:120]!r}"
         return list(await self._retrying(lambda: self._http.query(expr, at, label)))
 
     async def query_range(self, expr: str, start: float, end: float, step: float,
                           what: str = "") -> list[Any]:
+        """One range query; re-reads the bearer token file first."""
+        await self._in_thread(self._headers_refresh)
         label = what or f"query_range {expr[:120]!r}"
         return list(await self._retrying(
             lambda: self._http.query_range(expr, start, end, step, label), "query_range"))
@@ -314,7 +325,7 @@ class PrometheusSource:
     async def _ask(self, now: float, exprs: list[str], names: Mapping[str, str]
                    ) -> dict[str, Answer]:
         results = await asyncio.gather(
-            *(self.query(e, now, names.get(e, "recovery query")) for e in exprs),
+            *(self._query(e, now, names.get(e, "recovery query")) for e in exprs),
             return_exceptions=True)
         bodies: dict[str, Answer] = {}
         for expr, r in zip(exprs, results, strict=True):
@@ -349,8 +360,26 @@ class PrometheusSource:
             try:
                 return decode_result(bytes(got), what, self.url)
             except HealerError as e:
-                return e
+                got = e
+        if isinstance(got, BadAnswer):
+            self.drops.add(self._metric_of(expr, what), "bad-answer")
+        if isinstance(got, HealerError):
+            return got
+        if not isinstance(got, list):  # a caller handing a decoded answer of the wrong type
+            self.drops.add(self._metric_of(expr, what), "bad-answer")
+            return BadAnswer(f"{what}: the answer is a {type(got).__name__}, not a list")
         return got
+
+    def _metric_of(self, expr: str, what: str) -> str:
+        """The ``metric`` label of a drop in the answer to ``expr`` (see :mod:`.sanity`)."""
+        if "freshness" in what:
+            return HEARTBEAT
+        if "XID" in what:
+            return XID
+        for q in self.plan.metrics:
+            if q.expr == expr:
+                return q.key
+        return "recovery"
 
     def _parse(self, now: float, bodies: Mapping[str, Answer], started: float,
                requests_before: int) -> list[Signal]:

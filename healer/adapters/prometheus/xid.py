@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from healer.adapters.prometheus.promql import XID_GAUGE
+from healer.adapters.prometheus.sanity import MAX_XID_EVENTS
 from healer.core.model import GpuRef
 
 
@@ -50,9 +51,11 @@ class XidTracker:
     first sample of a GPU only sets the baseline (but see :meth:`baseline`). A per-XID count
     series held by a cursor but absent from a feed holding other series of its GPU is gone
     (its XID left the exporter's count window): it is dropped from the cursor, so the same XID
-    coming back counts from 0. Samples must be finite (see
-    :func:`~healer.adapters.prometheus.labels.samples`); a series whose every sample is not
-    is still present.
+    coming back counts from 0. Samples must be possible codes and counts (see
+    :mod:`~healer.adapters.prometheus.sanity`; the parser drops the others); a series whose
+    every sample was dropped is still present. One feed reports at most ``MAX_XID_EVENTS``
+    occurrences per GPU (a count that jumps by millions is not millions of signals); how many
+    more there were is in ``capped`` (the cursor still moves past them).
 
     A live poll fetches the raw samples only of the GPUs whose XID series changed (see
     :func:`~healer.adapters.prometheus.promql.xid_prequery_expr`): a cursor is not advanced
@@ -64,11 +67,13 @@ class XidTracker:
         self._cursors: dict[tuple[str, GpuRef], _XidCursor] = {}
         #: GPUs given an implicit baseline in this feed → the previous XID poll's time
         self._implicit: dict[tuple[str, GpuRef], float] = {}
+        self.capped = 0  # occurrences over MAX_XID_EVENTS per GPU in the last feed
 
     def feed(self, series: Iterable[XidSeries], since: float = -math.inf) -> list[XidEvent]:
         gauges: dict[tuple[str, GpuRef], dict[float, float]] = defaultdict(dict)
         counts: dict[tuple[str, GpuRef], dict[float, dict[int, int]]] = defaultdict(dict)
         named: dict[tuple[str, GpuRef], set[int]] = defaultdict(set)
+        self.capped = 0
         for s in series:
             key = (s.node, s.gpu)
             if s.xid is not None:
@@ -99,6 +104,7 @@ class XidTracker:
         empty: dict[float, float] = {}
         empty_counts: dict[float, dict[int, int]] = {}
         for key in sorted(gauges.keys() | counts.keys()):
+            room = MAX_XID_EVENTS
             cur = cursors.get(key)
             if cur is None:
                 cur = cursors[key] = _XidCursor()
@@ -137,6 +143,10 @@ class XidTracker:
                 if t < since or not occurrences:
                     continue
                 for code, (n, via) in sorted(occurrences.items()):
+                    if n > room:
+                        self.capped += n - room
+                        n = room
+                    room -= n
                     events.extend(XidEvent(key[0], key[1], code, t, via) for _ in range(n))
         return events
 

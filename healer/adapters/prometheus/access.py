@@ -1,0 +1,49 @@
+"""Where Prometheus is and how healer proves who it is: the URL check and the bearer token
+file, each failing with one line (never a traceback, never a request sent half-configured)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from healer.errors import ConfigError, PermanentError
+
+
+def check_url(url: str) -> str:
+    """``url`` if it can name a Prometheus (http or https, a host, a port 1-65535, no
+    whitespace or control characters); else a one-line :class:`ConfigError`."""
+    shown = repr(url[:200])
+    if not isinstance(url, str) or any(c.isspace() or ord(c) < 32 for c in url):
+        raise ConfigError(f"Prometheus URL {shown}: whitespace or control characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise ConfigError(f"Prometheus URL {shown}: {e}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ConfigError(f"Prometheus URL {shown}: expected http:// or https://")
+    if not parts.hostname:
+        raise ConfigError(f"Prometheus URL {shown}: no host")
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"Prometheus URL {shown}: port {port} is out of range")
+    return url
+
+
+def read_bearer_token(path: str | Path) -> str:
+    """The token in a bearer token file; a one-line :class:`PermanentError` when it cannot be
+    read (missing, unreadable, a directory, a FIFO) or holds no usable token."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise PermanentError(f"cannot read the bearer token file {p}: "
+                                 f"{'not a regular file' if p.exists() else 'no such file'}")
+        with p.open("rb") as f:
+            raw = f.read(65537)
+        token = raw.decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise PermanentError(f"cannot read the bearer token file {p}: {why}") from None
+    if not token or len(raw) > 65536 or any(c in token for c in "\r\n\0"):
+        raise PermanentError(f"the bearer token file {p} holds no usable token (empty, "
+                             "several lines, binary or larger than 64 KiB)")
+    return token
