@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -45,6 +44,7 @@ from tests.integration.agent.agent_harness import (
 )
 from tests.integration.agent.conftest import FakeNvml
 from tests.integration.conftest import api_client_for
+from tests.integration.kube_tokens import pod_bound_kubeconfig
 from tests.integration.waiting import wait_for
 
 #: Events about a Node (cluster-scoped) must live in "default": kube-apiserver refuses them in
@@ -386,17 +386,12 @@ def kubectl(stack: KubeStack, *args: str) -> subprocess.CompletedProcess[str]:
                           check=False)
 
 
-async def _sa_kubeconfig(stack: KubeStack, api: client.ApiClient, path: Path) -> Path:
-    req = await client.CoreV1Api(api).create_namespaced_service_account_token(
-        "healer-agent", "healer-system", {"spec": {"expirationSeconds": 3600}})  # type: ignore[arg-type]
-    admin = yaml.safe_load(stack.kubeconfig.read_text())
-    cfg = {"apiVersion": "v1", "kind": "Config",
-           "clusters": [{"name": "local", "cluster": admin["clusters"][0]["cluster"]}],
-           "users": [{"name": "agent", "user": {"token": req.status.token}}],
-           "contexts": [{"name": "agent", "context": {"cluster": "local", "user": "agent"}}],
-           "current-context": "agent"}
-    await asyncio.to_thread(path.write_text, yaml.safe_dump(cfg))
-    return path
+async def _sa_kubeconfig(stack: KubeStack, api: client.ApiClient, path: Path,
+                         node: str) -> Path:
+    """The agent's identity as the kubelet mounts it: a token bound to a Pod on ``node`` (the
+    agent's admission policy lets it write that Node's status only)."""
+    cfg, _ = await pod_bound_kubeconfig(stack, api, "healer-system", "healer-agent", node, path)
+    return cfg
 
 
 async def test_deploy_agent_applies_and_is_all_the_agent_needs(
@@ -418,7 +413,8 @@ async def test_deploy_agent_applies_and_is_all_the_agent_needs(
                                 "deploy/agent/rbac.yaml")
     assert r.returncode == 0, r.stderr
 
-    kubeconfig = await _sa_kubeconfig(kube_stack, kube_api, tmp_path / "agent.kubeconfig")
+    kubeconfig = await _sa_kubeconfig(kube_stack, kube_api, tmp_path / "agent.kubeconfig",
+                                      gpu_node)
     fake_nvml.write(scenario())
     agent = agents.start(gpu_node, kubeconfig=kubeconfig)
     await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
