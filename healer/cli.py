@@ -29,8 +29,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         ps = load_policy_set(args.paths)
     except PolicyError as e:
-        for problem in e.problems:
-            print(problem, file=sys.stderr)
+        for problem in e.problems:  # a file's control characters never reach the terminal
+            text = str(problem)
+            print("".join(c if c.isprintable() else repr(c)[1:-1] for c in text),
+                  file=sys.stderr)
         print(f"{len(e.problems)} problem(s); nothing loaded", file=sys.stderr)
         return 1
     for p in ps.policies:
@@ -309,6 +311,17 @@ def add_bench_flags(b: argparse.ArgumentParser) -> None:
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors (the full usage is one ``--help`` away)."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        for a in self._actions:  # Python 3.11 turns `--flag=--` into [] past the flag's type
+            if isinstance(a, argparse._StoreAction) and a.nargs is None \
+                    and isinstance(getattr(ns, a.dest, None), list):
+                self.error(f"argument {'/'.join(a.option_strings) or a.dest}: expected one "
+                           "value, got '--'")
+        return ns, rest
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")

@@ -166,7 +166,17 @@ def policy_reference() -> str:
            "Every field of `RemediationPolicy` and `FleetGuardrails` documents "
            "(`apiVersion: healer.io/v1alpha1`), generated from the schema. Durations are "
            "strings such as `30s`, `5m`, `1h30m`, `7d`. Cross-field rules (one matcher per "
-           "rule, hook URLs, ...) are checked by `healer validate` on top of these types.\n"]
+           "rule, hook URLs, ...) are checked by `healer validate` on top of these types.\n",
+           "Limits, so that no file can stall or exhaust the daemon: a policy file is a regular "
+           "file of at most 1 MiB, nested at most 64 levels, with at most 50,000 values (an "
+           "alias counts as everything it stands for; a recursive alias is refused); every "
+           "number is finite (no `.nan`, `.inf`) and within the range shown; true/false fields "
+           "take only booleans and integer fields only integers; every duration is at most "
+           "`366d`; label keys and values follow Kubernetes' grammar; URLs are "
+           "`http(s)://host...` with no credentials, spaces or control characters; `reason` "
+           "is an RE2 regular expression (linear time; repeats ≤ 1000; at most 1024 "
+           "characters); `promql` must parse (at most 4096 characters, 32 levels of brackets "
+           "and 128 operators); `signal` is a signal a job can catch.\n"]
     for name in sorted(defs):
         d = defs[name]
         props: dict[str, Any] = d.get("properties", {})
@@ -181,10 +191,24 @@ def policy_reference() -> str:
         for field, spec in props.items():
             req = " (required)" if field in required else ""
             default = json.dumps(spec["default"]) if "default" in spec else ""
-            out.append(f"| `{field}`{req} | {_type_of(spec)} | {default} | "
+            out.append(f"| `{field}`{req} | {_type_of(spec)}{_range_of(spec)} | {default} | "
                        f"{spec.get('description', '')} |")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _range_of(spec: dict[str, Any]) -> str:
+    """`` (1 to 100)`` from a JSON Schema's bounds, looking into ``anyOf`` and list items."""
+    for sub in (spec, spec.get("items") or {}, *spec.get("anyOf", ())):
+        lo, hi = sub.get("minimum", sub.get("exclusiveMinimum")), sub.get("maximum")
+        if lo is not None or hi is not None:
+            low = "" if lo is None else (">" if "exclusiveMinimum" in sub else "") + _num(lo)
+            return f" ({low} to {'' if hi is None else _num(hi)})"
+    return ""
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e12 else f"{x:g}"
 
 
 def _type_of(spec: dict[str, Any]) -> str:

@@ -8,11 +8,21 @@ sets of codes.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from healer.core.model import NodeView, Severity
+
+
+class TextPattern(Protocol):
+    """A compiled regular expression: ``re.Pattern`` or, as the policy loader compiles them,
+    RE2's (linear time, no backtracking)."""
+
+    @property
+    def pattern(self) -> Any: ...
+
+    def search(self, text: str) -> Any: ...
 
 
 class Mode(enum.Enum):
@@ -145,7 +155,7 @@ class ConditionRule:
     severity: Severity
     type: str
     statuses: frozenset[str]
-    reason: re.Pattern[str] | None = None
+    reason: TextPattern | None = None
     hold_for: float = 0.0
     count: int = 0
     within: float = 0.0

@@ -3,13 +3,30 @@ the epoch. Pure: converts the times it is given, never reads a clock."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The range a timestamp can be written in: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z.
+MIN_SECONDS = -62135596800
+MAX_SECONDS = 253402300799
 
 
 def rfc3339(t: float) -> str:
-    """Seconds since the epoch → ``2024-05-01T12:00:00Z``."""
-    return datetime.fromtimestamp(int(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """Seconds since the epoch → ``2024-05-01T12:00:00Z``. Total: never raises. A time past
+    the year 9999 (``inf`` included) is written as 9999-12-31T23:59:59Z, one before the year 1
+    as 0001-01-01T00:00:00Z, and NaN (or anything that is not a number) as the epoch."""
+    if isinstance(t, int) and not isinstance(t, bool):  # an int too large for a float too
+        t = min(max(t, MIN_SECONDS), MAX_SECONDS)
+    try:
+        t = float(t)
+    except (TypeError, ValueError, OverflowError):
+        t = 0.0
+    if t != t:  # NaN
+        t = 0.0
+    seconds = int(min(max(t, MIN_SECONDS), MAX_SECONDS))
+    d = _EPOCH + timedelta(seconds=seconds)
+    return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}Z"
 
 
 def parse_rfc3339(value: Any) -> float | None:
@@ -17,9 +34,11 @@ def parse_rfc3339(value: Any) -> float | None:
     epoch; None when absent or unreadable."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
+        if isinstance(value, datetime):
+            return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
+        if not isinstance(value, str) or len(value) > 64:
+            return None
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except (ValueError, OverflowError, OSError):
         return None

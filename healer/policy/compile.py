@@ -18,6 +18,7 @@ from healer.core.model import Severity
 from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
+from healer.policy.checks import check_promql, compile_regex
 
 Path = tuple[str | int, ...]
 
@@ -127,6 +128,11 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
         if (m.field is None) == (m.promql is None):
             issues.append(Issue(p, "expected exactly one of field or promql"))
             return None
+        if m.promql is not None:
+            try:
+                check_promql(m.promql)
+            except ValueError as e:
+                issues.append(Issue((*p, "promql"), str(e)))
         if m.promql is not None and m.aggregation != "value":
             issues.append(Issue((*p, "aggregation"), "aggregation applies to field, not promql "
                                                      "(write the function into the expression)"))
@@ -139,9 +145,9 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
         pattern = None
         if cond.reason is not None:
             try:
-                pattern = re.compile(cond.reason)
-            except re.error as e:
-                issues.append(Issue((*cp, "reason"), f"invalid regular expression: {e}"))
+                pattern = compile_regex(cond.reason)
+            except ValueError as e:
+                issues.append(Issue((*cp, "reason"), str(e)))
         if (cond.count > 0) != (cond.within > 0):
             issues.append(Issue(cp, "count and within go together (N transitions within a "
                                     "window); set both or neither"))

@@ -23,13 +23,21 @@ from healer.errors import PolicyError, Problem
 from healer.policy import schema as s
 from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
-from healer.policy.yamlsrc import SourceDoc, load_documents
+from healer.policy.yamlsrc import SourceDoc, SourceError, load_documents, read_source
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
+MAX_FILES = 1000  # policy files under the given paths
+MAX_PROBLEMS_PER_FILE = 50
+
+
 def policy_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The YAML files named by ``paths`` (directories are searched recursively, sorted)."""
+    """The YAML files named by ``paths`` (directories are searched recursively, sorted).
+
+    Anything with a YAML suffix that is not a directory is listed, a FIFO or a device included,
+    so that reading it reports what it is instead of skipping it silently.
+    """
     out: list[Path] = []
     for raw in paths:
         p = Path(raw)
@@ -37,8 +45,10 @@ def policy_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
             for f in sorted(p.rglob("*")):
                 if any(part.startswith("..") for part in f.relative_to(p).parts):
                     continue  # ConfigMap mounts keep old versions under ..data/ ..timestamp/
-                if f.is_file() and f.suffix in YAML_SUFFIXES:
+                if f.suffix in YAML_SUFFIXES and not f.is_dir():
                     out.append(f)
+                if len(out) > MAX_FILES:
+                    return out
         else:
             out.append(p)
     return out
@@ -52,37 +62,35 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
     ``max_mode`` caps every policy's mode (``healer run --dry-run`` passes ``Mode.DRY_RUN``).
     """
     catalog = catalog or default_catalog()
-    files = policy_files(paths)
     problems: list[Problem] = []
-    if not files:
+    try:
+        files = policy_files(paths)
+    except (OSError, ValueError) as e:  # an unreadable directory, a symlink loop, a NUL
+        files = []
+        problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
+                                f"cannot list the policy files: {str(e)[:200]}"))
+    if not files and not problems:
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
                                 "no policy files (*.yaml) found"))
     policies: list[tuple[core.Policy, SourceDoc]] = []
     fleets: list[tuple[core.FleetGuardrails, SourceDoc]] = []
     digest = hashlib.sha256()
+    if len(files) > MAX_FILES:
+        problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
+                                f"expected at most {MAX_FILES} policy files"))
+        files = []
     for f in files:
+        found: list[Problem] = []
         try:
-            text = f.read_text("utf-8")
-        except OSError as e:
-            problems.append(Problem(str(f), 0, "", f"cannot read: {e.strerror or e}"))
-            continue
-        digest.update(str(f.name).encode() + b"\0" + text.encode() + b"\0")
-        try:
-            docs = list(load_documents(text, str(f)))
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = mark.line + 1 if mark is not None else 0
-            line = min(line, max(text.count("\n"), 1))  # "<stream end>" is past the last line
-            problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
-            continue
-        if not docs:
-            problems.append(Problem(str(f), 0, "", "the file holds no YAML document"))
-        for doc in docs:
-            compiled = _load_doc(doc, catalog, problems)
-            if isinstance(compiled, core.Policy):
-                policies.append((compiled, doc))
-            elif isinstance(compiled, core.FleetGuardrails):
-                fleets.append((compiled, doc))
+            _load_file(f, catalog, found, policies, fleets, digest)
+        except Exception as e:  # belt and braces: a loader bug is a problem, never a crash
+            found.append(Problem(str(f), 0, "", f"internal error while loading this file "
+                                                f"({type(e).__name__}); please report it"))
+        if len(found) > MAX_PROBLEMS_PER_FILE:
+            more = len(found) - MAX_PROBLEMS_PER_FILE
+            found = [*found[:MAX_PROBLEMS_PER_FILE],
+                     Problem(str(f), 0, "", f"... and {more} more problem(s)")]
+        problems.extend(found)
     _cross_file_checks(policies, fleets, problems)
     if problems:
         raise PolicyError(problems)
@@ -92,6 +100,40 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
     fleet = fleets[0][0] if fleets else core.FleetGuardrails()
     return core.PolicySet(policies=tuple(sorted(plist, key=lambda p: p.name)), fleet=fleet,
                           digest=digest.hexdigest()[:16])
+
+
+def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
+               policies: list[tuple[core.Policy, SourceDoc]],
+               fleets: list[tuple[core.FleetGuardrails, SourceDoc]],
+               digest: Any) -> None:
+    try:
+        text = read_source(f)
+    except SourceError as e:
+        problems.append(Problem(str(f), e.line, "", e.message))
+        return
+    except OSError as e:
+        problems.append(Problem(str(f), 0, "", f"cannot read: {e.strerror or e}"))
+        return
+    digest.update(str(f.name).encode() + b"\0" + text.encode() + b"\0")
+    docs: list[SourceDoc] = []
+    try:
+        docs.extend(load_documents(text, str(f)))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else 0
+        if isinstance(e, yaml.reader.ReaderError):  # a control character: offset in UTF-8 bytes
+            line = text.encode("utf-8", "replace").count(b"\n", 0, max(e.position, 0)) + 1
+        line = min(line, max(text.count("\n"), 1))  # "<stream end>" is past the last line
+        problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
+        return
+    if not docs:
+        problems.append(Problem(str(f), 0, "", "the file holds no YAML document"))
+    for doc in docs:
+        compiled = _load_doc(doc, catalog, problems)
+        if isinstance(compiled, core.Policy):
+            policies.append((compiled, doc))
+        elif isinstance(compiled, core.FleetGuardrails):
+            fleets.append((compiled, doc))
 
 
 def _yaml_reason(e: yaml.YAMLError) -> str:
@@ -115,12 +157,12 @@ def _load_doc(doc: SourceDoc, catalog: XidCatalog,
     api = data.get("apiVersion")
     if api != s.API_VERSION:
         problems.append(Problem(doc.file, doc.line_of(("apiVersion",)), "apiVersion",
-                                f"expected {s.API_VERSION!r}, got {api!r}"))
+                                f"expected {s.API_VERSION!r}, got {_short(api)}"))
         return None
     kind = data.get("kind")
     if kind not in s.KINDS:
         problems.append(Problem(doc.file, doc.line_of(("kind",)), "kind",
-                                f"expected one of {', '.join(s.KINDS)}, got {kind!r}"))
+                                f"expected one of {', '.join(s.KINDS)}, got {_short(kind)}"))
         return None
     try:
         model = s.DOCUMENT.validate_python(data)
@@ -162,20 +204,31 @@ def _cross_file_checks(policies: Sequence[tuple[core.Policy, SourceDoc]],
 def _dotted(loc: Sequence[Any]) -> str:
     out = ""
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) and not isinstance(part, bool):
             out += f"[{part}]"
+        elif part == "[key]":  # pydantic's marker for a bad mapping key: the key is named
+            continue
         else:
-            out += ("." if out else "") + str(part)
+            text = str(part)
+            out += ("." if out else "") + (text if len(text) <= 60 else text[:57] + "...")
     return out
+
+
+def _short(v: Any) -> str:
+    """``repr(v)`` cut to a length an error message can carry."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**18:
+        return f"a {len(str(abs(v)))}-digit number"
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _kind_of(v: Any) -> str:
     if isinstance(v, bool):
         return f"a boolean ({v})"
     if isinstance(v, (int, float)):
-        return f"a number ({v})"
+        return f"a number ({_short(v)})"
     if isinstance(v, str):
-        return f"a string ({v!r})"
+        return f"a string ({_short(v)})"
     if isinstance(v, list):
         return "a list"
     if isinstance(v, dict):
@@ -193,9 +246,9 @@ def _explain(err: Any, loc: tuple[Any, ...], kind: str) -> str:
         case "extra_forbidden":
             allowed = _allowed_fields(kind, loc[:-1])
             hint = f" (expected one of: {', '.join(allowed)})" if allowed else ""
-            return f"unknown field {loc[-1]!r}{hint}"
+            return f"unknown field {_short(loc[-1])}{hint}"
         case "literal_error":
-            return f"expected one of {ctx.get('expected')}, got {got!r}"
+            return f"expected one of {ctx.get('expected')}, got {_short(got)}"
         case "float_parsing" | "float_type":
             return f"expected a number, got {_kind_of(got)}"
         case "int_parsing" | "int_type" | "int_from_float":
@@ -209,19 +262,25 @@ def _explain(err: Any, loc: tuple[Any, ...], kind: str) -> str:
         case "list_type":
             return f"expected a list, got {_kind_of(got)}"
         case "greater_than":
-            return f"expected a value > {ctx.get('gt')}, got {got!r}"
+            return f"expected a value > {ctx.get('gt')}, got {_short(got)}"
         case "greater_than_equal":
-            return f"expected a value ≥ {ctx.get('ge')}, got {got!r}"
+            return f"expected a value ≥ {ctx.get('ge')}, got {_short(got)}"
         case "less_than_equal":
-            return f"expected a value ≤ {ctx.get('le')}, got {got!r}"
+            return f"expected a value ≤ {ctx.get('le')}, got {_short(got)}"
+        case "less_than":
+            return f"expected a value < {ctx.get('lt')}, got {_short(got)}"
+        case "finite_number":
+            return f"expected a finite number (not .nan, .inf or -.inf), got {_short(got)}"
+        case "too_long":
+            return f"expected at most {ctx.get('max_length')} item(s)"
         case "too_short":
             return f"expected at least {ctx.get('min_length')} item(s)"
         case "string_too_long":
             return f"expected at most {ctx.get('max_length')} characters"
         case "string_pattern_mismatch":
             if loc and loc[-1] == "name":
-                return (f"expected a lowercase DNS-1123 name (a-z, 0-9, '-'), got {got!r}")
-            return f"expected a value matching {ctx.get('pattern')}, got {got!r}"
+                return (f"expected a lowercase DNS-1123 name (a-z, 0-9, '-'), got {_short(got)}")
+            return f"expected a value matching {ctx.get('pattern')}, got {_short(got)}"
         case "value_error":
             return str(err["msg"]).removeprefix("Value error, ")
     return str(err["msg"])

@@ -7,6 +7,7 @@ Field types, ranges and enumerations live here; rules that relate several fields
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,15 @@ from pydantic import (
     WithJsonSchema,
 )
 from pydantic.alias_generators import to_camel
+
+from healer.policy.checks import (
+    MAX_DURATION,
+    MAX_QUANTITY,
+    check_http_url,
+    check_label_key,
+    check_label_value,
+    check_signal,
+)
 
 API_VERSION = "healer.io/v1alpha1"
 
@@ -33,9 +43,12 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError("expected a duration string such as 30s, 5m, 2h or 7d")
     text = value.strip()
-    if not _DURATION_RE.match(text):
-        raise ValueError(f"expected a duration such as 30s, 5m, 2h or 7d, got {value!r}")
-    return sum(float(n) * _UNITS[u] for n, u in _PART_RE.findall(text))
+    if len(text) > 4096 or not _DURATION_RE.match(text):
+        raise ValueError(f"expected a duration such as 30s, 5m, 2h or 7d, got {value!r:.70}")
+    seconds = sum(float(n) * _UNITS[u] for n, u in _PART_RE.findall(text))
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise ValueError(f"expected a duration of at most 366d, got {value!r:.70}")
+    return seconds
 
 
 Duration = Annotated[
@@ -50,29 +63,44 @@ def _parse_quantity(value: Any) -> str:
     if isinstance(value, bool):
         raise ValueError("expected a count (e.g. 2) or a percentage (e.g. 10%)")
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError("expected a count ≥ 0")
+        if not 0 <= value <= MAX_QUANTITY:
+            raise ValueError(f"expected a count between 0 and {MAX_QUANTITY}, got {value:.3g}")
         return str(value)
-    if isinstance(value, str) and re.fullmatch(r"\d+(\.\d+)?%", value.strip()):
+    if (isinstance(value, str) and len(value) <= 32
+            and re.fullmatch(r"\d+(\.\d+)?%", value.strip())):
         pct = float(value.strip()[:-1])
         if not 0 <= pct <= 100:
             raise ValueError(f"expected a percentage between 0% and 100%, got {value}")
         return value.strip()
-    raise ValueError(f"expected a count (e.g. 2) or a percentage (e.g. 10%), got {value!r}")
+    raise ValueError(f"expected a count (e.g. 2) or a percentage (e.g. 10%), got {value!r:.70}")
 
 
 Quantity = Annotated[
     str,
     BeforeValidator(_parse_quantity),
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0},
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_QUANTITY},
                               {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?%$"}],
                     "description": "a count (2) or a percentage of the population (10%)"}),
 ]
 
 
+def _int(lo: int, hi: int, **kw: Any) -> Any:
+    """An integer field in [lo, hi]; ``true`` is not 1 and ``2.0`` is not 2 (strict)."""
+    return Field(strict=True, ge=lo, le=hi, **kw)
+
+
+Flag = Annotated[bool, Field(strict=True)]  # true/false only: not 1, not "yes"
+#: a threshold: finite (no .nan, no .inf) and of a size a telemetry value can have
+Number = Annotated[float, Field(ge=-1e15, le=1e15, allow_inf_nan=False)]
+LabelKey = Annotated[str, BeforeValidator(check_label_key)]
+LabelValue = Annotated[str, BeforeValidator(check_label_value)]
+HttpUrl = Annotated[str, BeforeValidator(check_http_url)]
+SignalName = Annotated[str, BeforeValidator(check_signal)]
+
+
 class Model(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True,
-                              frozen=True)
+                              frozen=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,43 +114,45 @@ class Metadata(Model):
 
 
 class SelectorRequirement(Model):
-    key: str = Field(min_length=1)
+    key: LabelKey = Field(description="a Kubernetes label key ([prefix/]name)")
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = Field(default_factory=list)
+    values: list[LabelValue] = Field(default_factory=list, max_length=256)
 
 
 class Selector(Model):
-    match_labels: dict[str, str] = Field(default_factory=dict)
-    match_expressions: list[SelectorRequirement] = Field(default_factory=list)
+    match_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=64)
+    match_expressions: list[SelectorRequirement] = Field(default_factory=list, max_length=64)
 
 
 class XidMatch(Model):
     groups: list[str] = Field(default_factory=list, description="groups from the XID catalog")
-    codes: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default_factory=list)
-    exclude: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default_factory=list)
-    count: int = Field(default=1, ge=1, description="occurrences needed ...")
+    codes: list[Annotated[int, _int(1, 1024)]] = Field(default_factory=list)
+    exclude: list[Annotated[int, _int(1, 1024)]] = Field(default_factory=list)
+    count: int = _int(1, 10_000, default=1, description="occurrences needed ...")
     within: Duration = Field(default=3600.0, gt=0, description="... within this window")
 
 
 class MetricMatch(Model):
     field: str | None = Field(default=None, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
                               description="a dcgm-exporter metric name")
-    promql: str | None = Field(default=None, min_length=1,
+    promql: str | None = Field(default=None, min_length=1, max_length=4096,
                                description="a PromQL expression; its series need the host "
                                            "label and, for per-GPU rules, gpu/UUID labels")
     aggregation: Literal["value", "increase", "rate", "max_over_time"] = "value"
     window: Duration = Field(default=300.0, gt=0)
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
-    threshold: float
+    threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
 
 
 class ConditionMatch(Model):
     type: str = Field(min_length=1, description="node condition type, e.g. GPUHealthy")
     status: list[Literal["True", "False", "Unknown"]] = Field(default=["True"], min_length=1)
-    reason: str | None = Field(default=None, description="regular expression on the reason")
+    reason: str | None = Field(default=None, max_length=1024, description=(
+        "regular expression (RE2 syntax: linear time, no backreferences or lookaround) "
+        "searched in the reason"))
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
-    count: int = Field(default=0, ge=0, description="N transitions into the status ...")
+    count: int = _int(0, 10_000, default=0, description="N transitions into the status ...")
     within: Duration = Field(default=0.0, ge=0, description="... within this window")
     stale_after: Duration | None = Field(default=None, description=(
         "heartbeat window: a condition whose lastHeartbeatTime is older than this is stale "
@@ -151,49 +181,51 @@ class RuleSpec(Model):
 
 
 class CheckpointSpec(Model):
-    enabled: bool = False
+    enabled: Flag = False
     hook: Literal["slurm-signal", "webhook", "job"] = "slurm-signal"
-    signal: str = Field(default="USR1", pattern=r"^(SIG)?[A-Z0-9]+$")
-    deadline: Duration = Field(default=600.0, gt=0)
+    signal: SignalName = Field(default="USR1", description=(
+        "a signal a job can catch: HUP INT QUIT ABRT ALRM TERM USR1 USR2 URG CONT TSTP TTIN "
+        "TTOU (SIG prefix optional)"))
+    deadline: Duration = Field(default=600.0, ge=1)
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
-    url: str | None = None
+    url: HttpUrl | None = None
     secret_ref: str | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
-    allow_insecure_http: bool = Field(default=False, description=(
+    allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
     job_template: str | None = None
 
 
 class DrainSpec(Model):
-    deadline: Duration = Field(default=7200.0, gt=0)
+    deadline: Duration = Field(default=7200.0, ge=1)
     on_timeout: Literal["escalate", "requeue"] = "escalate"
     requeue_grace: Duration = Field(default=300.0, gt=0)
 
 
 class SwapSpec(Model):
-    enabled: bool = True
-    deadline: Duration = Field(default=1800.0, gt=0)
+    enabled: Flag = True
+    deadline: Duration = Field(default=1800.0, ge=1)
     hold_timeout: Duration = Field(default=0.0, ge=0)
-    require_same_domain: bool = Field(default=False, description=(
+    require_same_domain: Flag = Field(default=False, description=(
         "take only a spare in the node's NVLink domain (accelerator.topograph.run/domain); "
         "with none free the node is HeldForCapacity. Default: the nearest spare, reported "
         "(Event SpareFromOtherDomain, status.sparePlacement) when it is in another domain"))
 
 
 class ValidationSpec(Model):
-    enabled: bool = False
+    enabled: Flag = False
     image: str | None = None
-    command: list[str] = Field(default_factory=list)
-    deadline: Duration = Field(default=1800.0, gt=0)
+    command: list[str] = Field(default_factory=list, max_length=256)
+    deadline: Duration = Field(default=1800.0, ge=1)
 
 
 class RepairSpec(Model):
     hook: Literal["none", "webhook", "job"] = "none"
-    url: str | None = None
+    url: HttpUrl | None = None
     secret_ref: str | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
-    allow_insecure_http: bool = Field(default=False, description=(
+    allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
     job_template: str | None = None
     deadline: Duration = Field(default=0.0, ge=0)
@@ -205,14 +237,15 @@ class StepsSpec(Model):
     swap: SwapSpec = Field(default_factory=SwapSpec)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     repair: RepairSpec = Field(default_factory=RepairSpec)
-    step_deadline: Duration = Field(default=900.0, gt=0)
-    max_attempts: int = Field(default=5, ge=1, le=100)
-    poll_interval: Duration = Field(default=10.0, gt=0)
+    step_deadline: Duration = Field(default=900.0, ge=1)
+    max_attempts: int = _int(1, 100, default=5)
+    poll_interval: Duration = Field(default=10.0, ge=1, le=3600,
+                                    description="how often a waiting step is polled: 1s to 1h")
 
 
 class FailureDomainSpec(Model):
-    key: str = Field(min_length=1)
-    max_unavailable: int = Field(default=1, ge=0)
+    key: LabelKey = Field(description="the node label whose value names the domain")
+    max_unavailable: int = _int(0, MAX_QUANTITY, default=1)
 
 
 class BreakerSpec(Model):
@@ -222,15 +255,15 @@ class BreakerSpec(Model):
 
 
 class RetryBudgetSpec(Model):
-    per_node: int = Field(default=3, ge=1)
-    per_gpu_serial: int = Field(default=2, ge=1)
+    per_node: int = _int(1, 1000, default=3)
+    per_gpu_serial: int = _int(1, 1000, default=2)
     window: Duration = Field(default=7 * 86400.0, gt=0)
 
 
 class GuardrailsSpec(Model):
-    max_concurrent: int | None = Field(default=None, ge=0)
+    max_concurrent: int | None = _int(0, MAX_QUANTITY, default=None)
     max_unavailable: Quantity | None = None
-    failure_domains: list[FailureDomainSpec] = Field(default_factory=list)
+    failure_domains: list[FailureDomainSpec] = Field(default_factory=list, max_length=16)
     breaker: BreakerSpec | None = None
     retry_budget: RetryBudgetSpec | None = None
 
@@ -238,9 +271,9 @@ class GuardrailsSpec(Model):
 class PolicySpec(Model):
     mode: Literal["observe", "dryRun", "act"] = Field(
         default="observe", description="observe → dryRun → act (the safety ladder)")
-    priority: int = 0
+    priority: int = _int(-1_000_000, 1_000_000, default=0)
     node_selector: Selector
-    rules: list[RuleSpec] = Field(min_length=1)
+    rules: list[RuleSpec] = Field(min_length=1, max_length=256)
     steps: StepsSpec = Field(default_factory=StepsSpec)
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
 
@@ -253,7 +286,7 @@ class RemediationPolicy(Model):
 
 
 class FleetSpec(Model):
-    paused: bool = False
+    paused: Flag = False
     spare_selector: Selector = Field(
         default_factory=lambda: Selector(match_labels={"healer.io/role": "spare"}))
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)

@@ -1,16 +1,26 @@
-"""Policy files: shipped ones validate; every kind of mistake names file, line and field."""
+"""Policy files: shipped ones validate; every kind of mistake names file, line and field;
+hostile files (issue 12) are refused fast, in bounded memory, never with a traceback."""
 
 from __future__ import annotations
 
+import math
+import os
+import pickle
+import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from healer.cli import main
 from healer.core import policy as cp
 from healer.core.model import Severity
+from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.errors import PolicyError
+from healer.policy.checks import MAX_PROMQL_NESTING, MAX_PROMQL_OPERATORS, check_promql
 from healer.policy.load import load_policy_set
 from healer.policy.schema import parse_duration
+from healer.policy.yamlsrc import LIMITS
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = sorted((Path(__file__).parent / "policy_corpus").glob("*.yaml"))
@@ -136,3 +146,186 @@ def test_durations(text: str, seconds: float) -> None:
 def test_bad_durations(bad: object) -> None:
     with pytest.raises(ValueError, match="expected a duration"):
         parse_duration(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile input (issue 12): bounded, total, never a traceback
+
+
+def _problems(path: Path) -> list[str]:
+    with pytest.raises(PolicyError) as err:
+        load_policy_set([path])
+    return [str(p) for p in err.value.problems]
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)  # no writer: a blocking open would wait for ever
+    assert _problems(fifo) == [f"{fifo}: expected a regular file, got a FIFO"]
+    assert _problems(tmp_path) == [f"{fifo}: expected a regular file, got a FIFO"]
+
+
+def test_dev_zero_is_refused_without_reading() -> None:
+    assert _problems(Path("/dev/zero")) == [
+        "/dev/zero: expected a regular file, got a character device"]
+
+
+def test_an_oversized_file_is_refused_before_reading(tmp_path: Path) -> None:
+    f = tmp_path / "big.yaml"
+    with f.open("wb") as out:
+        out.truncate(50 * 1024 * 1024)  # 50 MB, sparse: reading it would be the bug
+    assert _problems(f) == [f"{f}: expected a policy file of at most {LIMITS.max_file_bytes} "
+                            f"bytes, got {50 * 1024 * 1024} bytes"]
+
+
+def test_a_binary_file_names_the_line_of_its_first_bad_byte(tmp_path: Path) -> None:
+    f = tmp_path / "bin.yaml"
+    f.write_bytes(b"a: 1\nb: 2\n\xff\xfe\x00garbage")
+    assert _problems(f) == [f"{f}:3: expected UTF-8 text, got byte 0xff (is this a binary "
+                            "file?)"]
+
+
+def test_a_recursive_alias_is_a_problem_not_a_recursion_error(tmp_path: Path) -> None:
+    f = tmp_path / "a.yaml"
+    f.write_text("a: &a [*a]\n")  # the 11 bytes that crash-looped the daemon
+    [problem] = _problems(f)
+    assert problem.startswith(f"{f}:1: invalid YAML: alias *a refers to its own anchor")
+
+
+def test_an_alias_bomb_is_refused_within_a_bounded_amount_of_memory(tmp_path: Path) -> None:
+    f = tmp_path / "lol.yaml"
+    f.write_text((Path(__file__).parent / "policy_corpus" / "50-billion-laughs.yaml")
+                 .read_text().replace("lol", "lol" * 100))
+    tracemalloc.start()
+    try:
+        problems = _problems(f)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "aliases counted as what they expand to" in problems[0]
+    assert peak < 32 * 1024 * 1024, f"peak {peak / 1e6:.0f} MB"
+
+
+def test_5000_deep_flow_nesting_is_a_problem(tmp_path: Path) -> None:
+    f = tmp_path / "deep.yaml"
+    f.write_text("[" * 5000 + "]" * 5000)
+    [problem] = _problems(f)
+    assert problem.startswith(f"{f}:1: invalid YAML:")
+    assert "nesting" in problem
+
+
+def test_anchors_aliases_and_merge_keys_still_work(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("""apiVersion: healer.io/v1alpha1
+kind: RemediationPolicy
+metadata: {name: p}
+spec:
+  nodeSelector: {matchLabels: &sel {gpu: "true"}}
+  rules:
+    - &fatal {name: fatal, severity: failed, xid: {codes: [79]}}
+    - <<: *fatal
+      name: fatal-twice
+      xid: {codes: [79], count: 2, within: 1h}
+  guardrails: {failureDomains: [{key: topology.kubernetes.io/zone}]}
+""")
+    p = load_policy_set([f]).policies[0]
+    assert dict(p.selector.match_labels) == {"gpu": "true"}
+    assert [(r.name, getattr(r, "count", None)) for r in p.rules] == [("fatal", 1),
+                                                                      ("fatal-twice", 2)]
+
+
+def test_an_overlong_key_or_value_is_cut_in_the_message(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text(f"apiVersion: {'x' * 60000}\n")
+    [problem] = _problems(f)
+    assert len(problem) < 300
+
+
+def test_a_backtracking_prone_reason_runs_in_linear_time(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("""apiVersion: healer.io/v1alpha1
+kind: RemediationPolicy
+metadata: {name: p}
+spec:
+  nodeSelector: {matchLabels: {gpu: "true"}}
+  rules:
+    - {name: r, severity: failed, condition: {type: GPUHealthy, reason: '^(a+)+$'}}
+""")
+    rule = load_policy_set([f]).policies[0].rules[0]
+    assert isinstance(rule, cp.ConditionRule)
+    assert rule.reason is not None
+    # Python's backtracking re needs ~2**40 steps for this; RE2 is linear (the test would hit
+    # the per-test timeout otherwise).
+    assert rule.reason.search("a" * 40 + "!") is None
+    assert rule.reason.search("a" * 100_000 + "!") is None
+    assert rule.reason.search("aaa") is not None
+
+
+def test_compiled_policies_pickle_for_the_reload_subprocess(tmp_path: Path) -> None:
+    ps = load_policy_set([ROOT / "policies"])
+    again = pickle.loads(pickle.dumps(ps))
+    assert again == ps
+
+
+def test_promql_at_every_limit_parses_on_a_small_thread_stack() -> None:
+    n, ops = MAX_PROMQL_NESTING, MAX_PROMQL_OPERATORS
+    worst = ["(" * n + "x" + ")" * n, "abs(" * n + "x" + ")" * n, "x+" * ops + "x",
+             "x^" * ops + "x", "-" * ops + "1", "x or " * ops + "x",
+             "(" * n + "-" * (ops // 2) + "x" + "+x" * (ops // 2) + ")" * n]
+    errors: list[BaseException] = []
+
+    def parse_all() -> None:
+        try:
+            for q in worst:
+                check_promql(q)
+        except BaseException as e:  # reported to the test's thread
+            errors.append(e)
+
+    old = threading.stack_size(1024 * 1024)  # an eighth of a default thread's stack
+    try:
+        t = threading.Thread(target=parse_all)
+        t.start()
+    finally:
+        threading.stack_size(old)
+    t.join()
+    assert errors == []
+    for q in ("(" * (n + 1) + "x" + ")" * (n + 1), "x+" * (ops + 1) + "x"):
+        with pytest.raises(ValueError, match="expected a PromQL expression"):
+            check_promql(q)
+
+
+@pytest.mark.parametrize(("t", "text"), [
+    (0, "1970-01-01T00:00:00Z"), (1714564800.9, "2024-05-01T12:00:00Z"),
+    (math.inf, "9999-12-31T23:59:59Z"), (-math.inf, "0001-01-01T00:00:00Z"),
+    (math.nan, "1970-01-01T00:00:00Z"), (1e300, "9999-12-31T23:59:59Z"),
+    (10**400, "9999-12-31T23:59:59Z"), (-(10**400), "0001-01-01T00:00:00Z")])
+def test_the_timestamp_formatter_is_total(t: float, text: str) -> None:
+    assert rfc3339(t) == text
+
+
+@pytest.mark.parametrize("bad", ["x" * 100, 10**400, object(), "2024-13-99T99:99:99Z"])
+def test_the_timestamp_parser_is_total(bad: object) -> None:
+    assert parse_rfc3339(bad) is None
+
+
+@pytest.mark.parametrize("bad", ["9" * 400 + "s", "367d", "1e400s"])
+def test_durations_are_finite_and_at_most_a_year(bad: str) -> None:
+    with pytest.raises(ValueError, match="expected a duration"):
+        parse_duration(bad)
+
+
+def test_validate_prints_file_line_problems_and_exits_1(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    (tmp_path / "a.yaml").write_text("a: &a [*a]\n")
+    (tmp_path / "b.yaml").write_bytes(b"\x00\xff" * 100)
+    (tmp_path / "c.yaml").write_text("[" * 5000)
+    (tmp_path / "d.yaml").write_text('spec: {"\\e[31m": 1}\n')
+    assert main(["validate", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "\x1b" not in err
+    lines = err.splitlines()
+    assert lines[-1] == "4 problem(s); nothing loaded"
+    for name, line in (("a", 1), ("b", 1), ("c", 1), ("d", 1)):
+        assert any(x.startswith(f"{tmp_path / name}.yaml:{line}: ") for x in lines), err
