@@ -111,8 +111,8 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
     except SourceError as e:
         problems.append(Problem(str(f), e.line, "", e.message))
         return
-    except OSError as e:
-        problems.append(Problem(str(f), 0, "", f"cannot read: {e.strerror or e}"))
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        problems.append(Problem(str(f), 0, "", f"cannot read: {getattr(e, 'strerror', '') or e}"))
         return
     digest.update(str(f.name).encode() + b"\0" + text.encode() + b"\0")
     docs: list[SourceDoc] = []

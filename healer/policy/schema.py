@@ -133,7 +133,7 @@ class XidMatch(Model):
 
 
 class MetricMatch(Model):
-    field: str | None = Field(default=None, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+    field: str | None = Field(default=None, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", max_length=256,
                               description="a dcgm-exporter metric name")
     promql: str | None = Field(default=None, min_length=1, max_length=4096,
                                description="a PromQL expression; its series need the host "
@@ -146,7 +146,8 @@ class MetricMatch(Model):
 
 
 class ConditionMatch(Model):
-    type: str = Field(min_length=1, description="node condition type, e.g. GPUHealthy")
+    type: str = Field(min_length=1, max_length=316, pattern=r"^[A-Za-z0-9][-A-Za-z0-9_./]*$",
+                      description="node condition type, e.g. GPUHealthy")
     status: list[Literal["True", "False", "Unknown"]] = Field(default=["True"], min_length=1)
     reason: str | None = Field(default=None, max_length=1024, description=(
         "regular expression (RE2 syntax: linear time, no backreferences or lookaround) "

@@ -187,8 +187,15 @@ def test_special_files(workdir: Path) -> None:
     fifo = workdir / "fifo.yaml"
     os.mkfifo(fifo)
     for special in (fifo, Path("/dev/zero"), Path("/dev/null"), Path("/dev/urandom"),
-                    workdir / "missing.yaml"):
+                    workdir / "missing.yaml", workdir / "nul\x00byte.yaml"):
         assert isinstance(check(special), PolicyError), special
+    folder = workdir / "folder-with-a-fifo"
+    folder.mkdir()
+    os.mkfifo(folder / "p.yaml")
+    outcome = load([folder])
+    assert isinstance(outcome, PolicyError)
+    assert [str(p) for p in outcome.problems] == [
+        f"{folder / 'p.yaml'}: expected a regular file, got a FIFO"]
     link = workdir / "loop.yaml"
     link.symlink_to(link)
     assert isinstance(check(link), PolicyError)
