@@ -242,13 +242,15 @@ class SlinkyOperator:
     def running(self) -> bool:
         return bool(self._procs) and all(p.running() for p in self._procs)
 
-    def log(self, which: str = "manager", lines: int = 40) -> str:
+    def log(self, which: str = "manager", lines: int = 40, *, without: str = "") -> str:
+        """The last ``lines`` lines of a process's log (those containing ``without`` left out)."""
         path = self.workdir / f"{which}.log"
         try:
             text = path.read_text(errors="replace")
         except OSError as e:
             return f"(no log: {e})"
-        return "\n".join(text.splitlines()[-lines:])
+        kept = [ln for ln in text.splitlines() if not without or without not in ln]
+        return "\n".join(kept[-lines:])
 
     # -- objects -------------------------------------------------------------------------
 

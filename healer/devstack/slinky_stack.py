@@ -114,6 +114,17 @@ class SlinkyStack:
             self.operator = None
         self._start_operator(version)
 
+    def restart_operator(self) -> None:
+        """Stop the operator and start the same version again: a fresh process with fresh
+        informers, as a restarted operator pod would be. Tests that restart the API server call
+        it afterwards so that the next test does not inherit client-go reflectors still backing
+        off from the outage."""
+        version = self.version
+        if self.operator is not None:
+            self.operator.stop()
+            self.operator = None
+        self._start_operator(version)
+
     def stop(self) -> None:
         """Operator first (it must not see slurmds vanish), then runtime and shim. Idempotent."""
         if self.operator is not None:

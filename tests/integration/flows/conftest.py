@@ -400,11 +400,12 @@ class Flow:
                     for p in await self.live_pods()]
             r = await asyncio.to_thread(self.slurm.run, ["scontrol", "show", "node", "-o"],
                                         check=False)
-            rt = self.sstack.runtime
+            rt, op = self.sstack.runtime, self.sstack.operator
+            oplog = op.log("manager", 30, without="ServiceMonitor") if op else "?"
             raise AssertionError(
                 f"{e}\npods: {pods}\nruntime errors: {list(rt.errors)[-5:] if rt else '?'}\n"
                 f"slurm:\n{r.stdout[-3000:]}\noperator:\n"
-                f"{self.sstack.operator.log('manager', 10) if self.sstack.operator else '?'}"
+                f"{oplog}"
             ) from None
         assert got is not None
         return got

@@ -202,8 +202,11 @@ async def test_apiserver_restarted_while_draining_and_while_swapping(
     assert await f.sinfo(sn) == f"{sn} idle"
     await _exactly_once(f, bad, sn, rec)
     await f.finish_repair(bad)
-    # the shared control plane is fully back for the tests after this one
+    # the shared control plane is fully back for the tests after this one, and so is the
+    # operator: its client-go reflectors may still be backing off from the two outages, which
+    # the next test's fresh NodeSet would otherwise wait out (a restarted operator pod)
     await wait_for(lambda: f.core.list_namespace(), timeout=60, description="API answers")
+    await asyncio.to_thread(f.sstack.restart_operator)
 
 
 @pytest.mark.timeout(900)  # ~20 daemons, each resuming across the real operator's 30 s re-list
