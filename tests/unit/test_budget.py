@@ -9,17 +9,22 @@ import pytest
 
 from healer.core import policy as cp
 from healer.core.budget import (
+    CAUSES,
+    BudgetView,
     PastIncident,
+    ScanFacts,
     breaker_status,
     breaker_threshold,
     check_admission,
+    slurm_cause,
+    unavailable_cause,
     usage,
 )
-from healer.core.capacity import FleetIndex
+from healer.core.capacity import FleetIndex, open_remediation
 from healer.core.fleet import budget_view
-from healer.core.model import NodeView
+from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
-from tests.builders import T0, node, policies, policy, record, view
+from tests.builders import T0, done_step, node, policies, policy, record, view
 
 
 def g(**kw: object) -> cp.Guardrails:
@@ -300,3 +305,142 @@ def test_a_view_reads_the_live_index() -> None:
     index.set_node(NodeView("n2", {"gpu": "true"}, unschedulable=True))
     assert v.nodes["n2"].unschedulable
     assert check_admission("n1", (), POLICY, v, T0).block is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Guardrails count what Slurm counts (issue 12)
+
+
+@pytest.mark.parametrize(("base", "flags", "cause"), [
+    ("IDLE", (), ""),
+    ("ALLOCATED", (), ""),
+    ("MIXED", ("COMPLETING",), ""),
+    ("IDLE", ("POWERED_DOWN",), ""),  # power saving resumes it for the next job
+    ("UNKNOWN", (), ""),  # slurmctld just restarted: not yet heard from
+    ("IDLE", ("UNDRAIN", "DRAIN"), ""),
+    ("IDLE", ("DRAIN",), "slurm-drain"),  # an admin's or HealthCheckProgram's drain
+    ("MIXED", ("DRAIN",), "slurm-drain"),  # draining: takes no new jobs
+    ("DOWN", (), "slurm-down"),
+    ("DOWN", ("DRAIN", "NOT_RESPONDING"), "slurm-down"),
+    ("ERROR", (), "slurm-down"),
+    ("FUTURE", (), "slurm-down"),
+    ("IDLE", ("NOT_RESPONDING",), "slurm-not-responding"),
+    ("UNKNOWN", ("NOT_RESPONDING",), "slurm-not-responding"),
+    ("IDLE", ("FAIL", "DRAIN"), "slurm-fail"),
+    ("ALLOCATED", ("FAILING",), "slurm-fail"),
+    ("IDLE", ("REBOOT_ISSUED",), "slurm-reboot"),
+    ("IDLE", ("REBOOT_REQUESTED",), ""),  # it runs its jobs until idle
+    ("IDLE", ("POWER_DOWN",), "slurm-power-down"),
+    ("IDLE", ("POWERING_DOWN",), "slurm-power-down"),
+    ("IDLE", ("MAINTENANCE",), "slurm-maintenance"),
+    ("idle", ("drain",), "slurm-drain"),  # any case
+])
+def test_slurm_cause(base: str, flags: tuple[str, ...], cause: str) -> None:
+    assert slurm_cause(base, frozenset(flags)) == cause
+    assert cause == "" or cause in CAUSES
+
+
+@pytest.mark.parametrize(("n", "rec", "slurm", "cause"), [
+    (node("n1"), None, "", ""),
+    (node("n1"), None, "slurm-drain", "slurm-drain"),
+    (node("n1", unschedulable=True), None, "slurm-drain", "cordoned"),
+    (node("n1", ready=False), None, "slurm-down", "not-ready"),
+    (node("n1", unschedulable=True, ready=False), None, "", "cordoned"),
+    (node("n1"), record(Phase.DRAINING), "slurm-drain", "healer"),  # healer's own drain
+    (node("n1"), record(Phase.FAILED), "slurm-down", "slurm-down"),  # not admitted yet
+])
+def test_unavailable_cause_names_the_first_reason(n: NodeView, rec: object, slurm: str,
+                                                  cause: str) -> None:
+    r = open_remediation(rec) if isinstance(rec, NodeRecord) else None
+    assert unavailable_cause(n, r, slurm) == cause
+
+
+def slurm_view(pol: cp.Policy, slurm: dict[str, str], *, nodes: list[NodeView] | None = None,
+               records: list[NodeRecord] | None = None, state: str = "ok") -> BudgetView:
+    ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
+    return budget_view(policies(pol), {n.name: n for n in ns}, records or [], records or [],
+                       slurm=slurm, slurm_view=state)
+
+
+@pytest.mark.parametrize(("slurm", "allowed", "said"), [
+    ({}, True, ""),
+    ({"n2": "slurm-drain"}, True, ""),
+    ({"n2": "slurm-drain", "n3": "slurm-down"}, False,
+     "2 of 10 nodes unavailable (1 slurm-down, 1 slurm-drain); taking n1 makes 3, limit 2"),
+    ({"n2": "slurm-not-responding", "n3": "slurm-maintenance"}, False,
+     "(1 slurm-not-responding, 1 slurm-maintenance)"),
+    ({"n1": "slurm-drain", "n2": "slurm-down"}, True, ""),  # n1 already counts itself
+])
+def test_max_unavailable_counts_nodes_slurm_will_not_use(slurm: dict[str, str], allowed: bool,
+                                                          said: str) -> None:
+    pol = policy(guardrails=g(max_unavailable=cp.Quantity(2)))
+    a = check_admission("n1", (), pol, slurm_view(pol, slurm), T0)
+    assert a.allowed is allowed, a
+    if not allowed:
+        assert a.block is not None
+        assert a.block.guardrail == "max-unavailable"
+        assert said in a.block.message
+
+
+def test_slurm_causes_count_in_failure_domains_and_usage() -> None:
+    pol = policy(guardrails=g(failure_domains=(cp.FailureDomain("zone", 1),)))
+    nodes = [node("n1", zone="a"), node("n2", zone="a"), node("n3", zone="b")]
+    v = slurm_view(pol, {"n2": "slurm-drain", "n3": "slurm-down"}, nodes=nodes)
+    a = check_admission("n1", (), pol, v, T0)
+    assert not a.allowed
+    assert a.block is not None
+    assert a.block.guardrail == "failure-domain"
+    rows = {u.scope: u for u in usage(v, T0)}
+    assert rows["p"].unavailable == 2
+    assert rows["p"].causes == {"slurm-drain": 1, "slurm-down": 1}
+    assert rows["fleet"].slurm == "ok"
+
+
+@pytest.mark.parametrize(("guardrails", "allowed"), [
+    (g(max_unavailable=cp.Quantity(5)), False),
+    (g(failure_domains=(cp.FailureDomain("zone", 3),)), False),
+    (g(max_concurrent=3), True),  # nothing here needs Slurm's view
+    (g(), True),
+])
+def test_an_unknown_slurm_view_holds_only_limits_that_need_it(guardrails: cp.Guardrails,
+                                                               allowed: bool) -> None:
+    pol = policy(guardrails=guardrails)
+    v = slurm_view(pol, {}, nodes=[node("n1", zone="a"), node("n2", zone="a")], state="unknown")
+    a = check_admission("n1", (), pol, v, T0)
+    assert a.allowed is allowed
+    if not allowed:
+        assert a.block is not None
+        assert a.block.guardrail == "slurm-unknown"
+        assert "Slurm's node states cannot be read" in a.block.message
+        assert a.recheck_after == 30.0
+    known = slurm_view(pol, {}, nodes=[node("n1", zone="a"), node("n2", zone="a")])
+    assert check_admission("n1", (), pol, known, T0).allowed
+
+
+def test_one_replacement_is_counted_once_on_the_bad_node_then_on_its_spare() -> None:
+    """maxUnavailable 1 of n1..n3 + spare s1. n1 is being replaced by s1: while the swap is in
+    flight n1 counts (healer's) and s1 is not a member, even when its slurmd registers still
+    drained with healer's reason; in Repair n1 is out (replaced) and s1 is the member, counted
+    by its own state."""
+    pol = policy(guardrails=g(max_unavailable=cp.Quantity(1)))
+    nodes = [node("n1"), node("n2"), node("n3"), node("s1")]  # s1 claimed: no spare label
+    swapping = record(Phase.ANNOTATING, nodename="n1", spare="s1",
+                      ledger=(done_step("drain"), done_step("cordon")))
+    v = slurm_view(pol, {"s1": "slurm-drain", "n1": "slurm-drain"}, nodes=nodes,
+                   records=[swapping])
+    facts = v.facts()
+    assert (facts.population(pol), facts.unavailable(pol)) == (3, 1)
+    assert facts.cause(pol, "n1") == "healer"
+    assert not check_admission("n2", (), pol, v, T0).allowed
+    repair = replace(swapping, phase=Phase.REPAIR.value)
+    v = slurm_view(pol, {"n1": "slurm-drain"}, nodes=nodes, records=[repair])
+    facts = v.facts()
+    assert (facts.population(pol), facts.unavailable(pol), facts.replaced(pol)) == (3, 0, 1)
+    assert check_admission("n2", (), pol, v, T0).allowed
+    # the replacement stops serving in Slurm: it counts, by its own cause
+    v = slurm_view(pol, {"s1": "slurm-not-responding"}, nodes=nodes, records=[repair])
+    assert v.facts().causes(pol) == {"slurm-not-responding": 1}
+    assert not check_admission("n2", (), pol, v, T0).allowed
+    for hand_built in (ScanFacts(v),):  # a hand-built view scans to the same answers
+        assert hand_built.causes(pol) == {"slurm-not-responding": 1}
+        assert hand_built.replaced(pol) == 1

@@ -598,3 +598,70 @@ def test_an_admission_does_constant_work_whatever_the_fleet_size(
     index.set_node(NodeView("n1", {"pool": "a", "zone": "z1"}))  # relabelled
     index.set_record(record(Phase.CORDONED, nodename="n9", policy_name="a"))
     assert counts.matches == len(FLEET_POLICIES.policies) + 1  # + the spare selector
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm's view, fed as changes (issue 12)
+
+
+def test_slurm_changes_reach_every_count_of_the_index() -> None:
+    limits = cp.Guardrails(max_unavailable=cp.Quantity(1),
+                           failure_domains=(cp.FailureDomain("zone", 1),))
+    ps = cp.PolicySet((cp.Policy("p0", cp.LabelSelector({"gpu": "true"}), (),
+                                 guardrails=limits),))
+    index = FleetIndex(ps)
+    index.set_slurm("n2", "slurm-down")  # Slurm knows it before Kubernetes does
+    for name, zone in (("n1", "z1"), ("n2", "z1"), ("n3", "z2")):
+        index.set_node(NodeView(name, {"gpu": "true", "zone": zone}))
+    pol = ps.policies[0]
+    assert (index.unavailable(pol), index.cause(pol, "n2")) == (1, "slurm-down")
+    assert index.domain_unavailable(pol, "zone", "z1") == 1
+    assert dict(index.causes(None)) == {"slurm-down": 1}
+    index.set_slurm("n2", "slurm-drain")  # another cause: still one node
+    assert dict(index.causes(pol)) == {"slurm-drain": 1}
+    index.set_node(NodeView("n2", {"gpu": "true", "zone": "z1"}, unschedulable=True))
+    assert dict(index.causes(pol)) == {"cordoned": 1}  # Kubernetes' reason is named first
+    index.set_node(NodeView("n2", {"gpu": "true", "zone": "z1"}))
+    index.set_slurm("n2", "")
+    assert (index.unavailable(pol), dict(index.causes(pol))) == (0, {})
+    assert index.domain_unavailable(pol, "zone", "z1") == 0
+    assert check_admission("n1", (), pol, index.view(), T0).allowed
+    index.set_slurm("n3", "slurm-not-responding")
+    index.set_policies(ps)  # a reload keeps Slurm's view
+    assert index.cause(pol, "n3") == "slurm-not-responding"
+    block = check_admission("n1", (), pol, index.view(), T0).block
+    assert block is not None
+    assert "(1 slurm-not-responding)" in block.message
+    index.set_slurm_view("unknown")
+    block = check_admission("n1", (), pol, index.view(), T0).block
+    assert block is not None
+    assert block.guardrail == "slurm-unknown"
+    with pytest.raises(ValueError, match="Slurm view"):
+        index.set_slurm_view("maybe")
+
+
+def test_a_new_leader_keeps_slurms_view() -> None:
+    from healer.core.engine import Engine
+
+    engine = Engine(FLEET_POLICIES)
+    engine.set_node(NodeView("n1", {"pool": "a"}))
+    engine.fleet.set_slurm("n1", "slurm-drain")
+    engine.fleet.set_slurm_view("ok")
+    engine.load([record(Phase.DRAINING, nodename="n2", policy_name="a")], keep_closed_since=0)
+    assert engine.fleet.slurm == {"n1": "slurm-drain"}
+    assert engine.fleet.slurm_view == "ok"
+    assert engine.fleet.cause(None, "n1") == "slurm-drain"
+
+
+@pytest.mark.parametrize("size", [100, 10_000])
+def test_a_slurm_change_does_constant_work_whatever_the_fleet_size(
+        size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = fleet_of(size)
+    counts = counted(monkeypatch)
+    for i in (1, 11, 51):
+        index.set_slurm(f"n{i}", "slurm-drain")
+        index.set_slurm(f"n{i}", "slurm-drain")  # no change: no work
+        index.set_slurm(f"n{i}", "")
+    # each real change re-places one node (one readiness read), the repeat does nothing, and
+    # no selector is matched again: the same work at 100 and at 10,000 nodes
+    assert counts == Counts(ready=6)
