@@ -12,6 +12,10 @@ condition with a dead detector's heartbeat is stale and takes nothing.
   (window 60 s): ``healer_telemetry_stale_nodes{source="condition/GPUProblem"}`` says so, no
   NodeRemediation, no cordon, no drain. Then the detector comes back (a fresh heartbeat) and the
   very same condition opens the remediation: the stale one held only because it was stale.
+* ``test_require_same_domain_holds_for_capacity_until_the_domain_has_a_spare``: with
+  ``swap.requireSameDomain`` and no free spare in the node's domain (other domains have some),
+  HeldForCapacity with the reason in ``status.reason`` and ``healer status``; the other
+  domains' spares are never claimed; a spare joining the domain resumes the swap onto it.
 """
 
 from __future__ import annotations
@@ -191,3 +195,41 @@ async def test_the_same_condition_stale_takes_nothing(flows: FlowFactory) -> Non
                                source="condition/GPUProblem")) in (None, 0.0)
 
     await wait_for(fresh, timeout=30, description="the stale gauge back to 0")
+
+
+@pytest.mark.timeout(300)
+async def test_require_same_domain_holds_for_capacity_until_the_domain_has_a_spare(
+        flows: FlowFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    f = await flows("StatefulSet", "slinky")
+    lay = f.lay
+    bad = lay.gpus[1]  # nvl-a
+    p = f.policies / "policy.yaml"
+    text = p.read_text()
+    assert text.count("swap: {enabled: true}") == 1
+    p.write_text(text.replace("swap: {enabled: true}",
+                              "swap: {enabled: true, requireSameDomain: true}"))
+    # nvl-a has no free spare; nvl-b's and nvl-c's (the latter on the bad node's leaf) are free
+    await f.core.patch_node(lay.spare_a, {"metadata": {"labels": {"healer.io/role": None}}})
+    d = f.start_daemon()
+    await f.ready(d)
+    f.xid(bad)
+    held = await f.wait_phase(bad, "HeldForCapacity", within=120)
+    why = ("held for capacity: no free warm spare in NVLink domain nvl-a "
+           "(swap.requireSameDomain: spares in other domains are not taken)")
+    assert held["status"]["reason"] == why
+    capsys.readouterr()
+    assert await healer_status(str(f.stack.kubeconfig)) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if incident_of(held)[:38] in x)
+    assert why in line, line
+    for other in (lay.spare_b, lay.decoy):  # never claimed, never opened
+        spare_untouched(f, other, f.node_history.of(other))
+
+    # a spare joins nvl-a: the held node takes it, and only it
+    await f.core.patch_node(lay.spare_a, {"metadata": {"labels": {"healer.io/role": "spare"}}})
+    rec = await f.wait_phase(bad, "Repair", within=180, also=f.step_done(bad, "mark-repair"))
+    assert rec["status"]["spare"] == lay.spare_a
+    assert rec["status"]["sparePlacement"]["level"] == "domain"
+    assert await f.claimed_by(incident_of(rec)) == [lay.spare_a]
+    assert (await f.event_reasons(bad))["SpareFromOtherDomain"] == 0
+    assert d.terminate() == 0
