@@ -34,7 +34,7 @@ from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore
 from healer.core.policy import Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
-from healer.errors import ConfigError, ConflictError, HealerError, PolicyError
+from healer.errors import ConfigError, ConflictError, HealerError, NotFoundError, PolicyError
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
 from healer.obs.metrics import Metrics, StateSource
@@ -105,10 +105,13 @@ async def ensure_crd(api: client.ApiClient, install: bool) -> None:
     try:
         await call(f"get CRD {name}", lambda: ext.read_custom_resource_definition(name))
         return
-    except HealerError as e:
+    except NotFoundError as e:
         if not install:
             raise ConfigError(f"the {name} CustomResourceDefinition is not installed "
                               f"({e}); apply deploy/crds/ first") from e
+    except HealerError as e:  # unreachable, refused, forbidden: say so, not "not installed"
+        raise ConfigError(f"cannot read the {name} CustomResourceDefinition from the API "
+                          f"server: {e}") from e
     with contextlib.suppress(ConflictError):
         await call(f"create CRD {name}", lambda: ext.create_custom_resource_definition(body))  # type: ignore[arg-type]
     co = client.CustomObjectsApi(api)
@@ -211,20 +214,20 @@ async def _start(settings: Settings, o: Overrides,
                  ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     metrics = Metrics()
     calls.set_observer(metrics.observe_call)
-    try:
-        policies = await load_policies(settings)
-        metrics.policies_loaded(policies.digest, True)
-    except PolicyError as e:  # invalid, or the loader ran out of time or memory, or crashed
-        log.error("cannot start: the policies cannot be loaded",
-                  problems=[str(p) for p in e.problems])
-        return 2
-    try:
+    try:  # a bad kubeconfig is found before the policies are loaded (in a child process)
         api = await make_api_client(settings.kube.kubeconfig, settings.kube.context)
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
     slurm: SlurmDriver | None = None
     try:
+        try:
+            policies = await load_policies(settings)
+            metrics.policies_loaded(policies.digest, True)
+        except PolicyError as e:  # invalid, or the loader ran out of time or memory, crashed
+            log.error("cannot start: the policies cannot be loaded",
+                      problems=[str(p) for p in e.problems])
+            return 2
         await ensure_crd(api, settings.kube.install_crd)
         slurm = o.slurm or _slurm_driver(settings, api)
         return await _run(settings, replace(o, slurm=slurm), api, policies, metrics, ready)

@@ -129,7 +129,7 @@ class XidMatch(Model):
     codes: list[Annotated[int, _int(1, 1024)]] = Field(default_factory=list)
     exclude: list[Annotated[int, _int(1, 1024)]] = Field(default_factory=list)
     count: int = _int(1, 10_000, default=1, description="occurrences needed ...")
-    within: Duration = Field(default=3600.0, gt=0, description="... within this window")
+    within: Duration = Field(default=3600.0, ge=1, description="... within this window")
 
 
 class MetricMatch(Model):
@@ -139,7 +139,8 @@ class MetricMatch(Model):
                                description="a PromQL expression; its series need the host "
                                            "label and, for per-GPU rules, gpu/UUID labels")
     aggregation: Literal["value", "increase", "rate", "max_over_time"] = "value"
-    window: Duration = Field(default=300.0, gt=0)
+    window: Duration = Field(default=300.0, ge=1, description=(
+        "the range of increase/rate/max_over_time: 1s to 366d"))
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")

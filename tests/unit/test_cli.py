@@ -191,7 +191,9 @@ def test_run_with_a_broken_policy_exits_2_with_the_problem(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: &a [*a]\n")  # the recursive alias that crash-looped the daemon
-    assert main(["run", "--policies", str(bad), "--log-format", "json"]) == 2
+    kc = _kubeconfig(tmp_path, "https://127.0.0.1:1")
+    assert main(["run", "--kubeconfig", str(kc), "--policies", str(bad),
+                 "--log-format", "json"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert "cannot start: the policies cannot be loaded" in err
