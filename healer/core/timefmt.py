@@ -1,5 +1,6 @@
 """Kubernetes timestamps (metav1.Time: RFC 3339, UTC, whole seconds) to and from seconds since
-the epoch. Pure: converts the times it is given, never reads a clock."""
+the epoch, and durations as people read them (``90s``, ``5m``, ``2h``, ``7d``). Pure: converts
+the times it is given, never reads a clock. Total: no function here raises on any input."""
 
 from __future__ import annotations
 
@@ -42,3 +43,24 @@ def parse_rfc3339(value: Any) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds → ``7d``, ``2h``, ``5m`` or ``90s`` (the largest unit that divides it). Total:
+    NaN → ``nan``, ±infinity → ``inf`` / ``-inf``, anything not a number → ``?``."""
+    try:
+        x = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    s = round(x)
+    if s % 86400 == 0 and s >= 86400:
+        return f"{s // 86400}d"
+    if s % 3600 == 0 and s >= 3600:
+        return f"{s // 3600}h"
+    if s % 60 == 0 and s >= 60:
+        return f"{s // 60}m"
+    return f"{s}s"

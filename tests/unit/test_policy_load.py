@@ -14,8 +14,9 @@ import pytest
 
 from healer.cli import main
 from healer.core import policy as cp
-from healer.core.model import Severity
-from healer.core.timefmt import parse_rfc3339, rfc3339
+from healer.core.health import evaluate
+from healer.core.model import GpuRef, Severity, Signal, SignalKind
+from healer.core.timefmt import format_duration, parse_rfc3339, rfc3339
 from healer.errors import PolicyError
 from healer.policy.checks import MAX_PROMQL_NESTING, MAX_PROMQL_OPERATORS, check_promql
 from healer.policy.load import load_policy_set
@@ -329,3 +330,28 @@ def test_validate_prints_file_line_problems_and_exits_1(tmp_path: Path,
     assert lines[-1] == "4 problem(s); nothing loaded"
     for name, line in (("a", 1), ("b", 1), ("c", 1), ("d", 1)):
         assert any(x.startswith(f"{tmp_path / name}.yaml:{line}: ") for x in lines), err
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (90, "90s"), (300, "5m"), (7200, "2h"), (604800, "7d"), (math.inf, "inf"),
+    (-math.inf, "-inf"), (math.nan, "nan"), ("x", "?")])
+def test_the_duration_formatter_is_total(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_the_duration_formatter_takes_the_largest_float() -> None:
+    assert format_duration(1.7e308).endswith("s")
+
+
+def test_an_infinite_window_never_breaks_an_evaluation() -> None:
+    """Belt and braces: were a non-finite duration to get past the validator, evaluating the
+    rule still answers (it used to raise OverflowError in the duration formatter)."""
+    rules: tuple[cp.Rule, ...] = (
+        cp.XidRule("x", Severity.FAILED, frozenset({79}), count=2, within=math.inf),
+        cp.MetricRule("m", Severity.DEGRADING, "DCGM_FI_DEV_GPU_TEMP", cp.Op.GT, 90.0,
+                      hold_for=math.inf))
+    p = cp.Policy("p", cp.LabelSelector({"gpu": "true"}), rules)
+    gpu = GpuRef(0, "GPU-a", "S0")
+    signals = [Signal("n1", "dcgm", SignalKind.XID, "DCGM_FI_DEV_XID_ERRORS", 79.0, 10.0, gpu),
+               Signal("n1", "dcgm", SignalKind.METRIC, "DCGM_FI_DEV_GPU_TEMP", 95.0, 10.0, gpu)]
+    assert evaluate("n1", signals, p, now=20.0) is not None
