@@ -169,7 +169,8 @@ def policy_reference() -> str:
            "rule, hook URLs, ...) are checked by `healer validate` on top of these types.\n",
            "Limits, so that no file can stall or exhaust the daemon: a policy file is a regular "
            "file of at most 1 MiB, nested at most 64 levels, with at most 50,000 values (an "
-           "alias counts as everything it stands for; a recursive alias is refused); every "
+           "alias counts as everything it stands for; a recursive alias is refused), and all "
+           "the files of a policy set together at most 16 MiB and 200,000 values; every "
            "number is finite (no `.nan`, `.inf`) and within the range shown; true/false fields "
            "take only booleans and integer fields only integers; every duration is at most "
            "`366d`; label keys and values follow Kubernetes' grammar; URLs are "

@@ -23,7 +23,14 @@ from healer.errors import PolicyError, Problem
 from healer.policy import schema as s
 from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
-from healer.policy.yamlsrc import SourceDoc, SourceError, load_documents, read_source
+from healer.policy.yamlsrc import (
+    LIMITS,
+    Budget,
+    SourceDoc,
+    SourceError,
+    load_documents,
+    read_source,
+)
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -79,10 +86,11 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
                                 f"expected at most {MAX_FILES} policy files"))
         files = []
+    total = Budget(LIMITS.max_total_bytes, LIMITS.max_total_nodes)
     for f in files:
         found: list[Problem] = []
         try:
-            _load_file(f, catalog, found, policies, fleets, digest)
+            _load_file(f, catalog, found, policies, fleets, digest, total)
         except Exception as e:  # belt and braces: a loader bug is a problem, never a crash
             found.append(Problem(str(f), 0, "", f"internal error while loading this file "
                                                 f"({type(e).__name__}); please report it"))
@@ -105,9 +113,9 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
 def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
                policies: list[tuple[core.Policy, SourceDoc]],
                fleets: list[tuple[core.FleetGuardrails, SourceDoc]],
-               digest: Any) -> None:
+               digest: Any, total: Budget) -> None:
     try:
-        text = read_source(f)
+        text = read_source(f, total=total)
     except SourceError as e:
         problems.append(Problem(str(f), e.line, "", e.message))
         return
@@ -117,7 +125,7 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
     digest.update(str(f.name).encode() + b"\0" + text.encode() + b"\0")
     docs: list[SourceDoc] = []
     try:
-        docs.extend(load_documents(text, str(f)))
+        docs.extend(load_documents(text, str(f), total=total))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 0

@@ -42,9 +42,19 @@ class Limits:
     max_nodes: int = 50_000  # values in one file, every alias counted as what it expands to
     max_scalar_chars: int = 64 * 1024
     max_documents: int = 256
+    max_total_bytes: int = 16 << 20  # every file of one policy set together
+    max_total_nodes: int = 200_000  # every file of one policy set together
 
 
 LIMITS = Limits()
+
+
+@dataclass(slots=True)
+class Budget:
+    """What is left for one policy set: bytes to read and values to build, over all files."""
+
+    bytes_left: int = LIMITS.max_total_bytes
+    nodes_left: int = LIMITS.max_total_nodes
 
 
 class SourceError(Exception):
@@ -89,8 +99,10 @@ def _kind_of_file(mode: int) -> str:
     return "not a regular file"
 
 
-def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS) -> str:
-    """The text of the regular file ``path`` (symlinks followed), never more than the limit.
+def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS,
+                total: Budget | None = None) -> str:
+    """The text of the regular file ``path`` (symlinks followed), never more than the limit
+    (nor more than ``total.bytes_left``, what is left for the whole policy set).
 
     Raises :class:`SourceError` for anything else: a FIFO, a device, a file over the size
     limit, bytes that are not UTF-8; ``OSError`` when it cannot be opened.
@@ -105,6 +117,11 @@ def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS) -> str:
         if st.st_size > cap:
             raise SourceError(0, f"expected a policy file of at most {cap} bytes, "
                                  f"got {st.st_size} bytes")
+        if total is not None:
+            if st.st_size > total.bytes_left:
+                raise SourceError(0, f"expected at most {limits.max_total_bytes} bytes in all "
+                                     "policy files together")
+            cap = min(cap, total.bytes_left)
         chunks: list[bytes] = []
         got = 0
         while got <= cap:
@@ -118,6 +135,8 @@ def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS) -> str:
                                  f"(it grew while being read)")
     finally:
         os.close(fd)
+    if total is not None:
+        total.bytes_left -= got
     data = b"".join(chunks)
     try:
         return data.decode("utf-8")
@@ -157,16 +176,21 @@ class _Frame:
 class _Composer:
     """Events → plain data for one document, iteratively, within :class:`Limits`."""
 
-    def __init__(self, loader: Any, limits: Limits, budget: list[int]) -> None:
+    def __init__(self, loader: Any, limits: Limits, budget: list[int], total: Budget) -> None:
         self.loader = loader
         self.limits = limits
         self.budget = budget  # [values left in this file], shared by its documents
+        self.total = total  # left for the whole policy set
         self.anchors: dict[str, tuple[Any, int]] = {}
         self.open_anchors: set[str] = set()
         self.lines: dict[Path, int] = {}
 
     def _charge(self, n: int, mark: Any) -> None:
         self.budget[0] -= n
+        self.total.nodes_left -= n
+        if self.total.nodes_left < 0:
+            raise _fail(f"expected at most {self.limits.max_total_nodes} values in all policy "
+                        "files together, aliases counted as what they expand to", mark)
         if self.budget[0] < 0:
             raise _fail(f"expected at most {self.limits.max_nodes} values in one file, aliases "
                         "counted as what they expand to (is this an alias bomb?)", mark)
@@ -306,9 +330,11 @@ class _Loader(_BaseLoader):  # type: ignore[misc]
     """libyaml's (or PyYAML's) safe parser, resolver and scalar constructors."""
 
 
-def load_documents(text: str, file: str, limits: Limits = LIMITS) -> Iterator[SourceDoc]:
+def load_documents(text: str, file: str, limits: Limits = LIMITS,
+                   total: Budget | None = None) -> Iterator[SourceDoc]:
     """Yield every non-empty document of ``text``. Raises ``yaml.YAMLError`` on bad YAML or a
-    document over the :class:`Limits`."""
+    document over the :class:`Limits` (``total``: what is left for the whole policy set)."""
+    total = total if total is not None else Budget(nodes_left=limits.max_total_nodes)
     loader = _Loader(text)
     try:
         budget = [limits.max_nodes]
@@ -319,7 +345,7 @@ def load_documents(text: str, file: str, limits: Limits = LIMITS) -> Iterator[So
             if index >= limits.max_documents:
                 raise _fail(f"expected at most {limits.max_documents} documents in one file",
                             start.start_mark)
-            composer = _Composer(loader, limits, budget)
+            composer = _Composer(loader, limits, budget, total)
             data = composer.compose()
             if data is not None:
                 first = composer.lines.get((), start.start_mark.line + 1)

@@ -355,3 +355,22 @@ def test_an_infinite_window_never_breaks_an_evaluation() -> None:
     signals = [Signal("n1", "dcgm", SignalKind.XID, "DCGM_FI_DEV_XID_ERRORS", 79.0, 10.0, gpu),
                Signal("n1", "dcgm", SignalKind.METRIC, "DCGM_FI_DEV_GPU_TEMP", 95.0, 10.0, gpu)]
     assert evaluate("n1", signals, p, now=20.0) is not None
+
+
+def test_many_large_files_are_bounded_together(tmp_path: Path) -> None:
+    body = "# " + "x" * (LIMITS.max_file_bytes - 4) + "\n"  # each file just under the limit
+    n = LIMITS.max_total_bytes // LIMITS.max_file_bytes + 1
+    for i in range(n):
+        (tmp_path / f"{i:02d}.yaml").write_text(body)
+    problems = _problems(tmp_path)
+    assert f"{tmp_path / f'{n - 1:02d}.yaml'}: expected at most {LIMITS.max_total_bytes} bytes " \
+           "in all policy files together" in problems
+
+
+def test_many_files_of_many_values_are_bounded_together(tmp_path: Path) -> None:
+    per_file = LIMITS.max_nodes - 100
+    for i in range(LIMITS.max_total_nodes // per_file + 1):
+        (tmp_path / f"{i:02d}.yaml").write_text("[" + ",".join(["1"] * per_file) + "]\n")
+    problems = _problems(tmp_path)
+    assert any(f"expected at most {LIMITS.max_total_nodes} values in all policy files" in p
+               for p in problems)
