@@ -1218,10 +1218,13 @@ def add_backtest_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", nargs="+", required=True, metavar="PATH",
                    help="policy files or directories")
     p.add_argument("--from", dest="start", required=True, metavar="TIME",
-                   help="start: RFC3339 (2026-01-05T09:00:00Z), epoch seconds or now-7d")
+                   help="start: RFC3339 (2026-01-05T09:00:00Z), epoch seconds or now-7d; from "
+                        f"1970 on, at most {MAX_RANGE_DAYS} days before --to")
     p.add_argument("--to", dest="end", default="now", metavar="TIME",
                    help="end (default: now)")
-    p.add_argument("--step", default="60s", help="evaluation step (default: 60s)")
+    p.add_argument("--step", default="60s",
+                   help=f"evaluation step (default: 60s; at least {MIN_STEP:g}s, at most "
+                        f"{MAX_STEPS:,} steps in the range)")
     p.add_argument("--json", action="store_true", help="the report as JSON (stable, sorted)")
     p.add_argument("--spares", type=int, default=None, metavar="N",
                    help="warm spares in the pool (default: unlimited; the report says how many "
@@ -1241,7 +1244,9 @@ def add_backtest_flags(p: argparse.ArgumentParser) -> None:
                    help="a validation passes after this long (default: 2m)")
     p.add_argument("--repair-after", default=None, metavar="DURATION",
                    help="repairs pass after this long (default: no repair result arrives)")
-    p.add_argument("--bearer-token-file", default=None, help="Prometheus bearer token file")
+    p.add_argument("--bearer-token-file", default=None,
+                   help="Prometheus bearer token file, sent with every query (read before the "
+                        "first and again before each, so a rotated token is picked up)")
     p.add_argument("--ca-file", default=None, help="CA bundle for Prometheus' TLS")
     p.add_argument("--insecure-skip-verify", action="store_true",
                    help="do not verify Prometheus' TLS certificate")

@@ -41,6 +41,7 @@ import contextlib
 import enum
 import functools
 import hashlib
+import math
 import threading
 import time
 import uuid
@@ -650,6 +651,8 @@ def _fmt_labels(labels: Iterable[tuple[str, str]]) -> str:
 
 
 def _fmt_value(value: float) -> str:
+    if not math.isfinite(value):  # what a broken sensor makes the exporter write
+        return "NaN" if value != value else ("+Inf" if value > 0 else "-Inf")
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
     return repr(float(value))

@@ -291,3 +291,32 @@ def test_unusable_token_file_is_one_line_before_any_query(
     assert "bearer token file" in err
     assert err.count("\n") == 1
     assert prom.seen == []
+
+
+def test_hostile_history_is_dropped_not_fatal(prom: FakeProm,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Range answers full of NaN, ±Inf, impossible XIDs, stamps outside the range and wrong
+    shapes: the backtest reads the rest and reports (exit 0), nothing raises."""
+    now = time.time()
+    lb = {"Hostname": "a", "instance": "a:9400", "gpu": "0", "UUID": "GPU-a-0"}
+    bad_points = [[now - 600, "NaN"], [now - 540, "+Inf"], [1e300, "1"], ["x", "1"],
+                  [now - 480, None], [now - 420, "abc"], "junk", [now - 360]]
+
+    def reply(r: web.Request) -> Reply:
+        q = r.query.get("query", "")
+        if "XID" in q:
+            result: list[Any] = [
+                {"metric": {**lb, "__name__": "DCGM_FI_DEV_XID_ERRORS"},
+                 "values": [*bad_points, [now - 300, "1e300"], [now - 240, "-79"]]},
+                {"metric": {**lb, "__name__": "DCGM_EXP_XID_ERRORS_COUNT", "xid": "99999"},
+                 "values": [[now - 300, "5"]]}, None, [1, 2]]
+        else:
+            result = [{"metric": {**lb, "instance": ["unhashable"]}, "values": bad_points},
+                      {"metric": lb, "values": [*bad_points, [now - 300, "1e9"]]},
+                      {"metric": None}, "x", 7]
+        return Reply(json.dumps({"status": "success",
+                                 "data": {"resultType": "matrix", "result": result}}).encode())
+
+    prom.reply = reply
+    assert _backtest(prom.url, "--from", "now-1h") == 0
+    assert "Traceback" not in capsys.readouterr().err

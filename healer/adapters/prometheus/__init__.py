@@ -58,12 +58,17 @@ are logged once each. Node names come from the ``Hostname`` label (released dcgm
 HTTP: one ``requests`` session (synchronous, run in the source's threads), raw bodies decoded
 with orjson, parsed in tight loops without an object per healthy sample
 (:meth:`PrometheusSource.parse_poll` is that parse, without HTTP, for benchmarks). A malformed
-entry never raises out of a poll: it is skipped and counted (``PollStats.malformed_samples``).
+entry never raises out of a poll: it is skipped and counted (``PollStats.malformed_samples``
+this poll, ``PrometheusSource.drops`` by metric and reason since start; see :mod:`.sanity`
+for what a sample may be: finite, a possible XID code or count or temperature, stamped inside
+the query's window). The heartbeat counts finite samples only, so a ``+Inf`` reading is no
+sign of life; a body that is not an API answer is a :class:`~.http.BadAnswer`.
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx and 429 are
 ``TransientError`` (retried with tenacity within the poll), other 4xx are ``PermanentError``
 (a bad ``promql`` rule, bad credentials).
 
-Modules: :mod:`.promql` (pure query generation), :mod:`.labels`, :mod:`.xid` (cursor),
+Modules: :mod:`.promql` (pure query generation), :mod:`.labels`, :mod:`.sanity` (what a
+sample may be, the drop counter), :mod:`.access` (URL, bearer token file), :mod:`.xid` (cursor),
 :mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
 (answers → signals), :mod:`.followup` (the second round's queries), :mod:`.rounds` (the parse
 of both rounds), :mod:`.stats`, :mod:`.http`, :mod:`.source` (the poll), :mod:`.history`

@@ -54,6 +54,7 @@ FLEET: dict[str, dict[str, Any]] = {
     "n-hist": {},
     "n-calm": {"host_label": "hostname"},
     "n-recover": {},
+    "n-inf": {},
 }
 
 
