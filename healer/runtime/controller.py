@@ -492,6 +492,7 @@ class Controller:
                          "blocked": s.record.blocked.to_dict() if s.record.blocked else None,
                          "spare": s.record.spare} for n, s in self.records.items()},
             "timers": len(self._timers),
+            "staleConditions": {n: list(s) for n, s in sorted(self._stale_conditions.items())},
             "guardrails": [asdict(u) for u in usage(self.view(), self.clock.now())],
             "slurm": {"view": self.engine.fleet.slurm_view,
                       "unavailable": dict(sorted(self.engine.fleet.slurm.items()))},

@@ -82,6 +82,7 @@ async def test_a_detector_that_stops_goes_stale_on_a_timer_not_a_poll(h: Harness
     await h.run(1500, step=60)
     assert h.ctl.stale_conditions() == {"condition/GPUProblem": 1}
     assert h.ctl.engine.last_state["gpu-2"].value == "stale"
+    assert h.ctl.debug_state()["staleConditions"] == {"gpu-2": ["condition/GPUProblem"]}
     # it comes back: one heartbeat makes it fresh again at once
     _npd(h, "gpu-2", "False", h.clock.now(), since=since)
     await h.run(5)
