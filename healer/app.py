@@ -130,6 +130,8 @@ SOURCE_MAX_AGE = 300.0
 #: The other loops' heartbeats: a loop that has not come round for this long (beyond its own
 #: period) makes /healthz fail.
 LOOP_SLACK = 120.0
+#: The reconcile heartbeat: the controller's step lock must come free this often.
+RECONCILE_MAX_AGE = 300.0
 
 
 def _slurm_driver(settings: Settings, api: client.ApiClient) -> SlurmDriver:
@@ -403,6 +405,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         asyncio.create_task(spare_depth(), name="spare-depth"),
         asyncio.create_task(reloader.run(reload_every), name="policy-reload"),
         asyncio.create_task(garbage(), name="retention"),
+        asyncio.create_task(reconcile_heartbeat(health, ctl.probe), name="reconcile"),
         asyncio.create_task(leadership(), name="leadership"),
     ]
     if slurm_feed is not None:
@@ -455,6 +458,16 @@ def _slurm_feed(settings: Settings, api: client.ApiClient, slurm: SlurmDriver, c
         return None
     ctl.expect_slurm()
     return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval)
+
+
+async def reconcile_heartbeat(health: Health, probe: Callable[[], Awaitable[None]],
+                              every: float = 5.0) -> None:
+    """Beat ``reconcile`` each time ``probe`` (the controller's step lock) comes back: a step
+    stuck under the lock makes /healthz fail after :data:`RECONCILE_MAX_AGE`."""
+    while True:
+        await probe()
+        health.beat("reconcile", RECONCILE_MAX_AGE)
+        await asyncio.sleep(every)
 
 
 def _beating(health: Health, name: str, ctl: Controller,

@@ -366,6 +366,12 @@ class Controller:
         self.engine.paused = self.settings.paused
         return self.engine.view()
 
+    async def probe(self) -> None:
+        """Return once the fleet-wide step lock is free: the daemon's ``reconcile`` heartbeat
+        (a step stuck under the lock, e.g. on an API call that never answers, stalls it)."""
+        async with self._lock:
+            return
+
     async def _step(self, node: str, trigger: Trigger) -> None:
         async with self._lock:
             if not self.leading:
