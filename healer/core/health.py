@@ -354,3 +354,9 @@ def _state_of(severity: Severity) -> HealthState:
 
 def _fmt_duration(seconds: float) -> str:
     return format_duration(seconds)  # total: an infinite window never breaks an evaluation
+
+
+def stale_conditions(v: Verdict) -> tuple[str, ...]:
+    """The node conditions ``v`` found stale (``condition/<type>``), sorted."""
+    return tuple(sorted({m.source for m in v.matches if m.state is HealthState.STALE
+                         and m.source.startswith("condition/")}))

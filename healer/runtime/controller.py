@@ -26,6 +26,7 @@ at once.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -34,7 +35,7 @@ import structlog
 
 from healer.core.budget import BudgetView, usage
 from healer.core.engine import Engine, takes_capacity
-from healer.core.health import Verdict
+from healer.core.health import Verdict, stale_conditions
 from healer.core.machine import (
     EXCLUDE_LABEL,
     Decision,
@@ -253,8 +254,8 @@ class Controller:
 
     def _held_for(self, spare: NodeView) -> list[str]:
         """The nodes held for capacity that a new spare should wake: those of its NVLink
-        domain, else the one held longest (not every held node: one spare serves one, and
-        the others' backstop tick tries again)."""
+        domain, else the one held longest that may take a spare from another domain (not
+        every held node: one spare serves one, and the others' backstop tick tries again)."""
         held = [r for r in self.engine.records.values()
                 if Phase(r.phase) is Phase.HELD_FOR_CAPACITY]
         dom = spare.labels.get(DOMAIN_LABEL)
@@ -262,8 +263,13 @@ class Controller:
                 and v.labels.get(DOMAIN_LABEL) == dom]
         if near:
             return near
-        oldest = min(held, key=lambda r: (r.phase_since, r.node), default=None)
+        anywhere = [r for r in held if not self._same_domain_only(r)]  # it may serve them
+        oldest = min(anywhere, key=lambda r: (r.phase_since, r.node), default=None)
         return [oldest.node] if oldest is not None else []
+
+    def _same_domain_only(self, rec: NodeRecord) -> bool:
+        p = self.policies.get(rec.policy)
+        return p is not None and p.steps.swap.require_same_domain
 
     def _derive_triggers(self, n: NodeView, now: float) -> None:
         rec = self.engine.records.get(n.name)
@@ -338,28 +344,20 @@ class Controller:
         return ev.trigger
 
     def _note_stale_conditions(self, node: str, v: Verdict) -> None:
-        stale = tuple(sorted({m.source for m in v.matches if m.state is HealthState.STALE
-                              and m.source.startswith("condition/")}))
-        before = self._stale_conditions.get(node, ())
-        if stale == before:
-            return
+        stale, before = stale_conditions(v), self._stale_conditions.pop(node, ())
         if stale:
             self._stale_conditions[node] = stale
+        if stale and stale != before:
             log.warning("node condition stale: unknown, never disruptive", node=node,
                         sources=list(stale), summary=v.summary())
-        else:
-            self._stale_conditions.pop(node, None)
+        elif before and not stale:
             log.info("node condition fresh again", node=node, sources=list(before))
 
     def stale_conditions(self) -> dict[str, int]:
         """Nodes with a stale node condition, by ``condition/<type>`` (for
         ``healer_telemetry_stale_nodes``)."""
-        out: dict[str, int] = {}
-        for node, sources in self._stale_conditions.items():
-            if node in self.nodes:
-                for src in sources:
-                    out[src] = out.get(src, 0) + 1
-        return out
+        return dict(Counter(s for n, srcs in self._stale_conditions.items() if n in self.nodes
+                            for s in srcs))
 
     def view(self) -> BudgetView:
         """What the guardrails see now (O(1): the engine's incremental fleet index)."""

@@ -12,11 +12,11 @@ import pytest
 
 from healer.adapters.kube.crd import reason_of
 from healer.core import policy as cp
-from healer.core.model import NodeCondition, Placement, Severity
+from healer.core.model import NodeCondition, NodeView, Placement, Severity
 from healer.core.phases import Phase
 from healer.testing import FakeNodes, fake_ports
-from tests.builders import policies, policy
-from tests.component.test_controller import Harness, fleet, make
+from tests.builders import GPU_LABELS, policies, policy
+from tests.component.test_controller import DOMAIN, Harness, fleet, make
 
 NPD_RULE = cp.ConditionRule("npd-gpu-problem", Severity.FAILED, "GPUProblem",
                             frozenset({"True"}), re.compile("^(NVLinkDown|GpuLost)$"),
@@ -125,5 +125,37 @@ async def test_require_same_domain_holds_for_capacity_and_says_why() -> None:
                                   "taken)")
         nodes: FakeNodes = fakes["nodes"]  # type: ignore[assignment]
         assert nodes.node("spare-b").labels.get("healer.io/role") == "spare"  # untouched
+    finally:
+        await h.close()
+
+
+async def test_a_spare_from_another_domain_wakes_a_node_that_may_take_it() -> None:
+    """Two nodes held for capacity; the older one requires its own domain. A spare appearing
+    in a third domain wakes the one that may take it, at once (not the older one, which
+    could not, leaving the other to the 5-minute backstop)."""
+    strict = {"pin": "strict"}
+    nodes = [NodeView("gpu-0", GPU_LABELS | strict | {DOMAIN: "a"}),
+             NodeView("gpu-2", GPU_LABELS | {DOMAIN: "b"}),
+             NodeView("spare-c", GPU_LABELS | {DOMAIN: "c"})]
+    ps = policies(
+        policy("strict", rules=(NPD_RULE,), priority=10, labels=GPU_LABELS | strict,
+               steps=cp.Steps(poll_interval=5, swap=cp.SwapStep(require_same_domain=True))),
+        policy("any", rules=(NPD_RULE,), steps=cp.Steps(poll_interval=5)))
+    fakes = fake_ports(nodes)
+    h = await make(ps, fakes=fakes)
+    try:
+        _npd(h, "gpu-0", "True", h.clock.now())
+        await h.run(30)
+        _npd(h, "gpu-2", "True", h.clock.now())
+        await h.run(30)
+        assert (h.phase("gpu-0"), h.phase("gpu-2")) == (Phase.HELD_FOR_CAPACITY,
+                                                        Phase.HELD_FOR_CAPACITY)
+        nodes_api: FakeNodes = fakes["nodes"]  # type: ignore[assignment]
+        nodes_api.set("spare-c", labels={"healer.io/role": "spare"})
+        await h.run(20)  # far less than the held nodes' backstop tick
+        assert h.phase("gpu-2") is Phase.REPAIR
+        rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-2")
+        assert rec.spare == "spare-c"
+        assert h.phase("gpu-0") is Phase.HELD_FOR_CAPACITY
     finally:
         await h.close()
