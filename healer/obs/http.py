@@ -36,8 +36,8 @@ class Health:
     """Heartbeats (name → last beat, max age) and readiness conditions (name → bool).
 
     Every long-running loop of the daemon beats its own heartbeat each time it comes round
-    (the event loop itself, each telemetry source's polls, the node watch, the policy reload,
-    the spare-depth and retention loops); ``/healthz`` fails while any one is older than its
+    (the event loop itself, each telemetry source's polls, the node watch, reconcile, the
+    policy reload, the spare-depth and retention loops); ``/healthz`` fails while any one is older than its
     max age, so a stalled loop is never hidden behind a live event loop."""
 
     clock: Callable[[], float] = time.monotonic
