@@ -14,6 +14,7 @@ The server binds to one address (``--http-host``; the chart passes the pod IP).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import ssl
@@ -118,11 +119,21 @@ def make_app(health: Health, registry: CollectorRegistry,
     return app
 
 
+LOOPBACK_OR_ANY = frozenset({"127.0.0.1", "::1", "localhost", "0.0.0.0", "::", ""})
+
+
 async def serve(app: web.Application, host: str, port: int,
                 ssl_context: ssl.SSLContext | None = None) -> web.AppRunner:
-    """Serve ``app`` on ``host:port`` (0: any free port; ``runner.addresses`` says which)."""
+    """Serve ``app`` on ``host:port`` (0: any free port; ``runner.addresses`` says which).
+
+    Bound to one address (the pod's IP in a pod), plus the same port on 127.0.0.1 when ``host``
+    is another specific address: only the pod itself reaches its loopback, and that is where
+    ``kubectl port-forward`` connects."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
+    if port and host not in LOOPBACK_OR_ANY:
+        with contextlib.suppress(OSError):  # best effort: the port may be taken on loopback
+            await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
     return runner

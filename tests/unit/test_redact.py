@@ -1,4 +1,5 @@
-"""Redaction by key and by value, in /debug/state and in every log mode (no frame locals)."""
+"""Redaction by key and by value, in /debug/state and in every log mode (no frame locals); the
+HTTP server's bind and its defaults."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import pytest
 import structlog
 from prometheus_client import CollectorRegistry
 
+from healer.cli import build_parser
+from healer.devstack.net import free_port
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
 from healer.obs.redact import REDACTED, redact, redact_text, secret_key
@@ -109,3 +112,25 @@ def test_no_log_mode_prints_frame_locals_or_credentials(as_json: bool) -> None:
     assert "RuntimeError: boom" in text
     for secret in ("hunter2-local-secret", "pw-abc", "t0k-xyz", "abcdefghijklmnop1"):
         assert secret not in text
+
+
+async def test_serve_binds_its_address_and_the_pods_loopback_only() -> None:
+    """A specific address (127.0.0.2 stands in for the pod IP) plus 127.0.0.1 on the same port,
+    where kubectl port-forward connects; never the wildcard."""
+    port = free_port()
+    runner = await serve(make_app(Health(), CollectorRegistry()), "127.0.0.2", port)
+    try:
+        hosts = sorted(a[0] for a in runner.addresses)
+        assert hosts == ["127.0.0.1", "127.0.0.2"]
+        async with aiohttp.ClientSession() as s:
+            for host in hosts:
+                async with s.get(f"http://{host}:{port}/metrics") as r:
+                    assert r.status == 200
+    finally:
+        await runner.cleanup()
+
+
+def test_the_http_defaults_are_loopback_and_no_debug_state() -> None:
+    args = build_parser().parse_args(["run"])
+    assert args.http_host == "127.0.0.1"
+    assert args.debug_state is False
