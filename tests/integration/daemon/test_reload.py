@@ -130,3 +130,32 @@ async def test_live_reload_applies_a_valid_change_and_survives_invalid_ones(
     assert unhealthy == []  # /healthz answered 200 all along
     assert d.proc.poll() is None  # and the daemon is still running
     assert d.terminate() == 0
+
+
+@pytest.mark.timeout(120)
+async def test_start_up_failures_exit_2_with_one_clear_line_and_no_traceback(
+        fleet: Fleet) -> None:
+    """A broken policy (a crash loop of tracebacks before) and a port already taken: the daemon
+    exits 2 and says why in one log line."""
+    bad = fleet.dir / "bad-policies"
+    bad.mkdir()
+    (bad / "p.yaml").write_text("a: &a [*a]\n")
+    broken = fleet.start("--policies", str(bad))
+    taken = fleet.start()
+    await fleet.ready(taken)
+    in_use = fleet.start("--http-port", str(taken.port))
+
+    async def exited(d: Daemon) -> bool:
+        return d.proc.poll() is not None
+
+    for d, says in ((broken, "cannot start: the policies cannot be loaded"),
+                    (in_use, f"cannot serve HTTP on 127.0.0.1:{taken.port}")):
+        await wait_for(lambda d=d: exited(d), timeout=60, description="the daemon's exit")
+        assert d.proc.returncode == 2, d.tail()
+        log = d.log.read_text()
+        assert "Traceback" not in log
+        errors = [line for line in log.splitlines() if '"level": "error"' in line]
+        assert len(errors) == 1, errors
+        assert says in errors[0]
+    assert "p.yaml:1" in broken.log.read_text()
+    assert taken.terminate() == 0
