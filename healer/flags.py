@@ -15,7 +15,7 @@ import stat
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _PROM_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -84,11 +84,23 @@ def host(text: str) -> str:
     raise _fail(f"expected an IP address or a host name, got {_show(text)}")
 
 
+def _no_userinfo(text: str) -> str:
+    """``text`` with any ``user:password@`` replaced, for error messages."""
+    return re.sub(r"//[^/@]*@", "//***@", text)
+
+
 def url(text: str) -> str:
     """An http(s) URL with a host, a valid port and no whitespace or control characters;
-    empty means unset."""
+    empty means unset. Errors never repeat a ``user:password@`` part."""
     if text == "":
         return text
+    try:
+        return _url(text)
+    except argparse.ArgumentTypeError as e:
+        raise _fail(_no_userinfo(str(e))) from None
+
+
+def _url(text: str) -> str:
     if _CONTROL.search(text):
         raise _fail(f"expected a URL without spaces or control characters, got {_show(text)}")
     try:

@@ -262,3 +262,22 @@ def test_healthz_fails_while_any_loop_is_stale() -> None:
     assert detail["policy-reload"]["ok"] is True
     with pytest.raises(ValueError, match="finite"):
         h.beat("poll", float("nan"))
+
+
+def test_a_bad_url_error_never_repeats_its_credentials(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--prometheus-url", "http://bob:hunter2@prom:99999"]) == 2
+    line = _one_line_error(capsys)
+    assert "hunter2" not in line
+    assert "'http://***@prom:99999'" in line
+
+
+@pytest.mark.parametrize("url", [
+    "http://prometheus.monitoring:9090", "https://thanos.monitoring.svc.cluster.local:10902/",
+    "http://[::1]:9090", "http://10.0.0.1:9090/prometheus", "http://prom_k8s:9090"])
+def test_real_urls_and_hosts_are_accepted(url: str) -> None:
+    from healer import flags
+
+    assert flags.url(url) == url
+    for host in ("0.0.0.0", "::", "localhost", "node-1.example.com"):
+        assert flags.host(host) == host
