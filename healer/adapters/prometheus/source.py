@@ -257,6 +257,9 @@ class PrometheusSource:
         else:
             since = -math.inf
             window = now - self._xid_last_eval + self.xid_overlap
+            if window > self.xid_max_lookback:  # XID answers failed for that long: say so
+                self._once("XID samples older than xid_max_lookback are not read",
+                           f"no usable XID answer since {self._xid_last_eval:.0f}")
         return min(max(window, 1.0), self.xid_max_lookback), since
 
     def xid_prequery(self, now: float) -> str:

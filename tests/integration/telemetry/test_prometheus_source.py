@@ -540,7 +540,11 @@ async def test_http_errors_map_to_healer_errors(default_policies: PolicySet) -> 
                 await source.query("up", time.time())
             assert len(seen) == 3
             script[:] = [lambda: web.Response(text="<html>proxy</html>")] * 3
-            with pytest.raises(TransientError, match="unexpected answer"):
+            with pytest.raises(TransientError, match="not JSON"):  # text/plain
+                await source.query("up", time.time())
+            script[:] = [lambda: web.Response(body=b"<html>proxy</html>",
+                                              content_type="application/json")] * 3
+            with pytest.raises(TransientError, match="unexpected answer"):  # not JSON at all
                 await source.query("up", time.time())
             script[:] = [error(429, headers={"Retry-After": "7"})] * 3
             with pytest.raises(TransientError) as e:
