@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -363,11 +363,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
             await asyncio.sleep(10)
 
     def apply_policies(new: PolicySet) -> None:
-        ctl.set_policies(new)
-        for src in sources:
-            set_policies = getattr(src, "set_policies", None)
-            if set_policies is not None:
-                set_policies(new)
+        switch_policies(new, ctl, sources)
 
     self_events = SelfEvents(api, namespace=settings.kube.namespace,
                              instance=settings.leader.identity, pod=settings.kube.pod_name,
@@ -458,6 +454,25 @@ def _slurm_feed(settings: Settings, api: client.ApiClient, slurm: SlurmDriver, c
         return None
     ctl.expect_slurm()
     return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval)
+
+
+def switch_policies(new: PolicySet, ctl: Any, sources: Sequence[Any]) -> None:
+    """Install reloaded policies: sources first (each re-derives its queries), then the
+    controller; if any step raises, the sources already switched are switched back and the
+    error propagates (the reloader reports it): nothing is half-applied."""
+    old, switched = ctl.policies, []
+    try:
+        for src in sources:
+            set_policies = getattr(src, "set_policies", None)
+            if set_policies is not None:
+                set_policies(new)
+                switched.append(set_policies)
+        ctl.set_policies(new)
+    except Exception:
+        for undo in switched:
+            with contextlib.suppress(Exception):
+                undo(old)
+        raise
 
 
 async def reconcile_heartbeat(health: Health, probe: Callable[[], Awaitable[None]],

@@ -166,3 +166,26 @@ async def test_a_failing_apply_or_event_never_escapes(tmp_path: Path) -> None:
     assert await h.reloader.check() is False
     assert h.observer.outcomes[-1][1:] == (False, "crash")
     assert "apply exploded" in h.reloader.failures[0]
+
+
+def test_a_switch_that_fails_half_way_is_undone() -> None:
+    """healer.app.switch_policies: sources first, then the controller; a failure switches
+    back the sources already switched, so nothing is half-applied."""
+    from healer.app import switch_policies
+
+    class Holder:
+        def __init__(self, policies: object, fail: bool = False) -> None:
+            self.policies, self.fail = policies, fail
+
+        def set_policies(self, new: object) -> None:
+            if self.fail:
+                raise RuntimeError("cannot plan")
+            self.policies = new
+
+    ctl, a, b = Holder("old"), Holder("old"), Holder("old", fail=True)
+    with pytest.raises(RuntimeError):
+        switch_policies("new", ctl, [a, b])  # type: ignore[arg-type]
+    assert (ctl.policies, a.policies, b.policies) == ("old", "old", "old")
+    b.fail = False
+    switch_policies("new", ctl, [a, object(), b])  # type: ignore[arg-type]
+    assert (ctl.policies, a.policies, b.policies) == ("new", "new", "new")
