@@ -195,8 +195,9 @@ async def test_crd_is_structural_and_has_printer_columns(kube_api: client.ApiCli
     await ensure_crd(kube_api, install=True)
     ext = client.ApiextensionsV1Api(kube_api)
     crd = await ext.read_custom_resource_definition(crd_manifest()["metadata"]["name"])
-    cols = [c.name for c in crd.spec.versions[0].additional_printer_columns]
-    assert cols == ["Node", "Phase", "Reason", "Spare", "Age"]
+    cols = {c.name: c.priority or 0 for c in crd.spec.versions[0].additional_printer_columns}
+    # Placement (how far the spare is: domain, tier-N, any) only with -o wide
+    assert cols == {"Node": 0, "Phase": 0, "Reason": 0, "Spare": 0, "Placement": 1, "Age": 0}
     conds = {c.type: c.status for c in crd.status.conditions}
     assert conds.get("NonStructuralSchema", "False") == "False"
     assert conds["Established"] == "True"
