@@ -323,7 +323,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, policies
         last_poll=lambda: {p.name: p.last_success for p in prom
                            if p.last_success is not None},
         dropped=lambda: {(p.name, m, r): n for p in prom
-                         for (m, r), n in p.drops.counts.items()}))
+                         for (m, r), n in p.drops.series().items()}))
     def ack_target(incident: str) -> AckTarget | None:  # the incident's node and hook keys
         rec = ctl.history.get(incident)
         return target_of(rec, ctl.policies.get(rec.policy) if rec is not None else None)

@@ -320,3 +320,15 @@ def test_hostile_history_is_dropped_not_fatal(prom: FakeProm,
     prom.reply = reply
     assert _backtest(prom.url, "--from", "now-1h") == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_drop_series_exist_before_the_first_drop() -> None:
+    src = source("http://127.0.0.1:1")
+    try:
+        series = src.drops.series()
+        assert series[("heartbeat", "bad-answer")] == 0
+        assert series[("xid", "inf")] == 0
+        src.drops.add("xid", "inf", 3)
+        assert src.drops.series()[("xid", "inf")] == 3
+    finally:
+        src.close()

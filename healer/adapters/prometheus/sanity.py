@@ -170,6 +170,13 @@ class Drops:
         key = (metric, reason)
         self.counts[key] = self.counts.get(key, 0) + n
 
+    def series(self) -> dict[tuple[str, str], int]:
+        """What to export: the counts, plus a 0 for every reason of the heartbeat and XID
+        answers (``rate()`` and alerts see a series before the first drop)."""
+        out = {(m, r): 0 for m in (HEARTBEAT, XID) for r in REASONS}
+        out.update(self.counts)
+        return out
+
     def total(self) -> int:
         return sum(self.counts.values())
 
