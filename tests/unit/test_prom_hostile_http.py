@@ -241,6 +241,8 @@ def _backtest(url: str, *argv: str) -> int:
     (["--from", "now-30d", "--step", "1s"], "use a larger --step"),
     (["--from", "now-1h", "--step", "0.5s"], "at least 1s"),
     (["--from", "now-1h", "--spares", "-1"], "--spares"),
+    (["--from", "now-1h", "--ca-file", "/nonexistent/ca.pem"], "the CA file .* no such file"),
+    (["--from", "now-1h", "--ca-file", "/"], "not a regular file"),
 ])
 def test_absurd_ranges_fail_at_once_with_one_line(argv: list[str], message: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,3 +47,17 @@ def read_bearer_token(path: str | Path) -> str:
         raise PermanentError(f"the bearer token file {p} holds no usable token (empty, "
                              "several lines, binary or larger than 64 KiB)")
     return token
+
+
+def check_file(path: str, what: str) -> str:
+    """``path`` if it is a readable regular file; else a one-line :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ConfigError(f"{what} {path}: "
+                              f"{'not a regular file' if p.exists() else 'no such file'}")
+        with p.open("rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ConfigError(f"{what} {path}: {e.strerror or e}") from None
+    return path

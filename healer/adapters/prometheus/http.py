@@ -195,6 +195,8 @@ class Http:
                                  f"{root_cause(e)}") from e
         except requests.RequestException as e:
             raise TransientError(f"{what}: {e}") from e
+        except OSError as e:  # requests' own file errors (a CA bundle that went away)
+            raise PermanentError(f"{what}: {e}") from e
 
     def _read(self, r: requests.Response, what: str) -> bytes:
         """The body, in chunks, refusing more than ``max_body`` bytes."""

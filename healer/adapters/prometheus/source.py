@@ -23,7 +23,7 @@ from tenacity import (
 )
 
 from healer.adapters.calls import timed
-from healer.adapters.prometheus.access import check_url, read_bearer_token
+from healer.adapters.prometheus.access import check_file, check_url, read_bearer_token
 from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
 from healer.adapters.prometheus.http import BadAnswer, Http, decode_result, gc_paused
@@ -158,6 +158,10 @@ class PrometheusSource:
         self.last_success: float | None = None  # evaluation time of the last poll that answered
         self.totals: dict[str, float] = defaultdict(float)
 
+        if ca_file:
+            check_file(ca_file, "the CA file")
+        for cert in (client_cert,) if isinstance(client_cert, str) else client_cert or ():
+            check_file(cert, "the client certificate file")
         session = requests.Session()
         session.verify = ca_file if ca_file else verify
         if not verify and not ca_file:
