@@ -28,11 +28,15 @@ def main() -> int:
                         "this file (and list it): right after a write that advanced the "
                         "remediation, or right after a step's action ran, before its outcome "
                         "was persisted")
+    p.add_argument("--real-checkpoint-hooks", action="store_true",
+                   help="the real checkpoint hooks (webhook, job, slurm-signal on the fake "
+                        "Slurm) instead of the file-backed fake")
     args = p.parse_args()
     hooks = crash_hooks(Path(args.crash_log) if args.crash_log else None)
     slurm = FakeSlurm(path=Path(args.fake_slurm))
     overrides = Overrides(slurm=slurm, workload=FakeWorkload(slurm),
-                          checkpoint=FakeCheckpoint(slurm), validator=FakeValidator(),
+                          checkpoint=None if args.real_checkpoint_hooks
+                          else FakeCheckpoint(slurm), validator=FakeValidator(),
                           telemetry=[FileSignals(Path(args.signals))],
                           runtime=RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0),
                           **hooks)
