@@ -40,7 +40,7 @@ TARGETS = {"inc-cp": AckTarget("n1", {"checkpoint": "ns/cp-hmac"}),
            "inc-both": AckTarget("n1", {"checkpoint": "ns/cp-hmac", "repair": "ns/rp-hmac"})}
 NOW = 1_767_600_000.0
 BUDGET = 5.0  # seconds one request may take before it counts as a hang
-FUZZ = settings(max_examples=300, derandomize=True, deadline=None,
+FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
