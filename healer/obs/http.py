@@ -38,8 +38,8 @@ class Health:
 
     Every long-running loop of the daemon beats its own heartbeat each time it comes round
     (the event loop itself, each telemetry source's polls, the node watch, reconcile, the
-    policy reload, the spare-depth and retention loops); ``/healthz`` fails while any one is older than its
-    max age, so a stalled loop is never hidden behind a live event loop."""
+    policy reload, the spare-depth and retention loops); ``/healthz`` fails while any one is
+    older than its max age, so a stalled loop is never hidden behind a live event loop."""
 
     clock: Callable[[], float] = time.monotonic
     beats: dict[str, tuple[float, float]] = field(default_factory=dict)
