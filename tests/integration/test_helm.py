@@ -869,6 +869,12 @@ def test_notes_name_the_safety_ladder(helm: Helm, kube_stack: KubeStack, tmp_pat
     assert "No policy file sets `mode: act`." in safe
     for rung in ("1. mode: observe", "2. mode: dryRun", "3. mode: act  + dryRun=false"):
         assert rung in safe, safe
+    assert "HTTP: served on $(POD_IP):8080" in safe, safe
+    assert "behind a NetworkPolicy; /debug/state off" in safe, safe
+    hooks = notes("-f", str(values_file(tmp_path, {"policies": _policies_with_hooks()},
+                                        "hooks.yaml")))
+    assert f"acks to http://{rel}-metrics.default.svc:8080/v1/hooks/ack" in hooks, hooks
+    assert "(healer-system: checkpoint-hmac, repair-hmac)" in hooks, hooks
     acting = all_on()
     # no prometheus-operator CRDs in the cluster at this point: helm would refuse to map those
     acting["serviceMonitor"]["enabled"] = acting["prometheusRule"]["enabled"] = False
