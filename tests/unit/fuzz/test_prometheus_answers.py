@@ -40,7 +40,7 @@ from healer.adapters.prometheus import XID_COUNT, XID_GAUGE, PrometheusSource
 from healer.adapters.prometheus.promql import FRESH_MARK
 from healer.adapters.prometheus.sanity import MAX_XID, MAX_XID_EVENTS
 from healer.core.health import evaluate_node
-from healer.core.model import HealthState, Severity, Signal, SignalKind
+from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
 from healer.core.policy import LabelSelector as Sel
 from healer.core.policy import MetricRule, Op, Policy, PolicySet, XidRule
 from healer.errors import HealerError
@@ -238,14 +238,21 @@ def check(hostile: Hostile) -> Fleet:
             assert v.state in (HealthState.HEALTHY, HealthState.STALE), v
         if hostile.whole is not None and not _is_answer(hostile.whole):
             assert f.src.drops.total() > dropped_before
+        if any(_junk(e, hostile.where) for e in hostile.entries or ()):
+            assert f.src.drops.total() > dropped_before  # counted, whatever else it held
         return f
     finally:
         f.close()
 
 
-def labels_ref(node: str) -> Any:
-    from healer.core.model import GpuRef
+def _junk(entry: Any, where: str) -> bool:
+    """Whether an injected entry cannot be a series (a point, for ``xid-points``) at all."""
+    if where == "xid-points":
+        return not (isinstance(entry, list) and len(entry) == 2)
+    return not isinstance(entry, dict)
 
+
+def labels_ref(node: str) -> GpuRef:
     return GpuRef(0, f"GPU-{node}-0")
 
 
