@@ -64,7 +64,7 @@ class Prom:
             return self.whole[kind]
         extra = self.extra.get(kind, [])
         if kind == "freshness":
-            rows = [{"metric": {**labels(n), FRESH_MARK: m}, "value": [now, v]}
+            rows: list[Any] = [{"metric": {**labels(n), FRESH_MARK: m}, "value": [now, v]}
                     for n in NODES for m, v in (("newest", str(now - 1)), ("gpus", "1"))]
             return body(rows + extra)
         if kind == "per-gpu":
@@ -73,7 +73,7 @@ class Prom:
         if kind == "xid-pre":
             return body([{"metric": labels(n), "value": [now, "1"]} for n in NODES] + extra)
         if kind == "xid-raw":
-            raw = [{"metric": {**labels(n), "__name__": XID_GAUGE},
+            raw: list[Any] = [{"metric": {**labels(n), "__name__": XID_GAUGE},
                     "values": [[t, str(c)] for t, c in self.gauge[n] if now - 60 < t <= now]}
                    for n in NODES]
             return body(raw + extra, "matrix")
@@ -123,9 +123,9 @@ async def test_hostile_telemetry_writes_nothing_and_real_telemetry_does() -> Non
         await poll()
         await poll()
         v = labels("gpu-1")
+        bad_temps: tuple[Any, ...] = ("NaN", "+Inf", "1e6", "abc", None, True, [], "-1e300")
         hostile: list[tuple[str, list[Any] | bytes]] = [
-            ("metric", [{"metric": v, "value": [0, x]} for x in
-                        ("NaN", "+Inf", "1e6", "abc", None, True, [], "-1e300")]),
+            ("metric", [{"metric": v, "value": [0, x]} for x in bad_temps]),
             ("xid-raw", [{"metric": {**v, "__name__": XID_GAUGE},
                           "values": [[clock.now() + 14, x] for x in
                                      ("+Inf", "NaN", "-79", "1e300", "79.5", "4096")]
