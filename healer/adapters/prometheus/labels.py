@@ -11,14 +11,19 @@ from healer.core.model import GpuRef
 _INF = float("inf")
 
 
+#: The longest node name (Kubernetes allows 253 characters); a longer host label names no node.
+MAX_NODE_NAME = 253
+
+
 def node_name(labels: Mapping[str, str],
               host_labels: Sequence[str] = DEFAULT_HOST_LABELS) -> str | None:
-    """The node of a series: the first non-empty host label (``Hostname`` or ``hostname``)."""
+    """The node of a series: the first non-empty host label (``Hostname`` or ``hostname``)
+    of at most ``MAX_NODE_NAME`` characters."""
     for lb in host_labels:
         v = labels.get(lb)
         if v and isinstance(v, str):
             v = v.strip()
-            if v:
+            if v and len(v) <= MAX_NODE_NAME:
                 return v
     return None
 

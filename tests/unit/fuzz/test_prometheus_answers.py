@@ -18,7 +18,9 @@ stay healthy; no XID signal carries an impossible code and no signal a stamp aft
 past the good data, whatever else was in the answer) and ``victim``'s real XID 48, sent two
 polls later, is reported exactly once (the cursor was not frozen); what was dropped is
 counted. The source's only I/O is reading (HTTP GETs, see ``test_prom_hostile_http``); no
-verdict that could lead to a write (FAILED/DEGRADING) comes from hostile data.
+verdict that could lead to a write (FAILED/DEGRADING) comes from hostile data, and
+``tests/component/test_hostile_telemetry.py`` runs such answers through the real controller on
+fakes that record writes (none).
 """
 
 from __future__ import annotations
