@@ -348,10 +348,21 @@ def test_flags_defaults_and_node_name_from_the_environment(
 
 
 @pytest.mark.parametrize(("argv", "message"), [
+    (["--heartbeat", "0"], "argument --heartbeat: expected seconds from 1 to 3600, got 0"),
+    (["--interval", "-1"], "argument --interval: expected seconds from 0.1 to 3600, got -1"),
+    (["--interval", "nan"], "argument --interval: expected a finite number of seconds"),
+    (["--pcie-replays-max", "-1"], "argument --pcie-replays-max: expected a number from 0"),
+])
+def test_bad_flags_are_refused_by_the_parser_with_the_reason(
+        capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse(["--node-name", "n", *argv])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
     ([], "needs the node's name: --node-name or $NODE_NAME"),
-    (["--node-name", "n", "--heartbeat", "0"], "--heartbeat must be > 0"),
-    (["--node-name", "n", "--interval", "-1"], "--interval must be > 0"),
-    (["--node-name", "n", "--pcie-replays-max", "-1"], "pcie_replays_max must be >= 0"),
 ])
 def test_bad_settings_exit_2_with_the_reason(monkeypatch: pytest.MonkeyPatch,
                                              capsys: pytest.CaptureFixture[str],
