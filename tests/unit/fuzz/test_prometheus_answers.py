@@ -396,7 +396,7 @@ ENTRIES = st.one_of(
     st.fixed_dictionaries({"metric": LABELS, "value": POINTS}),
     st.fixed_dictionaries({"metric": LABELS, "values": st.lists(POINTS, max_size=6)}),
 )
-FUZZ = settings(max_examples=250, derandomize=True, deadline=None,
+FUZZ = settings(max_examples=250, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
