@@ -1,8 +1,10 @@
 """A fault storm on the real stack, with Slurm capacity already gone (issue 12, Deliver 7):
 ``maxUnavailable: 2`` holds at every sample, counting what Slurm counts.
 
-SchedMD's real slurm-operator (StatefulSet NodeSet, 4 slurmd pods on 4 GPU Nodes), a real
-Slurm 22.05 and the real daemon with the Slinky driver. Before healer starts, an admin drains
+SchedMD's real slurm-operator (a NodeSet of 4 slurmd pods on 4 GPU Nodes), a real Slurm 22.05
+and the real daemon: StatefulSet mode with the Slinky driver (Slurm names are the pods', mapped
+to Nodes through them), and DaemonSet mode with the scontrol driver (Slurm names are the
+Nodes'; a replacement is a new Slurm node on the spare). Before healer starts, an admin drains
 one Slurm node (their own reason) and sets another DOWN: Kubernetes shows nothing (no cordon,
 every Node Ready), so a guardrail that counted only Kubernetes would see 0 of 4 unavailable.
 Then a fatal XID hits every GPU Node at once.
@@ -101,9 +103,13 @@ async def sample(f: Flow, d: Daemon, out: Samples, stop: asyncio.Event) -> None:
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.parametrize(("mode", "driver"), [
+    pytest.param("StatefulSet", "slinky", id="StatefulSet-slinky"),
+    pytest.param("DaemonSet", "scontrol", id="DaemonSet-scontrol"),
+])
 async def test_max_unavailable_holds_at_every_sample_counting_slurm(
-        flows: FlowFactory) -> None:
-    f = await flows("StatefulSet", "slinky")
+        flows: FlowFactory, mode: str, driver: str) -> None:
+    f = await flows(mode, driver)
     (f.policies / "policy.yaml").write_text(POLICY.format(tid=f.tid, label=TEST_LABEL,
                                                          limit=LIMIT))
     gpus = f.lay.gpus
@@ -177,11 +183,13 @@ async def test_max_unavailable_holds_at_every_sample_counting_slurm(
           f"{ {n: await f.phase(n) for n in gpus} }")
     assert samples.serving, samples.errors[-3:]
     assert samples.counted
-    # Slurm's own count: never fewer than 4 - LIMIT Slurm nodes able to take jobs
     worst = min(samples.serving, key=lambda s: s[1])
+    top = max(samples.counted, key=lambda s: s[1])
+    print(f"fewest Slurm nodes able to take jobs: {worst[1]} of {len(gpus)} ({worst[2]}); "
+          f"most healer counted unavailable: {top[1]} ({top[2]})")
+    # Slurm's own count: never fewer than 4 - LIMIT Slurm nodes able to take jobs
     assert worst[1] >= len(gpus) - LIMIT, f"at {worst[0] - t0:.1f}s only {worst[1]}: {worst[2]}"
     # healer's count: never above the limit
-    top = max(samples.counted, key=lambda s: s[1])
     assert top[1] <= LIMIT, f"at {top[0] - t0:.1f}s healer counted {top[1]}: {top[2]}"
     # not vacuous: the healthy nodes were held, by Slurm's causes, before the swap freed one
     held = set().union(*(samples.blocks.get(n, set()) for n in healthy))
