@@ -132,7 +132,13 @@ async def test_max_unavailable_holds_at_every_sample_counting_slurm(
         causes = {c: float(v) for c, v in FLEET.findall(text)}
         return causes.get("slurm-drain") == 1 and causes.get("slurm-down") == 1
 
-    await wait_for(seen, timeout=60, description="healer counts the admin's drain and DOWN node")
+    try:
+        await wait_for(seen, timeout=120, description="healer counts the admin's drain and the "
+                       "DOWN node")
+    except TimeoutError as e:
+        _, text = await d.get("/metrics")
+        raise AssertionError(f"{e}\nfleet causes: {FLEET.findall(text)}\n"
+                             f"daemon log:\n{d.tail(30)}") from None
     samples = Samples()
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample(f, d, samples, stop))
