@@ -247,7 +247,9 @@ class StepsSpec(Model):
 
 class FailureDomainSpec(Model):
     key: LabelKey = Field(description="the node label whose value names the domain")
-    max_unavailable: int = _int(0, MAX_QUANTITY, default=1)
+    max_unavailable: int = _int(0, MAX_QUANTITY, default=1,
+                                description="nodes with one value of key that may be unable "
+                                "to take jobs at once (counted as for maxUnavailable)")
 
 
 class BreakerSpec(Model):
@@ -264,7 +266,11 @@ class RetryBudgetSpec(Model):
 
 class GuardrailsSpec(Model):
     max_concurrent: int | None = _int(0, MAX_QUANTITY, default=None)
-    max_unavailable: Quantity | None = None
+    max_unavailable: Quantity | None = Field(
+        default=None, description="nodes of the scope that may be unable to take jobs at once, "
+        "a count or a percentage: cordoned, NotReady, held by healer, or drained, DOWN, "
+        "NOT_RESPONDING... in Slurm, whoever caused it; a node a spare replaced is not "
+        "counted, its replacement is (docs/adr/0008-guardrails-count-slurm.md)")
     failure_domains: list[FailureDomainSpec] = Field(default_factory=list, max_length=16)
     breaker: BreakerSpec | None = None
     retry_budget: RetryBudgetSpec | None = None
