@@ -13,10 +13,14 @@ MIN_SECONDS = -62135596800
 MAX_SECONDS = 253402300799
 
 
-def rfc3339(t: float) -> str:
+def rfc3339(t: float, *, millis: bool = False) -> str:
     """Seconds since the epoch → ``2024-05-01T12:00:00Z``. Total: never raises. A time past
     the year 9999 (``inf`` included) is written as 9999-12-31T23:59:59Z, one before the year 1
-    as 0001-01-01T00:00:00Z, and NaN (or anything that is not a number) as the epoch."""
+    as 0001-01-01T00:00:00Z, and NaN (or anything that is not a number) as the epoch.
+
+    Whole seconds (the fraction is dropped), as Kubernetes writes them; with ``millis`` (the
+    backtest report), the time is rounded to the millisecond and a fraction is kept:
+    ``2024-05-01T12:00:00.250Z`` (a whole second is still written without one)."""
     if isinstance(t, int) and not isinstance(t, bool):  # an int too large for a float too
         t = min(max(t, MIN_SECONDS), MAX_SECONDS)
     try:
@@ -25,6 +29,10 @@ def rfc3339(t: float) -> str:
         t = 0.0
     if t != t:  # NaN
         t = 0.0
+    if millis and MIN_SECONDS <= t <= MAX_SECONDS:
+        t = round(t, 3)
+        if t != int(t):
+            return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     seconds = int(min(max(t, MIN_SECONDS), MAX_SECONDS))
     d = _EPOCH + timedelta(seconds=seconds)
     return f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}Z"
