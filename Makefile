@@ -26,8 +26,8 @@ operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go modul
 	bash hack/build-operator.sh
 
 lint: venv ## ruff, mypy --strict, import-linter
-	$(BIN)/ruff check healer tests
-	$(BIN)/mypy healer
+	$(BIN)/ruff check healer healer_dev tests
+	$(BIN)/mypy healer healer_dev
 	$(BIN)/lint-imports
 
 test: lint deps operator ## the whole suite (lint first); what CI runs

@@ -279,14 +279,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from healer.demo import run_demo
+    from healer_dev.demo import run_demo
 
     return asyncio.run(run_demo(args.scenario, keep=args.keep,
                                 operator_version=args.operator_version))
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from healer.bench.runner import cmd_bench
+    from healer_dev.bench.runner import cmd_bench
 
     return cmd_bench(args)
 
@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_flags(ag)
     ag.set_defaults(fn=cmd_agent)
 
-    from healer.devstack.cli import register as register_devstack
+    from healer_dev.devstack.cli import register as register_devstack
 
     register_devstack(sub)
     return p

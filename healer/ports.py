@@ -1,6 +1,6 @@
 """The ports: what the runtime needs from the outside world, as ``typing.Protocol``s.
 
-Adapters implement them against real systems (``healer/adapters``); ``healer/testing.py`` has
+Adapters implement them against real systems (``healer/adapters``); ``healer_dev/testing.py`` has
 in-memory fakes. Every method raises only healer's own errors (:mod:`healer.errors`):
 ``TransientError`` when a retry may help, ``PermanentError`` when it cannot.
 """

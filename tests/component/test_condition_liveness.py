@@ -14,7 +14,7 @@ from healer.adapters.kube.crd import reason_of
 from healer.core import policy as cp
 from healer.core.model import NodeCondition, NodeView, Placement, Severity
 from healer.core.phases import Phase
-from healer.testing import FakeNodes, fake_ports
+from healer_dev.testing import FakeNodes, fake_ports
 from tests.builders import GPU_LABELS, policies, policy
 from tests.component.test_controller import DOMAIN, Harness, fleet, make
 

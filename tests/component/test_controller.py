@@ -18,7 +18,7 @@ from healer.core.phases import Phase
 from healer.errors import ConflictError, PermanentError, TransientError
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Executor, Ports
-from healer.testing import FakeStore, ManualClock, fake_ports, settle
+from healer_dev.testing import FakeStore, ManualClock, fake_ports, settle
 from tests.builders import GPU_LABELS, policies, policy
 
 DOMAIN = "accelerator.topograph.run/domain"

@@ -23,7 +23,7 @@ from healer.core.model import NodeView, Severity
 from healer.core.phases import Phase
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Executor, Ports
-from healer.testing import FakeStore, ManualClock, fake_ports, settle
+from healer_dev.testing import FakeStore, ManualClock, fake_ports, settle
 from tests.builders import GPU_LABELS, policies, policy
 
 NODES = ("gpu-0", "gpu-1", "gpu-2", "gpu-3")

@@ -29,7 +29,7 @@ from healer.core import policy as cp
 from healer.core.phases import Phase
 from healer.errors import PermanentError
 from healer.ports import HookResult, StepOutcome
-from healer.testing import FakeSlurm, fake_ports
+from healer_dev.testing import FakeSlurm, fake_ports
 from tests.builders import policies, policy
 from tests.component.fake_apiserver import FakeKube, nodeset, nodeset_crd, running
 from tests.component.test_controller import make

@@ -1,4 +1,4 @@
-"""Fixtures for tests against the real local control plane (:mod:`healer.devstack.kube`).
+"""Fixtures for tests against the real local control plane (:mod:`healer_dev.devstack.kube`).
 
 * ``kube_stack`` (session): etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
   kwok on loopback, started once and stopped at the end. If it cannot start, every test that
@@ -26,10 +26,10 @@ import pytest
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from healer.devstack import binaries
-from healer.devstack import operator as slinky_operator
-from healer.devstack.kube import KubeStack
 from healer.errors import ConfigError
+from healer_dev.devstack import binaries
+from healer_dev.devstack import operator as slinky_operator
+from healer_dev.devstack.kube import KubeStack
 from tests.integration.slinky_fixtures import (  # noqa: F401  (fixtures for every test here)
     operator_version,
     slinky_cluster,

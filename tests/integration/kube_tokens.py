@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-from healer.devstack.kube import KubeStack
+from healer_dev.devstack.kube import KubeStack
 
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 

@@ -1,4 +1,5 @@
-"""pytest fixtures for the Slinky world on the local stack (:mod:`healer.devstack.slinky_stack`):
+"""pytest fixtures for the Slinky world on the local stack
+(:mod:`healer_dev.devstack.slinky_stack`):
 SchedMD's real slurm-operator, a real Slurm 22.05 with dynamic nodes, the slurmrestd v0.0.44
 shim on :6820 and the kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod).
 
@@ -20,11 +21,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from healer.devstack.kube import KubeStack
-from healer.devstack.operator import DEFAULT_VERSION
-from healer.devstack.slinky_stack import SlinkyStack
-from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.operator import DEFAULT_VERSION
+from healer_dev.devstack.slinky_stack import SlinkyStack
+from healer_dev.devstack.slurm import LocalSlurm
 
 __all__ = ["operator_version", "slinky_cluster", "slinky_stack", "unique_nodeset"]
 

@@ -1,4 +1,4 @@
-"""pytest fixtures for a real local Slurm 22.05 (``healer.devstack.slurm.LocalSlurm``).
+"""pytest fixtures for a real local Slurm 22.05 (``healer_dev.devstack.slurm.LocalSlurm``).
 
 Load them from a conftest with ``from tests.integration.slurm_fixtures import *`` (as
 ``tests/integration/slurm/conftest.py`` does) or list this module in a top-level
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError
+from healer_dev.devstack.slurm import LocalSlurm
 
 __all__ = ["HOLD_SCRIPT", "local_slurm", "release", "running_slurm", "slurm", "wait_for_file"]
 

@@ -55,7 +55,7 @@ def _bench_processes() -> list[str]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "healer-bench-" in cmd or "healer.bench." in cmd:
+        if "healer-bench-" in cmd or "healer_dev.bench." in cmd:
             out.append(f"{d.name}: {cmd[:200]}")
     return out
 

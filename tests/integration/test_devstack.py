@@ -20,9 +20,9 @@ import pytest
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from healer.devstack import binaries
-from healer.devstack.kube import KubeStack, fake_node, process_alive, process_stat
 from healer.errors import ConfigError
+from healer_dev.devstack import binaries
+from healer_dev.devstack.kube import KubeStack, fake_node, process_alive, process_stat
 from tests.integration.conftest import api_client_for
 from tests.integration.waiting import wait_for
 
@@ -471,7 +471,7 @@ def test_devstack_cli_up_env_status_down(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "healer.devstack.cli", *args, "--dir", str(d)],
+            [sys.executable, "-m", "healer_dev.devstack.cli", *args, "--dir", str(d)],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False,
         )
 
@@ -525,7 +525,7 @@ def test_a_failed_build_is_a_config_error_with_the_scripts_stderr(
 def test_a_port_taken_after_it_was_picked_is_retried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import healer.devstack.kube as kube
+    import healer_dev.devstack.kube as kube
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

@@ -24,9 +24,9 @@ import pytest
 import yaml
 
 from healer.cli import add_run_flags
-from healer.devstack import binaries
-from healer.devstack.kube import KubeStack
 from healer.errors import ConfigError
+from healer_dev.devstack import binaries
+from healer_dev.devstack.kube import KubeStack
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "healer"

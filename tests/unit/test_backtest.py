@@ -599,7 +599,7 @@ def test_a_bad_kubeconfig_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_an_unreachable_prometheus_exits_2(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from healer.devstack.prometheus import free_port
+    from healer_dev.devstack.prometheus import free_port
 
     monkeypatch.setattr("healer.obs.logging.setup", lambda *a, **k: None)
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there

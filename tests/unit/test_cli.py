@@ -152,7 +152,7 @@ def test_a_bad_kubeconfig_is_one_line(tmp_path: Path, content: str | bytes | Non
 
 def test_status_against_an_unreachable_api_server_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from healer.devstack.net import free_port
+    from healer_dev.devstack.net import free_port
 
     kc = _kubeconfig(tmp_path, f"https://127.0.0.1:{free_port()}")
     assert main(["status", "--kubeconfig", str(kc)]) == 1

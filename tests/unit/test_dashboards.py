@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from healer.obs.metrics import METRICS
-from healer.sim.dcgm import METRIC_NAMES as DCGM_METRICS
+from healer_dev.sim.dcgm import METRIC_NAMES as DCGM_METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = ROOT / "dashboards"

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from healer.sim.dcgm import (
+from healer_dev.sim.dcgm import (
     CLOCKS_GPU_IDLE,
     CLOCKS_HW_THERMAL,
     CLOCKS_SW_THERMAL,

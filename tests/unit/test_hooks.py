@@ -28,7 +28,7 @@ from healer.core.model import NodeView
 from healer.errors import PermanentError, TransientError
 from healer.obs.http import serve
 from healer.ports import HookSpec, StepOutcome
-from healer.testing import FakeNodes
+from healer_dev.testing import FakeNodes
 
 KEY = b"s3cret"
 REPAIR_KEY = b"repair-s3cret"

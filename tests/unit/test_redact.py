@@ -13,10 +13,10 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from healer.cli import build_parser
-from healer.devstack.net import free_port
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
 from healer.obs.redact import REDACTED, redact, redact_text, secret_key
+from healer_dev.devstack.net import free_port
 
 JWT = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJoZWFsZXIiLCJleHAiOjE3fQ."
        "c2lnbmF0dXJlLXNpZ25hdHVyZQ")

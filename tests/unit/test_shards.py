@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from healer.bench.policies import load_default
 from healer.core.policy import PolicySet, Quantity
-from healer.sim.shards import default_guardrails, shard_of, simulate, split, trace
+from healer_dev.bench.policies import load_default
+from healer_dev.sim.shards import default_guardrails, shard_of, simulate, split, trace
 
 
 @pytest.fixture(scope="module")

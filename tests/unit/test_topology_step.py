@@ -35,7 +35,7 @@ from healer.errors import ConfigError, NotFoundError, PermanentError, TransientE
 from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
 from healer.runtime.executor import Executor, Ports
-from healer.testing import FakeNodes, fake_ports
+from healer_dev.testing import FakeNodes, fake_ports
 
 TIERS = {"fabric.topograph.run/tier-0": "leaf1", "fabric.topograph.run/tier-1": "spine1"}
 SPEC = "default:spine1:leaf1"

@@ -26,7 +26,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from healer.devstack.kube import KubeStack
+from healer_dev.devstack.kube import KubeStack
 from tests.integration.agent.agent_harness import (
     N_GPUS,
     ROOT,

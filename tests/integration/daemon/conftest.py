@@ -18,9 +18,9 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.net import free_port
-from healer.testing import FakeSlurm
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.net import free_port
+from healer_dev.testing import FakeSlurm
 from tests.integration.daemon_process import Daemon
 from tests.integration.waiting import wait_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from healer.app import Overrides, run
 from healer.cli import _settings, add_run_flags
 from healer.runtime.controller import RuntimeSettings
-from healer.testing import FakeCheckpoint, FakeSlurm, FakeValidator, FakeWorkload, FileSignals
+from healer_dev.testing import FakeCheckpoint, FakeSlurm, FakeValidator, FakeWorkload, FileSignals
 from tests.integration.daemon_process import crash_hooks
 
 

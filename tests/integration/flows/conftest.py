@@ -47,14 +47,14 @@ from healer.adapters.slinky import SlinkyPods, pod_state, slurm_name
 from healer.adapters.slurm.parse import parse_node_line
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.net import free_port
-from healer.devstack.operator import nodeset as nodeset_body
-from healer.devstack.slinky_stack import SlinkyStack
-from healer.devstack.slurm import LocalSlurm
-from healer.devstack.slurmrestd_shim import SlurmrestdShim
 from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.net import free_port
+from healer_dev.devstack.operator import nodeset as nodeset_body
+from healer_dev.devstack.slinky_stack import SlinkyStack
+from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurmrestd_shim import SlurmrestdShim
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
 from tests.integration.waiting import wait_for
@@ -750,7 +750,7 @@ async def flows(kube_stack: KubeStack, kube_api: client.ApiClient, namespace: st
 
     async def make(mode: str, driver: str, *, spares: bool = True,
                    nodeset: dict[str, Any] | None = None) -> Flow:
-        """``nodeset``: options for :func:`healer.devstack.operator.nodeset` (e.g.
+        """``nodeset``: options for :func:`healer_dev.devstack.operator.nodeset` (e.g.
         ``host_network=True``, ``update_strategy={...}``)."""
         assert not made, "one flow per test"
         tid = secrets.token_hex(3)

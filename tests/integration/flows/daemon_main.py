@@ -1,7 +1,7 @@
 """The real daemon (``healer.app.run``, exactly as ``healer run`` builds it) for the flow tests.
 
 Only the telemetry input and the runtime's timing are replaced: signals come from a JSON-lines
-file (:class:`healer.testing.FileSignals`) instead of Prometheus, and the warm-up is short.
+file (:class:`healer_dev.testing.FileSignals`) instead of Prometheus, and the warm-up is short.
 The Slurm driver (slinky, scontrol or slurmrestd), the workload move, the spare pool, the
 topology annotation, the checkpoint and repair hooks are the real adapters ``healer.app``
 builds from the ``healer run`` flags.
@@ -24,7 +24,7 @@ from pathlib import Path
 from healer.app import Overrides, run
 from healer.cli import _settings, add_run_flags
 from healer.runtime.controller import RuntimeSettings
-from healer.testing import FileSignals
+from healer_dev.testing import FileSignals
 from tests.integration.daemon_process import crash_hooks
 
 

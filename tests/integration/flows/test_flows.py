@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from healer.devstack.prometheus import LocalPrometheus
+from healer_dev.devstack.prometheus import LocalPrometheus
 from tests.integration.daemon_process import ROOT
 from tests.integration.flows.checks import (
     FLOW_STEPS,

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from healer.devstack import binaries
-from healer.devstack.kube import KubeStack
+from healer_dev.devstack import binaries
+from healer_dev.devstack.kube import KubeStack
 from tests.integration.conftest import api_client_for
 from tests.integration.daemon_process import ROOT
 from tests.integration.flows.checks import incident_of

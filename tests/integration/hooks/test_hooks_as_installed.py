@@ -22,12 +22,12 @@ from kubernetes_asyncio import client
 
 from healer.adapters.hooks import JobHook, Secrets, WebhookHook, verify
 from healer.core.model import NodeView
-from healer.devstack import binaries
-from healer.devstack.kube import KubeStack
 from healer.errors import HealerError
 from healer.obs.http import serve
 from healer.ports import HookSpec, StepOutcome
-from healer.testing import FakeNodes
+from healer_dev.devstack import binaries
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.testing import FakeNodes
 from tests.integration.conftest import api_client_for
 from tests.integration.daemon_process import ROOT
 from tests.integration.kube_tokens import sa_token, token_kubeconfig

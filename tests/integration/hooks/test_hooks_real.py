@@ -16,10 +16,10 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import REPAIR_RESULT
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.core.model import NodeView
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.slurm import LocalSlurm
 from healer.ports import HookResult, HookSpec, StepOutcome
-from healer.testing import FakeNodes
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.testing import FakeNodes
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
 from tests.integration.waiting import wait_for
 

@@ -22,8 +22,8 @@ from healer.adapters.kube.store import CRStateStore
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Incident, NodeRecord, Outcome, Severity, StepRecord
 from healer.core.policy import LabelSelector
-from healer.devstack.kube import KubeStack, fake_node
 from healer.errors import ConflictError
+from healer_dev.devstack.kube import KubeStack, fake_node
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio

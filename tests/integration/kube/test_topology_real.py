@@ -1,5 +1,5 @@
 """The topology step (KubeTopology) on the real kube-apiserver with kwok Nodes, SchedMD's real
-slurm-operator (healer.devstack.slinky_stack) over a real Slurm, and a test double of
+slurm-operator (healer_dev.devstack.slinky_stack) over a real Slurm, and a test double of
 topograph's API.
 
 The operator copies the Node's ``topology.slinky.slurm.net/spec`` to the slurmd pod from v1.1:
@@ -28,10 +28,10 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.slinky import OperatorCapabilities, SlinkyPods
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient
-from healer.devstack.slinky_stack import SlinkyStack
 from healer.errors import TransientError
 from healer.obs.http import serve
 from healer.ports import SlurmNodeState, StepOutcome
+from healer_dev.devstack.slinky_stack import SlinkyStack
 from tests.integration.slinky.conftest import POOL, Rig, host_of, serving
 from tests.integration.waiting import wait_for
 

@@ -1,6 +1,6 @@
 """Every dashboard expression returns data from a real Prometheus scraping a running healer.
 
-A real Prometheus (:class:`~healer.devstack.prometheus.LocalPrometheus`, 1 s scrapes) scrapes
+A real Prometheus (:class:`~healer_dev.devstack.prometheus.LocalPrometheus`, 1 s scrapes) scrapes
 the real daemon process (the ``fleet`` fixture: kwok nodes on the real kube-apiserver, Slurm
 as a file-backed fake) and one DCGM-exporter simulator per GPU node, half of them labelling
 the host ``Hostname`` and half ``hostname``. The scenario then drives the daemon through what
@@ -40,10 +40,10 @@ from kubernetes_asyncio import client
 
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.devstack.kube import fake_node
-from healer.devstack.prometheus import LocalPrometheus
 from healer.errors import ConfigError
-from healer.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
+from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
 from tests.integration.daemon.conftest import DOMAIN, Fleet
 from tests.integration.waiting import wait_for
 from tests.unit.test_dashboards import (

@@ -1,5 +1,5 @@
 """Helpers for tests against SchedMD's real slurm-operator on the local stack
-(:mod:`healer.devstack.slinky_stack`, fixtures in :mod:`tests.integration.slinky_fixtures`).
+(:mod:`healer_dev.devstack.slinky_stack`, fixtures in :mod:`tests.integration.slinky_fixtures`).
 
 ``rig`` (function): the test's namespace with its Slurm cluster objects (``slinky_cluster``), on
 the operator version the test asked for (``operator_version``, indirect parametrize), and
@@ -23,11 +23,11 @@ from kubernetes_asyncio import client
 
 from healer.adapters.slinky import SlinkyPods, pod_state
 from healer.adapters.slurm.parse import parse_node_line
-from healer.devstack.kube import fake_node
-from healer.devstack.operator import GROUP, VERSION, nodeset
-from healer.devstack.slinky_stack import SlinkyStack
 from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
+from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.operator import GROUP, VERSION, nodeset
+from healer_dev.devstack.slinky_stack import SlinkyStack
 from tests.integration.slinky_fixtures import unique_nodeset
 from tests.integration.waiting import wait_for
 

@@ -26,8 +26,8 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.slinky import pod_state
-from healer.devstack.podruntime import PRESTOP_REASON
 from healer.ports import SlurmNodeState
+from healer_dev.devstack.podruntime import PRESTOP_REASON
 from tests.integration.slinky.conftest import (
     OPERATOR,
     POD_CORDON,

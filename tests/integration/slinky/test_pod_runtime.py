@@ -20,10 +20,10 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.slurm.parse import parse_node_line
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.podruntime import FINALIZER, POD_HOSTNAME_LABEL, PodRuntime, conf_features
-from healer.devstack.slurm import LocalSlurm
 from healer.ports import SlurmNodeState
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.podruntime import FINALIZER, POD_HOSTNAME_LABEL, PodRuntime, conf_features
+from healer_dev.devstack.slurm import LocalSlurm
 from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from healer.adapters.slurm import ScontrolDriver
-from healer.devstack.slurm import LocalSlurm, SlurmStartupError
 from healer.errors import ConfigError, NotFoundError, PermanentError, TransientError
 from healer.ports import SlurmNodeState
+from healer_dev.devstack.slurm import LocalSlurm, SlurmStartupError
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release, wait_for_file
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from healer.adapters.slurm import CallableToken, SlurmrestdDriver, StaticToken
-from healer.devstack.slurm import LocalSlurm
 from healer.errors import ForbiddenError, NotFoundError, PermanentError, TransientError
+from healer_dev.devstack.slurm import LocalSlurm
 from tests.integration.slurm.fake_slurmrestd import FakeSlurmrestd
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
 

@@ -1,4 +1,5 @@
-"""healer.devstack.slurmrestd_shim against a real Slurm 22.05: auth, nodes, updates, jobs, signals.
+"""healer_dev.devstack.slurmrestd_shim against a real Slurm 22.05: auth, nodes, updates, jobs,
+signals.
 
 Field names follow github.com/SlinkyProject/slurm-client api/v0044 (slurm.gen.go); the Go type
 each asserted object decodes into is named in a comment.
@@ -16,9 +17,9 @@ import aiohttp
 import jwt
 import pytest
 
-from healer.devstack.net import free_port
-from healer.devstack.slurm import LocalSlurm
-from healer.devstack.slurmrestd_shim import ShimPortInUse, SlurmrestdShim
+from healer_dev.devstack.net import free_port
+from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurmrestd_shim import ShimPortInUse, SlurmrestdShim
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release, wait_for_file
 
 pytestmark = pytest.mark.integration

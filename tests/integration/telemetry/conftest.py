@@ -23,10 +23,10 @@ from healer.adapters.prometheus import PrometheusSource
 from healer.core.health import Verdict, evaluate_node
 from healer.core.model import NodeView, Signal, SignalKind
 from healer.core.policy import PolicySet
-from healer.devstack.prometheus import LocalPrometheus
 from healer.obs.http import serve
 from healer.policy.load import load_policy_set
-from healer.sim.dcgm import DcgmSim, NodeSpec, ThreadedDcgmFleet, make_node
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import DcgmSim, NodeSpec, ThreadedDcgmFleet, make_node
 
 REPO = Path(__file__).resolve().parents[3]
 SCRAPE = 1.0  # seconds, Prometheus scrape interval

@@ -28,8 +28,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from healer.devstack.prometheus import LocalPrometheus
-from healer.sim.dcgm import METRICS, DcgmSim, FaultKind
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import METRICS, DcgmSim, FaultKind
 
 #: promtool's block duration for ``--max-block-duration=500h`` (2h * 3^5).
 BLOCK = 486 * 3600

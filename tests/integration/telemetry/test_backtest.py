@@ -32,9 +32,9 @@ import pytest
 import yaml
 
 from healer.backtest import Report, add_backtest_flags, backtest, cmd_backtest, rfc3339
-from healer.devstack.prometheus import LocalPrometheus
 from healer.policy.load import load_policy_set
-from healer.sim.dcgm import DcgmSim, M, make_node
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import DcgmSim, M, make_node
 from tests.integration.telemetry.history import aligned_start, history_prometheus, write_history
 
 pytestmark = pytest.mark.integration

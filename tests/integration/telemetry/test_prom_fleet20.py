@@ -24,9 +24,9 @@ from healer.adapters.prometheus import PrometheusSource
 from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.policy import MetricRule, PolicySet
-from healer.devstack.prometheus import LocalPrometheus
 from healer.obs.http import serve
-from healer.sim.dcgm import DcgmSim, Fault, FaultKind, ThreadedDcgmFleet, gpu_uuid, make_node
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import DcgmSim, Fault, FaultKind, ThreadedDcgmFleet, gpu_uuid, make_node
 from tests.integration.telemetry.conftest import POLL, SCRAPE, make_source
 
 pytestmark = pytest.mark.integration

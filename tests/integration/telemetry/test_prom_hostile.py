@@ -19,8 +19,8 @@ import pytest
 
 from healer.core.model import GpuRef, SignalKind
 from healer.core.policy import PolicySet
-from healer.devstack.prometheus import LocalPrometheus
-from healer.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
 from tests.integration.telemetry.conftest import Sink, fresh, make_source, running, stale
 
 pytestmark = pytest.mark.integration

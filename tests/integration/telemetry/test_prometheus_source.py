@@ -26,8 +26,6 @@ from aiohttp import web
 from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
 from healer.core.policy import LabelSelector as Sel
 from healer.core.policy import MetricRule, Op, Policy, PolicySet
-from healer.devstack.certs import CertificateAuthority
-from healer.devstack.prometheus import LocalPrometheus
 from healer.errors import (
     ConfigError,
     ForbiddenError,
@@ -37,7 +35,9 @@ from healer.errors import (
 )
 from healer.obs.http import serve
 from healer.policy.load import load_policy_set
-from healer.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
+from healer_dev.devstack.certs import CertificateAuthority
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
 from tests.integration.telemetry.conftest import (
     EMPTY_RESULT,
     FLEET,

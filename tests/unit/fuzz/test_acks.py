@@ -31,7 +31,7 @@ from healer.adapters.acks import MAX_BODY, WINDOW, AckReceiver, AckTarget
 from healer.adapters.hooks import CHECKPOINT_ACK, REPAIR_INCIDENT, sign
 from healer.core.model import NodeView
 from healer.obs.http import Health, make_app, serve
-from healer.testing import FakeNodes
+from healer_dev.testing import FakeNodes
 
 CP_KEY, RP_KEY = b"checkpoint-key", b"repair-key"
 KEYS = {"ns/cp-hmac": CP_KEY, "ns/rp-hmac": RP_KEY}

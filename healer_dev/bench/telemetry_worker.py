@@ -1,6 +1,6 @@
 """The telemetry loop the ``telemetry`` group measures, run in a fresh process.
 
-``python -m healer.bench.telemetry_worker --url URL --nodes N --polls P`` builds the real
+``python -m healer_dev.bench.telemetry_worker --url URL --nodes N --polls P`` builds the real
 :class:`~healer.adapters.prometheus.PrometheusSource` for the default policies (act mode),
 polls the synthetic Prometheus at ``URL`` ``P`` times in simulated time (15 s apart: every
 query evaluated at that instant), feeds each poll's signals to the engine through

@@ -2,7 +2,7 @@
 
 :class:`KubeStack` runs etcd and kube-apiserver (RBAC, client-certificate users, service-account
 tokens), and optionally kube-controller-manager, kube-scheduler and kwok (fake kubelets), all
-built from the Go module proxy by ``hack/build-k8s.sh`` (see :mod:`healer.devstack.binaries`).
+built from the Go module proxy by ``hack/build-k8s.sh`` (see :mod:`healer_dev.devstack.binaries`).
 Nothing listens on anything but 127.0.0.1; ports are picked by binding port 0 and retried when
 another process wins the race. Every child runs in its own session (so a process group can be
 killed as a whole) and logs to ``<workdir>/logs/<component>.log``.
@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from healer.devstack import binaries as bins
-from healer.devstack.certs import PKI, CertificateAuthority, KeyPair, write_kubeconfig
-from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
+from healer_dev.devstack import binaries as bins
+from healer_dev.devstack.certs import PKI, CertificateAuthority, KeyPair, write_kubeconfig
+from healer_dev.devstack.net import LOOPBACK, free_port
 
 T = TypeVar("T")
 
@@ -76,7 +76,7 @@ _ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re
 #: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
 #: a managed Node becomes Ready once (conditions are not rewritten afterwards, so a test may
 #: add its own), a Pod bound to a managed Node runs and is Ready (a slurmd pod runs unready:
-#: :mod:`healer.devstack.podruntime` makes it Ready once its real slurmd registered, as the
+#: :mod:`healer_dev.devstack.podruntime` makes it Ready once its real slurmd registered, as the
 #: container's readiness probe would), a Job's Pod succeeds (or
 #: fails, when labelled healer-test-outcome=fail), a Pod being deleted goes away. Node
 #: liveness comes from the Leases kwok renews.

@@ -1,7 +1,7 @@
 """The healer daemon as the ``stack`` and ``promql`` groups run it: ``healer run``, Slurm
 stood in for.
 
-``python -m healer.bench.daemon --kubeconfig K --policies DIR --http-port P`` runs
+``python -m healer_dev.bench.daemon --kubeconfig K --policies DIR --http-port P`` runs
 :func:`healer.app.run` (the same code as ``healer run``) against the real kube-apiserver, with
 only the Slurm side replaced, as the daemon integration tests do. :class:`MemorySlurm` is a
 Slurm in which every node exists, runs no job and accepts a drain at once (so "drain
@@ -80,7 +80,7 @@ class NoValidation:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(prog="healer.bench.daemon")
+    p = argparse.ArgumentParser(prog="healer_dev.bench.daemon")
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--policies", required=True)
     p.add_argument("--http-port", type=int, required=True)

@@ -1,6 +1,6 @@
 """``healer demo``: the whole story on the local real stack, with SchedMD's real slurm-operator.
 
-Starts, on loopback (:class:`healer.demo_world.DemoStack`): kube-apiserver + etcd +
+Starts, on loopback (:class:`healer_dev.demo_world.DemoStack`): kube-apiserver + etcd +
 kube-controller-manager + kube-scheduler + kwok (fake GPU Nodes that look alive), a real Slurm
 22.05 (slurmctld; slurmds register as dynamic nodes), SchedMD's slurm-operator (its manager, and
 from v1.1 its pod-binding webhook, built from the Go module proxy and run out of cluster) with
@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from healer.adapters.slinky import pod_state, slurm_name
-from healer.demo_world import DemoStack
-from healer.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from healer.errors import ConfigError
+from healer_dev.demo_world import DemoStack
+from healer_dev.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("xid79", "storm", "degrading")

@@ -1,10 +1,10 @@
-"""The world ``healer demo`` runs in (:mod:`healer.demo`), started and stopped in one place.
+"""The world ``healer demo`` runs in (:mod:`healer_dev.demo`), started and stopped in one place.
 
 On loopback: kube-apiserver + etcd + kube-controller-manager + kube-scheduler + kwok
-(:class:`~healer.devstack.kube.KubeStack`), a real Slurm 22.05 that admits dynamic nodes
-(:class:`~healer.devstack.slurm.LocalSlurm`), SchedMD's real slurm-operator with the slurmrestd
+(:class:`~healer_dev.devstack.kube.KubeStack`), a real Slurm 22.05 that admits dynamic nodes
+(:class:`~healer_dev.devstack.slurm.LocalSlurm`), SchedMD's real slurm-operator with the slurmrestd
 v0.0.44 shim and the kwok pod runtime that runs a real ``slurmd -Z`` per Running slurmd pod
-(:class:`~healer.devstack.slinky_stack.SlinkyStack`), the DCGM exporter simulator scraped by a
+(:class:`~healer_dev.devstack.slinky_stack.SlinkyStack`), the DCGM exporter simulator scraped by a
 real Prometheus, and healer itself (``healer.app.run``, the code of ``healer run``).
 
 The fleet: 8 kwok GPU Nodes (``nvidia.com/gpu: 8`` each) in two NVLink domains (node-00..03 in
@@ -30,19 +30,6 @@ from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.app import run as run_healer
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.net import free_port
-from healer.devstack.operator import (
-    DEFAULT_VERSION,
-    build_info,
-    ensure_built,
-    has_webhook,
-    nodeset,
-    operator_dir,
-)
-from healer.devstack.prometheus import LocalPrometheus
-from healer.devstack.slinky_stack import SlinkyStack
-from healer.devstack.slurm import LocalSlurm
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 from healer.settings import (
@@ -53,7 +40,20 @@ from healer.settings import (
     SlurmSettings,
     TelemetrySettings,
 )
-from healer.sim.dcgm import DcgmFleet, DcgmSim, make_node
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.net import free_port
+from healer_dev.devstack.operator import (
+    DEFAULT_VERSION,
+    build_info,
+    ensure_built,
+    has_webhook,
+    nodeset,
+    operator_dir,
+)
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.devstack.slinky_stack import SlinkyStack
+from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
 
 __all__ = ["DOMAIN", "NAMESPACE", "NODESET", "NODESET_LABEL", "TRAP_JOB", "DemoStack"]
 

@@ -16,7 +16,7 @@ Follows the recipe verified on the CI machine kind (``local-infra.md`` section A
 * ports are chosen free when :meth:`LocalSlurm.start` runs.
 
 ``max_dynamic_nodes > 0`` adds dynamic nodes (``slurmd -Z``, as Slinky's worker pods run it,
-see :meth:`LocalSlurm.start_dynamic_slurmd` and :mod:`healer.devstack.slurm_dynamic`).
+see :meth:`LocalSlurm.start_dynamic_slurmd` and :mod:`healer_dev.devstack.slurm_dynamic`).
 
 Nothing here uses ``/etc/slurm`` or ``/etc/munge``; clients only need :meth:`LocalSlurm.env`.
 Everything is synchronous (``subprocess``): it is a fixture, not part of the daemon.
@@ -39,16 +39,16 @@ from pathlib import Path
 from typing import IO, Literal
 
 from healer.adapters.slurm.parse import parse_node_line
-from healer.devstack.net import free_ports
-from healer.devstack.slurm_dynamic import (
+from healer.errors import ConfigError
+from healer.ports import SlurmNodeState
+from healer_dev.devstack.net import free_ports
+from healer_dev.devstack.slurm_dynamic import (
     dynamic_conf_lines,
     kill_processes_with_env,
     podip_library,
     validate_pod_ip,
     wait_dynamic_registered,
 )
-from healer.errors import ConfigError
-from healer.ports import SlurmNodeState
 
 __all__ = ["LocalSlurm", "SlurmStartupError"]
 
@@ -547,7 +547,7 @@ class LocalSlurm:
             auth = "AuthType=auth/none\nCredType=cred/none"
         gpus = f"gpu:h100:{self.gpus_per_node}"
         lines = [
-            "# written by healer.devstack.slurm.LocalSlurm",
+            "# written by healer_dev.devstack.slurm.LocalSlurm",
             "ClusterName=healer",
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}",

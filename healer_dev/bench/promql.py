@@ -1,8 +1,8 @@
 """The ``promql`` group: DCGM → Prometheus → healer → first action, on the real stack.
 
-The DCGM exporter simulator (:mod:`healer.sim.dcgm`, one exporter per node) is scraped by a
-real Prometheus (:class:`~healer.devstack.prometheus.LocalPrometheus`) every ``scrape``; the
-healer daemon (:mod:`healer.bench.daemon`: ``healer run`` with Slurm stood in for) polls it
+The DCGM exporter simulator (:mod:`healer_dev.sim.dcgm`, one exporter per node) is scraped by a
+real Prometheus (:class:`~healer_dev.devstack.prometheus.LocalPrometheus`) every ``scrape``; the
+healer daemon (:mod:`healer_dev.bench.daemon`: ``healer run`` with Slurm stood in for) polls it
 every ``poll`` seconds (the documented default, ``--poll-interval`` 15) with the shipped
 default policies in act mode. An XID 79 is injected on a fresh node per trial; the latency is
 from the timestamp of the first scraped sample that carries it (asked of Prometheus:
@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from healer.devstack.prometheus import LocalPrometheus
 from healer.errors import ConfigError
-from healer.sim.dcgm import DcgmFleet, DcgmSim, make_node
+from healer_dev.devstack.prometheus import LocalPrometheus
+from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
 
 from .cluster import BenchCluster, wait_until
 from .policies import write_default

@@ -1,15 +1,15 @@
 """The Slinky world on the local stack: SchedMD's real operator, a real Slurm, and the two shims
 that stand in for what cannot run here.
 
-:class:`SlinkyStack` puts together, on one :class:`~healer.devstack.kube.KubeStack` and one
-:class:`~healer.devstack.slurm.LocalSlurm` started with dynamic nodes:
+:class:`SlinkyStack` puts together, on one :class:`~healer_dev.devstack.kube.KubeStack` and one
+:class:`~healer_dev.devstack.slurm.LocalSlurm` started with dynamic nodes:
 
-* :class:`~healer.devstack.operator.SlinkyOperator`: the operator's manager (+ webhook from
+* :class:`~healer_dev.devstack.operator.SlinkyOperator`: the operator's manager (+ webhook from
   v1.1), built from the Go module proxy, out of cluster;
-* :class:`~healer.devstack.slurmrestd_shim.SlurmrestdShim` on ``127.0.0.1:6820`` (where the
+* :class:`~healer_dev.devstack.slurmrestd_shim.SlurmrestdShim` on ``127.0.0.1:6820`` (where the
   operator's client calls with ``DEBUG=1``): slurmrestd v0.0.44 over the real slurmctld, checking
   the operator's HS256 JWTs against the key of the clusters' JWT Secrets;
-* :class:`~healer.devstack.podruntime.PodRuntime`: a real ``slurmd -Z`` for every Running slurmd
+* :class:`~healer_dev.devstack.podruntime.PodRuntime`: a real ``slurmd -Z`` for every Running slurmd
   worker pod (kwok runs no containers), with the pod's preStop when it terminates.
 
 The shim and the runtime run on an event loop of their own in a background thread, so that the
@@ -35,18 +35,18 @@ from typing import Any, Self, TypeVar
 import jwt
 from kubernetes_asyncio import client, config
 
-from healer.devstack.binaries import cache_dir
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.operator import (
+from healer.errors import ConfigError
+from healer_dev.devstack.binaries import cache_dir
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.operator import (
     DEFAULT_VERSION,
     RESTD_PORT,
     SlinkyOperator,
     cluster_objects,
 )
-from healer.devstack.podruntime import PodRuntime
-from healer.devstack.slurm import LocalSlurm
-from healer.devstack.slurmrestd_shim import SlurmrestdShim
-from healer.errors import ConfigError
+from healer_dev.devstack.podruntime import PodRuntime
+from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurmrestd_shim import SlurmrestdShim
 
 __all__ = ["SYSTEM_LABEL", "SYSTEM_NODE", "SlinkyStack"]
 

@@ -14,13 +14,13 @@ cluster, with what differs out of cluster said here:
   chart also registers validating/defaulting hooks for the CRs; they are not registered here.)
 * the manager runs with ``DEBUG=1``: its Slurm client then calls ``http://localhost:6820``
   instead of the RestApi's in-cluster Service, which is where the devstack's slurmrestd shim
-  (:mod:`healer.devstack.slurmrestd_shim`) listens. Hence one operator per machine at a time.
+  (:mod:`healer_dev.devstack.slurmrestd_shim`) listens. Hence one operator per machine at a time.
 
 :func:`cluster_objects` and :func:`nodeset` build the objects the ``slurm`` Helm chart creates
 (Secrets for the Slurm and JWT keys, Controller, RestApi, NodeSets with ``controllerRef`` name and
 namespace and an explicit ``updateStrategy``). The Controller's and RestApi's own pods are
 scheduled by the real scheduler and "run" under kwok (no slurmctld in them: the real slurmctld
-is the devstack's :class:`~healer.devstack.slurm.LocalSlurm`); the operator creates its Slurm
+is the devstack's :class:`~healer_dev.devstack.slurm.LocalSlurm`); the operator creates its Slurm
 client once the RestApi Deployment reports a ready replica.
 """
 
@@ -41,11 +41,11 @@ from typing import Any, Self
 
 import yaml
 
-from healer.devstack.binaries import cache_dir
-from healer.devstack.certs import CertificateAuthority
-from healer.devstack.kube import KubeStack, _Proc
-from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
+from healer_dev.devstack.binaries import cache_dir
+from healer_dev.devstack.certs import CertificateAuthority
+from healer_dev.devstack.kube import KubeStack, _Proc
+from healer_dev.devstack.net import LOOPBACK, free_port
 
 __all__ = ["DEFAULT_VERSION", "SUPPORTED_VERSIONS", "SlinkyOperator", "cluster_objects",
            "ensure_built", "nodeset", "operator_dir"]
@@ -410,5 +410,5 @@ def _collection_path(obj: Mapping[str, Any]) -> str:
     return f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
 
 
-if __name__ == "__main__":  # pragma: no cover - manual smoke: python -m healer.devstack.operator
+if __name__ == "__main__":  # pragma: no cover - smoke: python -m healer_dev.devstack.operator
     print(json.dumps({v: build_info(v) for v in SUPPORTED_VERSIONS}), file=sys.stderr)

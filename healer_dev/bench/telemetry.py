@@ -1,8 +1,8 @@
 """The ``telemetry`` group: CPU and memory of one poll, parse + evaluate, at fleet scale.
 
-The synthetic Prometheus (:mod:`healer.bench.promsynth`) is served from this process on
+The synthetic Prometheus (:mod:`healer_dev.bench.promsynth`) is served from this process on
 127.0.0.1 (:func:`healer.obs.http.serve`); the telemetry loop runs in a fresh subprocess
-(:mod:`healer.bench.telemetry_worker`) so that its CPU and RSS are its own, not the server's.
+(:mod:`healer_dev.bench.telemetry_worker`) so that its CPU and RSS are its own, not the server's.
 The first poll of a worker (XID lookback on start, plan warm-up) is reported apart; the CPU
 per poll figure is the median of the polls after it.
 """
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
 from healer.obs.http import serve
+from healer_dev.devstack.net import LOOPBACK, free_port
 
 from .promsynth import SCRAPE, Answers, Fleet, make_app
 from .report import Figure
@@ -50,7 +50,7 @@ async def run_worker(nodes: int, polls: int, seed: int) -> dict[str, Any]:
     try:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "healer.bench.telemetry_worker",
+            sys.executable, "-m", "healer_dev.bench.telemetry_worker",
             "--url", f"http://{LOOPBACK}:{port}", "--nodes", str(nodes), "--polls", str(polls),
             "--warm", str(WARM), stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env=env, cwd=str(ROOT))

@@ -6,7 +6,7 @@ kubelets (it moves pods to Running, runs no container); slurm-operator's NodeSet
 run ``slurmd -Z --conf-server … --conf 'Features=…'`` and, when terminating, the preStop hook
 ``scontrol update nodename=$(hostname) state=down reason='Pod is terminating' && scontrol
 delete nodename=$(hostname)``. :class:`PodRuntime` does that against a
-:class:`~healer.devstack.slurm.LocalSlurm` created with ``max_dynamic_nodes``:
+:class:`~healer_dev.devstack.slurm.LocalSlurm` created with ``max_dynamic_nodes``:
 
 * it lists and watches the worker pods (the loop survives watch expiry, 410 and API errors:
   it logs, backs off and lists again);
@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from healer.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurm import LocalSlurm
 
 __all__ = [
     "FINALIZER",

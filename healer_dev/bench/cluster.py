@@ -1,8 +1,8 @@
 """The real stack the ``stack`` and ``promql`` groups stand up, and stop again.
 
-:class:`BenchCluster` starts kube-apiserver + etcd + kwok (:class:`~healer.devstack.kube
+:class:`BenchCluster` starts kube-apiserver + etcd + kwok (:class:`~healer_dev.devstack.kube
 .KubeStack`, no controller manager or scheduler: no Pods are involved), creates kwok GPU nodes,
-runs the healer daemon as a child process (:mod:`healer.bench.daemon`, in its own session so
+runs the healer daemon as a child process (:mod:`healer_dev.bench.daemon`, in its own session so
 the whole process group is stopped), and watches the API for what the bench times: the first
 NodeRemediation of a node, its ``drain`` step, and the node turning unschedulable. Every wait
 has a deadline; nothing sleeps to let things settle. :meth:`stop` stops everything it started,
@@ -29,9 +29,9 @@ from kubernetes_asyncio import client, watch
 
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
-from healer.devstack.kube import KubeStack, fake_node
-from healer.devstack.net import LOOPBACK, free_port
 from healer.errors import ConfigError
+from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.net import LOOPBACK, free_port
 
 from .policies import BENCH_LABEL
 
@@ -239,7 +239,7 @@ class BenchCluster:
                            poll_interval: float = 15.0) -> None:
         assert self.kube is not None
         self.daemon_port = free_port()
-        argv = [sys.executable, "-m", "healer.bench.daemon",
+        argv = [sys.executable, "-m", "healer_dev.bench.daemon",
                 "--kubeconfig", str(self.kube.kubeconfig), "--policies", str(policies),
                 "--http-port", str(self.daemon_port), "--log-file", str(self.dir / "healer.log"),
                 "--poll-interval", str(poll_interval)]

@@ -1,12 +1,12 @@
 """``healer devstack up|down|env|status``: a detached local control plane for the demo and for
 poking at healer by hand.
 
-``up`` starts :class:`~healer.devstack.kube.KubeStack` in ``--dir`` (default ``.devstack``),
+``up`` starts :class:`~healer_dev.devstack.kube.KubeStack` in ``--dir`` (default ``.devstack``),
 records pids and ports in ``DIR/state.json`` and returns, leaving the processes running; it
 prints ``export`` lines, so ``eval "$(healer devstack up)"`` points kubectl at it. ``down``
 stops what ``DIR`` records (logs stay unless ``--purge``). Every function returns an exit code.
 
-Also runnable on its own: ``python -m healer.devstack.cli up``.
+Also runnable on its own: ``python -m healer_dev.devstack.cli up``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from healer import flags
-from healer.devstack.kube import STATE_FILE, KubeStack
 from healer.errors import ConfigError
+from healer_dev.devstack.kube import STATE_FILE, KubeStack
 
 DEFAULT_DIR = ".devstack"
 #: written into a directory ``up`` owns; ``up`` only ever wipes a directory that has it
@@ -183,7 +183,7 @@ def register(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m healer.devstack.cli up|down|env|status`` (the same as ``healer devstack``)."""
+    """``python -m healer_dev.devstack.cli up|down|env|status`` (= ``healer devstack``)."""
     parser = argparse.ArgumentParser(prog="healer")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["devstack", *(sys.argv[1:] if argv is None else argv)])

@@ -16,7 +16,7 @@ publishes it) and the bench watches the API for the NodeRemediation and for the 
   /proc/PID/stat). Then the burst's
   nodes are healed the same way and the next repeat starts with nothing open.
 
-Slurm is stood in for by :class:`healer.bench.daemon.MemorySlurm` (in the daemon process).
+Slurm is stood in for by :class:`healer_dev.bench.daemon.MemorySlurm` (in the daemon process).
 """
 
 from __future__ import annotations

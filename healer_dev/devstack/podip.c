@@ -13,7 +13,7 @@
  *              peer (slurmctld) sees the pod IP as the source address.
  *
  * Without HEALER_POD_IP both calls behave as usual. Nothing else is changed (no IPv6, no
- * sendto()). Built on demand by healer.devstack.slurm_dynamic.podip_library().
+ * sendto()). Built on demand by healer_dev.devstack.slurm_dynamic.podip_library().
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

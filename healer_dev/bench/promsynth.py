@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from healer.adapters.prometheus import XID_COUNT, XID_GAUGE
-from healer.sim.dcgm import gpu_uuid
+from healer_dev.sim.dcgm import gpu_uuid
 
 SCRAPE = 15.0
 MODEL = "NVIDIA H100 80GB HBM3"

@@ -31,8 +31,8 @@ from typing import IO, Any
 
 import yaml
 
-from healer.devstack.net import free_port
 from healer.errors import ConfigError
+from healer_dev.devstack.net import free_port
 
 Targets = Sequence[str] | Mapping[str, Mapping[str, str]]
 

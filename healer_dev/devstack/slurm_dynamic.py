@@ -1,4 +1,4 @@
-"""Helpers for :class:`~healer.devstack.slurm.LocalSlurm`'s dynamic nodes (``slurmd -Z``).
+"""Helpers for :class:`~healer_dev.devstack.slurm.LocalSlurm`'s dynamic nodes (``slurmd -Z``).
 
 Slurm 22.05 dynamic nodes register themselves (``slurmd -Z --conf "CPUs=… Features=…"``) when
 slurm.conf has ``MaxNodeCount`` (and ``TreeWidth=65533``: the fan-out cannot route to them) and
@@ -29,7 +29,7 @@ from healer.adapters.slurm.parse import parse_node_line
 from healer.errors import ConfigError
 
 if TYPE_CHECKING:
-    from healer.devstack.slurm import LocalSlurm, _Daemon
+    from healer_dev.devstack.slurm import LocalSlurm, _Daemon
 
 __all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "podip_library",
            "validate_pod_ip", "wait_dynamic_registered"]

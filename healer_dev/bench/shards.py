@@ -2,7 +2,7 @@
 
 The same fault trace (1 % of the nodes failing over a day, 3 % in a five-minute storm) runs
 through one leader for the whole fleet and through 4 and 16 failure-domain shards, each with
-its share of the count limits (:mod:`healer.sim.shards`). Figures: the most remediations in
+its share of the count limits (:mod:`healer_dev.sim.shards`). Figures: the most remediations in
 flight at once and the most nodes out at once, fleet-wide, against the limits the operator set;
 how many faults a spare replaced, and how fast. A static split is safe only while every count
 limit is at least the number of shards: the rows show where it is not.
@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from healer.sim.shards import default_guardrails, simulate, trace
+from healer_dev.sim.shards import default_guardrails, simulate, trace
 
 from .policies import load_default
 from .report import Figure

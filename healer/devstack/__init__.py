@@ -1,1 +1,0 @@
-"""healer.devstack."""

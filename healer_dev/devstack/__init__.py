@@ -1,0 +1,1 @@
+"""healer_dev.devstack."""
