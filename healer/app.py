@@ -32,7 +32,7 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore
-from healer.core.policy import Mode, PolicySet
+from healer.core.rules import Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError, ConflictError, HealerError, NotFoundError, PolicyError
 from healer.obs import logging as hlog

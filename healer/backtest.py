@@ -72,7 +72,7 @@ from healer.core.model import (
     Taint,
 )
 from healer.core.phases import PENDING_ADMISSION, Phase
-from healer.core.policy import (
+from healer.core.rules import (
     Mode,
     Policy,
     PolicySet,

@@ -17,7 +17,7 @@ from typing import Any
 
 from healer.core.machine import IGNORED, TRANSITIONS
 from healer.core.phases import ACTIVE, TERMINAL, Phase
-from healer.core.policy import MetricRule, Policy, XidRule
+from healer.core.rules import MetricRule, Policy, XidRule
 from healer.errors import PolicyError
 from healer.policy.catalog import default_catalog
 from healer.policy.schema import json_schema

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.actions import StepStatus
 from healer.core.budget import BudgetView, OpenRemediation, PastIncident
 from healer.core.health import Verdict

@@ -49,7 +49,7 @@ from typing import Protocol
 
 from healer.core.model import GuardrailBlock, NodeView
 from healer.core.phases import Phase
-from healer.core.policy import Breaker, Guardrails, Policy, PolicySet
+from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
 from healer.core.timefmt import rfc3339
 
 

@@ -41,7 +41,7 @@ from healer.core.budget import (
 from healer.core.machine import counts_as_active, record_out_of_service, releases
 from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
-from healer.core.policy import Policy, PolicySet
+from healer.core.rules import Policy, PolicySet
 
 #: A node annotated ``healer.io/paused: "true"`` (any case) is not remediated.
 PAUSE_ANNOTATION = "healer.io/paused"

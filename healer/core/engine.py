@@ -41,7 +41,7 @@ from healer.core.machine import (
 )
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import PENDING_ADMISSION, Phase
-from healer.core.policy import Policy, PolicySet
+from healer.core.rules import Policy, PolicySet
 from healer.core.signals import NodeSignals, RuleIndex
 
 #: The shortest wait between two evaluations or ticks of one node (seconds).

@@ -17,7 +17,7 @@ from healer.core.capacity import past_incident as past_incident
 from healer.core.health import Verdict
 from healer.core.model import HealthState, NodeRecord, NodeView
 from healer.core.phases import Phase
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 
 
 def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from healer.core.model import EVIDENCE_LIMIT, GpuRef, HealthState, Severity, Signal, SignalKind
-from healer.core.policy import (
+from healer.core.rules import (
     ConditionRule,
     MetricRule,
     Op,

@@ -59,7 +59,7 @@ from healer.core.model import (
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
-from healer.core.policy import (
+from healer.core.rules import (
     CheckpointTimeout,
     DrainTimeout,
     LabelSelector,

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from healer.core.model import GpuRef, NodeView, Signal, SignalKind
-from healer.core.policy import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
+from healer.core.rules import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
 
 #: At most this many XID occurrences are kept per node (a storm keeps the newest).
 XID_LIMIT = 64

@@ -3,7 +3,7 @@
 Layer one (:mod:`healer.policy.schema`) checked every field on its own. Here we check what
 relates fields (exactly one matcher per rule, a webhook hook needs a URL, XID groups exist in
 the catalog, names are unique, ...) and turn the validated model into the frozen types of
-:mod:`healer.core.policy`: durations in seconds, regular expressions compiled, XID groups
+:mod:`healer.core.rules`: durations in seconds, regular expressions compiled, XID groups
 resolved to codes. Every problem carries the path of the offending field so the loader can
 name its line.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from healer.core import policy as core
+from healer.core import rules as core
 from healer.core.model import Severity
 from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog

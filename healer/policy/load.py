@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from healer.core import policy as core
+from healer.core import rules as core
 from healer.core.xid import XidCatalog
 from healer.errors import PolicyError, Problem
 from healer.policy import schema as s

@@ -46,7 +46,7 @@ from healer.core.machine import (
 )
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal
 from healer.core.phases import MAY_BE_CORDONED, PENDING_ADMISSION, Phase
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.core.signals import condition_signals, only_heartbeats
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConflictError, HealerError

@@ -2,7 +2,7 @@
 a short-lived child process (``python -m healer.runtime.policy_reload``) with a time budget
 (the parent kills it) and a memory budget (``RLIMIT_AS`` in the child), off the event loop.
 
-The child answers with the compiled :class:`~healer.core.policy.PolicySet` or with the
+The child answers with the compiled :class:`~healer.core.rules.PolicySet` or with the
 problems; a timeout, an exhausted memory budget, a crash or anything else becomes a
 :class:`~healer.errors.PolicyLoadError` naming the files. :class:`PolicyReloader` is the reload
 loop of ``healer run``: it loads only when the files changed, keeps the policies in force on
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from healer.core.policy import Mode, PolicySet
+from healer.core.rules import Mode, PolicySet
 from healer.errors import PolicyError, PolicyLoadError, Problem
 from healer.policy.load import policy_files
 

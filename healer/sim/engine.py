@@ -23,7 +23,7 @@ from healer.core.health import Verdict
 from healer.core.machine import Decision, Trigger, TriggerKind, releases
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import Phase
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 
 
 class World(Protocol):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
-from healer.core.policy import MetricRule, Mode, PolicySet
+from healer.core.rules import MetricRule, Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set

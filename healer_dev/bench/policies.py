@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.policy.load import load_policy_set
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from healer.core.machine import Decision, Trigger, counts_as_active, record_out_of_service
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
-from healer.core.policy import Breaker, Guardrails, PolicySet, Quantity
+from healer.core.rules import Breaker, Guardrails, PolicySet, Quantity
 from healer.core.topology import DOMAIN_LABEL
 from healer.sim.engine import Replay
 from healer.sim.world import SPARE_LABEL, SPARE_TAINT, Latencies, SimNode, SimWorld

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from healer.adapters.kube.crd import reason_of
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.model import NodeCondition, NodeView, Placement, Severity
 from healer.core.phases import Phase
 from healer_dev.testing import FakeNodes, fake_ports

@@ -11,7 +11,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, NodeView, Signal, SignalKind, Taint
 from healer.core.phases import Phase

@@ -18,7 +18,7 @@ from typing import Any
 
 from healer.adapters.prometheus import XID_COUNT, XID_GAUGE, PrometheusSource
 from healer.adapters.prometheus.promql import FRESH_MARK
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.model import NodeView, Severity
 from healer.core.phases import Phase
 from healer.runtime.controller import Controller

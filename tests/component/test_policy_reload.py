@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.errors import PolicyError, PolicyLoadError
 from healer.runtime.policy_reload import Budget, PolicyReloader, _answer, load_isolated
 

@@ -25,7 +25,7 @@ from healer.adapters.slinky import (
     SlinkyPods,
     SlinkyWorkload,
 )
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.phases import Phase
 from healer.errors import PermanentError
 from healer.ports import HookResult, StepOutcome

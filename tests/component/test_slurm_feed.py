@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.budget import usage
 from healer.core.phases import Phase
 from healer.errors import TransientError

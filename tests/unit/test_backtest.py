@@ -29,7 +29,7 @@ from healer.backtest import (
     rfc3339,
 )
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.core.policy import Breaker, Guardrails, MetricRule, Mode, PolicySet, Quantity
+from healer.core.rules import Breaker, Guardrails, MetricRule, Mode, PolicySet, Quantity
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set

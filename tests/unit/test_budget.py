@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.budget import (
     CAUSES,
     BudgetView,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.budget import (
     CAUSES,
     Admission,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.engine import Engine
 from healer.core.health import Verdict, evaluate
 from healer.core.machine import Decision

@@ -12,7 +12,7 @@ import pytest
 
 from healer.agent.main import add_agent_flags
 from healer.agent.publish import DEFAULT_HEARTBEAT
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.health import evaluate, evaluate_node
 from healer.core.model import (
     GpuRef,

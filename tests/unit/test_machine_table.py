@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 from healer.adapters.kube.crd import reason_of
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.actions import ClaimSpare, EmitEvent, StepStatus
 from healer.core.machine import (
     ALWAYS,

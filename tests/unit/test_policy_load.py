@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from healer.cli import main
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.health import evaluate
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
 from healer.core.timefmt import format_duration, parse_rfc3339, rfc3339

@@ -18,8 +18,8 @@ from healer.adapters.prometheus import (
     server_filter,
 )
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
-from healer.core.policy import LabelSelector as Sel
-from healer.core.policy import MetricRule, Op, Policy, PolicySet, XidRule
+from healer.core.rules import LabelSelector as Sel
+from healer.core.rules import MetricRule, Op, Policy, PolicySet, XidRule
 
 T = 1_700_000_000.0
 TEMP = "DCGM_FI_DEV_GPU_TEMP"

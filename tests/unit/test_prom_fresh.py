@@ -10,8 +10,8 @@ from healer.adapters.prometheus import JOB_LABEL, PrometheusSource
 from healer.adapters.prometheus.promql import FRESH_MARK
 from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
-from healer.core.policy import LabelSelector as Sel
-from healer.core.policy import MetricRule, Op, Policy, PolicySet
+from healer.core.rules import LabelSelector as Sel
+from healer.core.rules import MetricRule, Op, Policy, PolicySet
 
 T = 1_700_000_000.0
 TEMP = "DCGM_FI_DEV_GPU_TEMP"

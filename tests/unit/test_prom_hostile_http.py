@@ -31,8 +31,8 @@ from healer.adapters.prometheus.access import check_url, read_bearer_token
 from healer.adapters.prometheus.http import BadAnswer, decode_result
 from healer.backtest import add_backtest_flags, check_range, cmd_backtest
 from healer.core.model import Severity, SignalKind
-from healer.core.policy import LabelSelector as Sel
-from healer.core.policy import MetricRule, Op, Policy, PolicySet
+from healer.core.rules import LabelSelector as Sel
+from healer.core.rules import MetricRule, Op, Policy, PolicySet
 from healer.errors import ConfigError, PermanentError
 from healer.obs.metrics import Metrics, StateSource
 

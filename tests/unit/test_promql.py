@@ -33,8 +33,8 @@ from healer.adapters.prometheus import (
     xid_prequery_expr,
 )
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
-from healer.core.policy import Aggregation, MetricRule, Op, Policy, PolicySet, XidRule
-from healer.core.policy import LabelSelector as Sel
+from healer.core.rules import Aggregation, MetricRule, Op, Policy, PolicySet, XidRule
+from healer.core.rules import LabelSelector as Sel
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
 

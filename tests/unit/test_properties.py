@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.budget import BudgetView
 from healer.core.machine import Decision, Trigger, TriggerKind
 from healer.core.model import NodeRecord, Severity, Signal, SignalKind, Taint

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from healer.core.policy import MetricRule
+from healer.core.rules import MetricRule
 from healer.docs import recording_rules_yaml
 from healer.policy.load import load_policy_set
 from tests.unit.test_dashboards import promtool

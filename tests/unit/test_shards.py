@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from healer.core.policy import PolicySet, Quantity
+from healer.core.rules import PolicySet, Quantity
 from healer_dev.bench.policies import load_default
 from healer_dev.sim.shards import default_guardrails, shard_of, simulate, split, trace
 

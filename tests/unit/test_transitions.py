@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from healer.core import machine
-from healer.core import policy as cp
+from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
 from healer.core.budget import BudgetView, PastIncident
 from healer.core.machine import Trigger, TriggerKind, step

@@ -26,7 +26,7 @@ from typing import Any
 from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.core.model import NodeView
-from healer.core.policy import LabelSelector
+from healer.core.rules import LabelSelector
 from healer.core.topology import (
     DOMAIN_LABEL,
     rank_spares,

@@ -36,7 +36,7 @@ from healer.adapters.prometheus.sanity import (
 )
 from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker, _XidCursor
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.core.policy import Op
+from healer.core.rules import Op
 
 NodeMap = Callable[[dict[str, Any]], str | None]
 Slot = tuple[str, GpuRef | None]

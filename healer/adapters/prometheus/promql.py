@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from healer.core.policy import Aggregation, MetricRule, Op, PolicySet, XidRule
+from healer.core.rules import Aggregation, MetricRule, Op, PolicySet, XidRule
 from healer.errors import ConfigError
 
 SOURCE = "dcgm"

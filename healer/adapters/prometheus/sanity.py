@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from healer.core.policy import Aggregation, MetricRule
+from healer.core.rules import Aggregation, MetricRule
 
 REASONS = ("nan", "inf", "not-a-number", "out-of-range", "bad-time", "malformed",
            "bad-answer", "too-many")

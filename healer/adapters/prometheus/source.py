@@ -45,7 +45,7 @@ from healer.adapters.prometheus.sanity import HEARTBEAT, XID, Drops
 from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.adapters.prometheus.xid import XidEvent, XidTracker
 from healer.core.model import Signal, SignalKind
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.errors import ConfigError, HealerError, PermanentError, TransientError
 from healer.ports import Clock, SignalSink
 

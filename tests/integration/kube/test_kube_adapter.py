@@ -21,7 +21,7 @@ from healer.adapters.kube.spares import CLAIMED_BY, KubeSparePool
 from healer.adapters.kube.store import CRStateStore
 from healer.app import ensure_crd
 from healer.core.model import GpuRef, Incident, NodeRecord, Outcome, Severity, StepRecord
-from healer.core.policy import LabelSelector
+from healer.core.rules import LabelSelector
 from healer.errors import ConflictError
 from healer_dev.devstack.kube import KubeStack, fake_node
 from tests.integration.waiting import wait_for

@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, watch
 from healer.adapters.kube.nodes import INCIDENT, KubeNodes
 from healer.adapters.kube.spares import SPARE_TAINT, KubeSparePool
 from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, SlinkyWorkload, pod_state
-from healer.core.policy import LabelSelector
+from healer.core.rules import LabelSelector
 from healer.ports import SlurmNodeState, StepOutcome
 from tests.integration.slinky.conftest import OPERATOR, Rig, host_of, serving, until
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release

@@ -22,7 +22,7 @@ from aiohttp import web
 from healer.adapters.prometheus import PrometheusSource
 from healer.core.health import Verdict, evaluate_node
 from healer.core.model import NodeView, Signal, SignalKind
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.obs.http import serve
 from healer.policy.load import load_policy_set
 from healer_dev.devstack.prometheus import LocalPrometheus

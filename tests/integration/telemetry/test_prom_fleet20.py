@@ -23,7 +23,7 @@ from aiohttp import web
 from healer.adapters.prometheus import PrometheusSource
 from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.core.policy import MetricRule, PolicySet
+from healer.core.rules import MetricRule, PolicySet
 from healer.obs.http import serve
 from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.sim.dcgm import DcgmSim, Fault, FaultKind, ThreadedDcgmFleet, gpu_uuid, make_node

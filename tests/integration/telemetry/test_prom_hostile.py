@@ -18,7 +18,7 @@ import time
 import pytest
 
 from healer.core.model import GpuRef, SignalKind
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
 from tests.integration.telemetry.conftest import Sink, fresh, make_source, running, stale

@@ -24,8 +24,8 @@ import structlog
 from aiohttp import web
 
 from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
-from healer.core.policy import LabelSelector as Sel
-from healer.core.policy import MetricRule, Op, Policy, PolicySet
+from healer.core.rules import LabelSelector as Sel
+from healer.core.rules import MetricRule, Op, Policy, PolicySet
 from healer.errors import (
     ConfigError,
     ForbiddenError,

@@ -27,7 +27,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healer.core.policy import PolicySet
+from healer.core.rules import PolicySet
 from healer.errors import PolicyError
 from healer.policy.load import load_policy_set
 

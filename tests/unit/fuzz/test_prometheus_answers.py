@@ -43,8 +43,8 @@ from healer.adapters.prometheus.promql import FRESH_MARK
 from healer.adapters.prometheus.sanity import MAX_XID, MAX_XID_EVENTS
 from healer.core.health import evaluate_node
 from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
-from healer.core.policy import LabelSelector as Sel
-from healer.core.policy import MetricRule, Op, Policy, PolicySet, XidRule
+from healer.core.rules import LabelSelector as Sel
+from healer.core.rules import MetricRule, Op, Policy, PolicySet, XidRule
 from healer.errors import HealerError
 
 T = 1_700_000_000.0
