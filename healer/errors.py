@@ -12,7 +12,8 @@
     │   └── PolicyLoadError(kind)  the loader ran out of time or memory, or crashed
     └── ConfigError                bad settings or a missing component at start-up
 
-Only :class:`TransientError` is retried (see :mod:`healer.runtime.retry`).
+Only :class:`TransientError` is retried, honouring its ``delay`` (see
+:mod:`healer.adapters.retry`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ class HealerError(Exception):
 
 
 class TransientError(HealerError):
-    """A failure that may go away: retry after ``delay`` seconds (or the caller's backoff)."""
+    """A failure that may go away: retry after ``delay`` seconds (a server's Retry-After) when
+    given, else after the retry policy's backoff."""
 
     def __init__(self, message: str, delay: float | None = None) -> None:
         super().__init__(message)
