@@ -84,12 +84,19 @@ TAINT_EFFECT = "NoSchedule"
 REPORTING_CONTROLLER = "healer.io/healer"
 #: Prefix of every Slurm drain reason healer sets; a drain with another reason is not healer's.
 SLURM_REASON_PREFIX = "healer: "
+#: Prefix a job writes into its Slurm comment (``healer-ack:<incident>``) to acknowledge a
+#: checkpoint request (the ``slurm-signal`` hook); healer reads it.
+CHECKPOINT_ACK_COMMENT_PREFIX = "healer-ack:"
 #: Node condition the agent publishes (and the default health policy reads).
 GPU_CONDITION = "GPUHealthy"
 
 
 class StepName(enum.StrEnum):
-    """The ledger's step names (``Action.ledger_name``): one entry per step of an incident."""
+    """The ledger's step names (``Action.ledger_name``): one entry per step of an incident.
+
+    Members compare and hash as their strings, but they are not exact ``str``: orjson refuses
+    one as a dict key (``TypeError: Dict key must be str``), so a name that can end up as a key
+    of the stored record is ``.value``."""
 
     CHECKPOINT = "checkpoint"  # ask the node's jobs to checkpoint
     DRAIN = "drain"  # drain the Slurm node
