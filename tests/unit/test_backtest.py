@@ -14,22 +14,15 @@ from typing import Any
 
 import pytest
 
-from healer.backtest import (
-    BacktestWorld,
-    HistoryReplay,
-    Report,
-    add_backtest_flags,
-    cmd_backtest,
-    evaluated_policies,
-    instants,
-    parse_labels,
-    parse_seconds,
-    parse_time,
-    replay_history,
-    rfc3339,
-)
+from healer.backtest.cli import add_backtest_flags, cmd_backtest
+from healer.backtest.history import instants
+from healer.backtest.inputs import parse_labels, parse_seconds, parse_time
+from healer.backtest.replay import HistoryReplay, evaluated_policies, replay_history
+from healer.backtest.report import Report
+from healer.backtest.world import BacktestWorld
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.rules import Breaker, Guardrails, MetricRule, Mode, PolicySet, Quantity
+from healer.core.timefmt import rfc3339
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
@@ -465,8 +458,8 @@ def test_parse_seconds_labels_and_times() -> None:
     assert parse_labels("") == {}
     with pytest.raises(ConfigError, match="key=value"):
         parse_labels("novalue")
-    assert rfc3339(T0) == "2025-12-30T12:00:00Z"
-    assert rfc3339(T0 + 0.25) == "2025-12-30T12:00:00.250Z"
+    assert rfc3339(T0, millis=True) == "2025-12-30T12:00:00Z"
+    assert rfc3339(T0 + 0.25, millis=True) == "2025-12-30T12:00:00.250Z"
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -555,7 +548,7 @@ class _ChunkedSource:
 
 
 async def test_history_is_fetched_a_day_at_a_time() -> None:
-    from healer.backtest import fetch_history
+    from healer.backtest.history import fetch_history
 
     end = T0 + 2 * 86400 + 30 * M
     src = _ChunkedSource([T0 + 86400, T0 + 86400 + 7.5, end])
@@ -568,7 +561,7 @@ async def test_history_is_fetched_a_day_at_a_time() -> None:
 
 
 def test_feeding_a_chunk_at_a_time_gives_the_same_report(default_policies: PolicySet) -> None:
-    from healer.backtest import Backtest
+    from healer.backtest.replay import Backtest
 
     ps = with_breaker(default_policies)
     h = week_like(ps)

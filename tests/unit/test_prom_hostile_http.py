@@ -29,7 +29,8 @@ from prometheus_client import generate_latest
 from healer.adapters.prometheus import PrometheusSource
 from healer.adapters.prometheus.access import check_url, read_bearer_token
 from healer.adapters.prometheus.http import BadAnswer, decode_result
-from healer.backtest import add_backtest_flags, check_range, cmd_backtest
+from healer.backtest.cli import add_backtest_flags, cmd_backtest
+from healer.backtest.inputs import check_range
 from healer.core.model import Severity, SignalKind
 from healer.core.rules import LabelSelector as Sel
 from healer.core.rules import MetricRule, Op, Policy, PolicySet

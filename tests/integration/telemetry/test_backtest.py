@@ -31,7 +31,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from healer.backtest import Report, add_backtest_flags, backtest, cmd_backtest, rfc3339
+from healer.backtest.cli import add_backtest_flags, cmd_backtest
+from healer.backtest.replay import backtest
+from healer.backtest.report import Report
+from healer.core.timefmt import rfc3339
 from healer.policy.load import load_policy_set
 from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.sim.dcgm import DcgmSim, M, make_node
