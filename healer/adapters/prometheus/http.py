@@ -1,4 +1,8 @@
-"""Prometheus' HTTP API with one ``requests`` session: raw bodies, orjson, mapped errors.
+"""The one Prometheus client (:class:`Http`, made by :func:`connect`): one ``requests``
+session (TLS: CA bundle, client certificate or no verification; headers; the bearer token,
+re-read from its file before a query: :meth:`Http.refresh_token`), raw bodies, orjson, mapped
+errors. The live poll and the backtest's history both query through it (see
+:class:`~healer.adapters.prometheus.source.PrometheusSource`).
 
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx, 408 and 429 are
 ``TransientError``, 401/403 ``ForbiddenError``, 404 ``NotFoundError``, other 4xx
@@ -19,11 +23,15 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
 import requests
+import structlog
+import urllib3
 
+from healer.adapters.prometheus.access import check_file, read_bearer_token
 from healer.errors import (
     ForbiddenError,
     HealerError,
@@ -31,6 +39,8 @@ from healer.errors import (
     PermanentError,
     TransientError,
 )
+
+log = structlog.get_logger("healer.adapters.prometheus")
 
 #: The largest answer body read (bytes); a larger one is a :class:`BadAnswer`.
 MAX_BODY = 512 * 1024 * 1024
@@ -149,14 +159,27 @@ class Http:
     """GET ``/api/v1/query`` and ``/api/v1/query_range``; thread-safe request counting."""
 
     def __init__(self, url: str, session: requests.Session, headers: Mapping[str, str],
-                 timeout: float, max_body: int = MAX_BODY) -> None:
+                 timeout: float, max_body: int = MAX_BODY,
+                 token_file: str | Path | None = None) -> None:
         self.url = url
         self.session = session
         self.headers = dict(headers)
         self.timeout = timeout
         self.max_body = max_body
+        self.token_file = Path(token_file) if token_file else None
         self.requests = 0
         self._lock = threading.Lock()
+
+    def refresh_token(self) -> None:
+        """Re-read the bearer token file (it may be rotated); called before every query.
+        A one-line :class:`PermanentError` when it cannot be read."""
+        if self.token_file is None:
+            return
+        token = read_bearer_token(self.token_file)
+        self.headers = {**self.headers, "Authorization": f"Bearer {token}"}
+
+    def close(self) -> None:
+        self.session.close()
 
     def _get(self, path: str, params: Mapping[str, str], what: str) -> bytes:
         with self._lock:
@@ -224,3 +247,29 @@ class Http:
                   "step": f"{step:g}"}
         body = self._get("/api/v1/query_range", params, what)
         return decode_result(body, what, self.url)
+
+
+def connect(url: str, *, timeout: float, headers: Mapping[str, str] | None = None,
+            bearer_token: str | None = None, bearer_token_file: str | None = None,
+            verify: bool = True, ca_file: str | None = None,
+            client_cert: str | tuple[str, str] | None = None, source: str = "") -> Http:
+    """The client of the Prometheus at ``url`` (checked by the caller). A missing or
+    unreadable ``ca_file`` or ``client_cert`` is a one-line ConfigError now, not at the first
+    query; ``verify=False`` (no ``ca_file``) is logged once instead of warned on every request.
+    ``bearer_token_file`` is read before each query (:meth:`Http.refresh_token`)."""
+    if ca_file:
+        check_file(ca_file, "the CA file")
+    for cert in (client_cert,) if isinstance(client_cert, str) else client_cert or ():
+        check_file(cert, "the client certificate file")
+    session = requests.Session()
+    session.verify = ca_file if ca_file else verify
+    if not verify and not ca_file:
+        # the operator chose this; one log line instead of a warning on every request
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        log.warning("TLS certificate verification is off", source=source, url=url)
+    if client_cert is not None:
+        session.cert = client_cert
+    hdrs = dict(headers or {})
+    if bearer_token:
+        hdrs["Authorization"] = f"Bearer {bearer_token}"
+    return Http(url, session, hdrs, timeout, token_file=bearer_token_file)
