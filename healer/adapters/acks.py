@@ -29,11 +29,11 @@ from typing import Any, Protocol
 
 import structlog
 
+from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT, REPAIR_RESULT
 from healer.errors import HealerError
 from healer.ports import NodeAPI
 
-from .hooks import CHECKPOINT_ACK, REPAIR_INCIDENT, verify
-from .kube.spares import REPAIR_RESULT
+from .hooks import verify
 
 MAX_BODY = 16 * 1024
 WINDOW = 300.0

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from healer.core.vocabulary import CHECKPOINT_ACK_COMMENT_PREFIX, CHECKPOINT_SIGNALLED
 from healer.errors import PermanentError
 from healer.ports import CheckpointHook, HookResult, HookSpec, NodeAPI, SlurmDriver, StepOutcome
-
-ACK_PREFIX = "healer-ack:"
-SIGNALLED = "healer.io/checkpoint-signalled"
 
 
 def _parse_signalled(value: str, incident: str) -> set[int]:
@@ -47,7 +45,7 @@ class SlurmSignalCheckpoint:
             del self._signalled[next(iter(self._signalled))]
         if self.nodes is not None and not done:
             view = await self.nodes.get(node)
-            done |= _parse_signalled(view.annotations.get(SIGNALLED, ""), incident)
+            done |= _parse_signalled(view.annotations.get(CHECKPOINT_SIGNALLED, ""), incident)
         return done
 
     async def checkpoint(self, incident: str, node: str, slurm_node: str,
@@ -62,8 +60,9 @@ class SlurmSignalCheckpoint:
             done.update(sent or [j.id for j in fresh])
             if self.nodes is not None:  # remember, so a restarted healer does not re-signal
                 await self.nodes.patch_metadata(node, annotations={
-                    SIGNALLED: f"{incident}:{','.join(str(i) for i in sorted(done))}"})
-        waiting = [j for j in jobs if not j.comment.startswith(f"{ACK_PREFIX}{incident}")]
+                    CHECKPOINT_SIGNALLED: f"{incident}:{','.join(str(i) for i in sorted(done))}"})
+        ack = f"{CHECKPOINT_ACK_COMMENT_PREFIX}{incident}"
+        waiting = [j for j in jobs if not j.comment.startswith(ack)]
         if not waiting:
             return HookResult(StepOutcome.DONE, "", {"jobs": ",".join(
                 str(i) for i in sorted(done)), "slurmNode": slurm_node})

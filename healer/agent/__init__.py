@@ -5,7 +5,6 @@ classification of what it read into the ``GPUHealthy`` condition's status, reaso
 """
 
 from healer.agent.findings import (
-    CONDITION_TYPE,
     Assessment,
     EccCounts,
     EventKind,
@@ -24,7 +23,6 @@ from healer.agent.findings import (
 from healer.agent.nvml import NvmlReader
 
 __all__ = [
-    "CONDITION_TYPE",
     "Assessment",
     "EccCounts",
     "EventKind",

@@ -18,10 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from healer.core.model import GpuRef, Severity
+from healer.core.vocabulary import GPU_CONDITION
 from healer.core.xid import XidCatalog
-
-#: The node condition the agent publishes.
-CONDITION_TYPE = "GPUHealthy"
 
 #: NVLink error counters read per link (NVML_NVLINK_ERROR_DL_*), in NVML's order.
 NVLINK_KINDS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
@@ -344,7 +342,7 @@ class Assessment:
 
     def to_dict(self) -> dict[str, Any]:
         sev = self.severity
-        return {"type": CONDITION_TYPE, "status": self.status, "reason": self.reason.value,
+        return {"type": GPU_CONDITION, "status": self.status, "reason": self.reason.value,
                 "severity": None if sev is None else sev.label, "message": self.message,
                 "at": self.at, "gpus": [g.to_dict() for g in self.gpus]}
 

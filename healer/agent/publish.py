@@ -36,8 +36,9 @@ from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.events import KubeEvents
-from healer.agent.findings import CONDITION_TYPE, Assessment, EventKind, GpuEvent
+from healer.agent.findings import Assessment, EventKind, GpuEvent
 from healer.core.timefmt import parse_rfc3339, rfc3339
+from healer.core.vocabulary import GPU_CONDITION
 from healer.core.xid import XidCatalog
 from healer.errors import PermanentError
 
@@ -82,7 +83,7 @@ class Condition:
     message: str
     heartbeat: float
     transition: float
-    type: str = CONDITION_TYPE
+    type: str = GPU_CONDITION
 
     def same_state(self, other: Condition | None) -> bool:
         """Same status and reason (what decides ``lastTransitionTime``)."""
@@ -100,7 +101,7 @@ class Condition:
     @classmethod
     def from_api(cls, raw: Mapping[str, Any]) -> Condition | None:
         """A condition as the API serves it; None if it is not a well-formed GPUHealthy."""
-        if raw.get("type") != CONDITION_TYPE:
+        if raw.get("type") != GPU_CONDITION:
             return None
         transition = parse_rfc3339(raw.get("lastTransitionTime"))
         heartbeat = parse_rfc3339(raw.get("lastHeartbeatTime"))
@@ -115,7 +116,7 @@ class Condition:
 def find_condition(node: Mapping[str, Any]) -> Condition | None:
     """The GPUHealthy condition of a Node dict (None when it has none)."""
     for raw in (node.get("status") or {}).get("conditions") or []:
-        if isinstance(raw, Mapping) and raw.get("type") == CONDITION_TYPE:
+        if isinstance(raw, Mapping) and raw.get("type") == GPU_CONDITION:
             return Condition.from_api(raw)
     return None
 

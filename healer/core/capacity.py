@@ -42,9 +42,7 @@ from healer.core.machine import counts_as_active, record_out_of_service, release
 from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
-
-#: A node annotated ``healer.io/paused: "true"`` (any case) is not remediated.
-PAUSE_ANNOTATION = "healer.io/paused"
+from healer.core.vocabulary import PAUSE_ANNOTATION
 
 _Entry = tuple[float, str, str]  # (opened_at, node, incident id), for the breaker
 

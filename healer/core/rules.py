@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from healer.core.model import NodeView, Severity
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 
 
 class TextPattern(Protocol):
@@ -329,7 +330,7 @@ class FleetGuardrails:
     """Guardrails over the whole fleet, across policies (``kind: FleetGuardrails``)."""
 
     guardrails: Guardrails = Guardrails()
-    spare_selector: LabelSelector = LabelSelector({"healer.io/role": "spare"})
+    spare_selector: LabelSelector = LabelSelector({ROLE_LABEL: SPARE_ROLE})
     paused: bool = False
     source: str = ""
 

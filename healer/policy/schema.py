@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
     MAX_DURATION,
     MAX_QUANTITY,
@@ -296,7 +297,7 @@ class RemediationPolicy(Model):
 class FleetSpec(Model):
     paused: Flag = False
     spare_selector: Selector = Field(
-        default_factory=lambda: Selector(match_labels={"healer.io/role": "spare"}))
+        default_factory=lambda: Selector(match_labels={ROLE_LABEL: SPARE_ROLE}))
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
 
 

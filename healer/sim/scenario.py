@@ -23,18 +23,19 @@ from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.rules import MetricRule, Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import (
+    CORDONED_BY,
+    ROLE_LABEL,
+    SPARE_ROLE,
+    SPARE_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
 from healer.policy.schema import Duration
 from healer.sim.engine import Replay, TimelineEntry
-from healer.sim.world import (
-    SPARE_LABEL,
-    SPARE_TAINT,
-    Latencies,
-    SimJob,
-    SimNode,
-    SimWorld,
-)
+from healer.sim.world import Latencies, SimJob, SimNode, SimWorld
 
 
 class _M(BaseModel):
@@ -164,8 +165,8 @@ def build(sc: Scenario, policies: PolicySet) -> tuple[Replay, SimWorld]:
             labels[f"fabric.topograph.run/tier-{i}"] = sw
         taints = []
         if spare:
-            labels[SPARE_LABEL] = "spare"
-            taints.append(Taint(SPARE_TAINT, "true", "NoSchedule"))
+            labels[ROLE_LABEL] = SPARE_ROLE
+            taints.append(Taint(SPARE_TAINT, TAINT_VALUE, TAINT_EFFECT))
         nodes.append(SimNode(spec.name, labels, spare=spare, taints=taints))
     jobs = [SimJob(j.id, j.node, start + j.start + j.duration, j.checkpointable,
                    j.checkpoint_time) for j in sc.jobs]
@@ -229,7 +230,7 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
         if f.uncordon:
             def admin_uncordon(now: float, node: str = f.node) -> None:
                 world.nodes[node].unschedulable = False
-                world.nodes[node].annotations.pop("healer.io/cordoned-by", None)
+                world.nodes[node].annotations.pop(CORDONED_BY, None)
                 world.touch(node)
                 replay.process(Trigger(TriggerKind.ADMIN_UNCORDON, node, now))
             replay.add_callback(t0, admin_uncordon)

@@ -15,7 +15,7 @@ from typing import Any
 
 from healer.core import actions as a
 from healer.core.actions import StepStatus
-from healer.core.machine import REASON_PREFIX, SlurmObservation, StepResult, Trigger, TriggerKind
+from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeCondition, NodeView, Taint
 from healer.core.topology import (
     DOMAIN_LABEL,
@@ -25,10 +25,18 @@ from healer.core.topology import (
     same_domain_spares,
     slinky_topology_spec,
 )
-
-SPARE_LABEL = "healer.io/role"
-SPARE_TAINT = "healer.io/spare"
-
+from healer.core.vocabulary import (
+    CORDONED_BY,
+    ESCALATED_LABEL,
+    REPAIR_LABEL,
+    REPAIR_PENDING,
+    ROLE_LABEL,
+    SLURM_REASON_PREFIX,
+    SPARE_ROLE,
+    SPARE_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 
 Result = tuple[StepStatus, str, dict[str, str]]
 
@@ -223,7 +231,7 @@ class SimWorld:
         if s is None:
             return StepStatus.FAILED, f"no Slurm node runs on {act.node}", {}
         owner = "healer"
-        if s.drain and not s.reason.startswith(REASON_PREFIX):
+        if s.drain and not s.reason.startswith(SLURM_REASON_PREFIX):
             owner = "other"  # someone else drained it first: keep their reason
         elif not s.drain:
             s.drain, s.reason = True, act.reason
@@ -236,7 +244,7 @@ class SimWorld:
         if s is None:
             return None  # nothing to observe; the next poll asks again
         return SlurmObservation(drain=s.drain, busy=self.busy(sn, now), reason=s.reason,
-                                ours=s.reason.startswith(REASON_PREFIX))
+                                ours=s.reason.startswith(SLURM_REASON_PREFIX))
 
     def _do_RequeueJobs(self, act: a.RequeueJobs, now: float) -> Result:
         sn = act.slurm_node or self.slurm_name(act.node)
@@ -249,7 +257,7 @@ class SimWorld:
         n = self.nodes[act.node]
         if not n.unschedulable:
             n.unschedulable = True
-            n.annotations["healer.io/cordoned-by"] = act.incident
+            n.annotations[CORDONED_BY] = act.incident
             self.effects.cordons.append((now, act.node))
         return self._ok()
 
@@ -301,7 +309,7 @@ class SimWorld:
             return StepStatus.PENDING, "Slurm reports the node busy: not moving it", {}
         spare = self.nodes[act.spare]
         spare.spare = False
-        spare.labels.pop(SPARE_LABEL, None)
+        spare.labels.pop(ROLE_LABEL, None)
         spare.taints = [t for t in spare.taints if t.key != SPARE_TAINT]
         s.host = act.spare
         s.registered_at = now + self.lat.pod_start
@@ -337,7 +345,7 @@ class SimWorld:
         s = self.slurm.get(sn)
         if s is None:
             return self._ok(note="no such Slurm node")
-        if s.drain and s.reason.startswith(REASON_PREFIX) and act.incident in s.reason:
+        if s.drain and s.reason.startswith(SLURM_REASON_PREFIX) and act.incident in s.reason:
             s.drain, s.reason = False, ""
             self.effects.undrains.append((now, sn))
             return self._ok()
@@ -345,9 +353,9 @@ class SimWorld:
 
     def _do_Uncordon(self, act: a.Uncordon, now: float) -> Result:
         n = self.nodes[act.node]
-        if n.annotations.get("healer.io/cordoned-by") == act.incident:
+        if n.annotations.get(CORDONED_BY) == act.incident:
             n.unschedulable = False
-            del n.annotations["healer.io/cordoned-by"]
+            del n.annotations[CORDONED_BY]
             self.effects.uncordons.append((now, act.node))
         return self._ok()
 
@@ -360,8 +368,8 @@ class SimWorld:
 
     def _do_MarkRepair(self, act: a.MarkRepair, now: float) -> Result:
         n = self.nodes[act.node]
-        if n.labels.get("healer.io/repair") != "pending":
-            n.labels["healer.io/repair"] = "pending"
+        if n.labels.get(REPAIR_LABEL) != REPAIR_PENDING:
+            n.labels[REPAIR_LABEL] = REPAIR_PENDING
             if act.node in self.repair_results:
                 delay, ok = self.repair_results[act.node]
                 self.pending_repairs.append((now + delay, act.node, act.incident, ok))
@@ -369,16 +377,16 @@ class SimWorld:
 
     def _do_ReturnToPool(self, act: a.ReturnToPool, now: float) -> Result:
         n = self.nodes[act.node]
-        n.labels.pop("healer.io/repair", None)
-        n.labels[SPARE_LABEL] = "spare"
+        n.labels.pop(REPAIR_LABEL, None)
+        n.labels[ROLE_LABEL] = SPARE_ROLE
         n.spare, n.claimed_by, n.unschedulable = True, "", False
-        n.annotations.pop("healer.io/cordoned-by", None)
-        n.taints.append(Taint(SPARE_TAINT, "true", "NoSchedule"))
+        n.annotations.pop(CORDONED_BY, None)
+        n.taints.append(Taint(SPARE_TAINT, TAINT_VALUE, TAINT_EFFECT))
         self.capacity_changed_at.append(now)
         return self._ok()
 
     def _do_Escalate(self, act: a.Escalate, now: float) -> Result:
-        self.nodes[act.node].labels["healer.io/escalated"] = "true"
+        self.nodes[act.node].labels[ESCALATED_LABEL] = "true"
         return self._ok()
 
     def _do_EmitEvent(self, act: a.EmitEvent, now: float) -> None:

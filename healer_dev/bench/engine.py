@@ -27,9 +27,10 @@ from healer.core.machine import Trigger
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT, TAINT_EFFECT, TAINT_VALUE
 from healer.errors import ConfigError
 from healer.sim.engine import Replay
-from healer.sim.world import SPARE_LABEL, SPARE_TAINT, Latencies, SimNode, SimWorld
+from healer.sim.world import Latencies, SimNode, SimWorld
 
 from .policies import load_default
 from .report import Figure
@@ -86,9 +87,9 @@ def build_fleet(nodes: int, faults: int, rng: random.Random) -> tuple[list[SimNo
         i = int(n.split("-")[1])
         dom = f"nvl-{i // DOMAIN_SIZE:05d}"
         fleet.append(SimNode(f"spare-{j:05d}", base | {
-            DOMAIN_LABEL: dom, SPARE_LABEL: "spare",
+            DOMAIN_LABEL: dom, ROLE_LABEL: SPARE_ROLE,
             "fabric.topograph.run/tier-0": f"leaf-{i // 64}"},
-            spare=True, taints=[Taint(SPARE_TAINT, "true", "NoSchedule")]))
+            spare=True, taints=[Taint(SPARE_TAINT, TAINT_VALUE, TAINT_EFFECT)]))
     return fleet, bad
 
 

@@ -23,8 +23,9 @@ from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, PolicySet, Quantity
 from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT, TAINT_EFFECT, TAINT_VALUE
 from healer.sim.engine import Replay
-from healer.sim.world import SPARE_LABEL, SPARE_TAINT, Latencies, SimNode, SimWorld
+from healer.sim.world import Latencies, SimNode, SimWorld
 
 START = 1_767_600_000.0
 DOMAIN_SIZE = 8
@@ -88,8 +89,8 @@ def fleet(nodes: int) -> list[SimNode]:
     for d in range(math.ceil(nodes / DOMAIN_SIZE)):
         for k in range(2):
             out.append(SimNode(f"spare-{d:05d}-{k}", GPU_LABELS | {
-                DOMAIN_LABEL: f"nvl-{d:05d}", SPARE_LABEL: "spare"}, spare=True,
-                taints=[Taint(SPARE_TAINT, "true", "NoSchedule")]))
+                DOMAIN_LABEL: f"nvl-{d:05d}", ROLE_LABEL: SPARE_ROLE}, spare=True,
+                taints=[Taint(SPARE_TAINT, TAINT_VALUE, TAINT_EFFECT)]))
     return out
 
 

@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from healer.agent.findings import (
-    CONDITION_TYPE,
     EccCounts,
     EventKind,
     GpuEvent,
@@ -22,6 +21,7 @@ from healer.agent.findings import (
     assess,
 )
 from healer.core.model import Severity
+from healer.core.vocabulary import GPU_CONDITION
 from healer.policy.catalog import default_catalog
 
 NOW = 1_700_000_000.0
@@ -141,7 +141,7 @@ def test_classification(readings: list[GpuReading], events: list[GpuEvent], node
     assert a.status == ("True" if node_reason is Reason.HEALTHY else "False")
     assert a.healthy is (node_reason is Reason.HEALTHY)
     assert a.severity is node_reason.severity
-    assert a.to_dict()["type"] == CONDITION_TYPE
+    assert a.to_dict()["type"] == GPU_CONDITION
 
 
 def test_every_catalog_xid_follows_its_catalog_severity() -> None:

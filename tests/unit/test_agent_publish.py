@@ -13,7 +13,6 @@ from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from healer.agent.findings import (
-    CONDITION_TYPE,
     EccCounts,
     EventKind,
     GpuEvent,
@@ -47,6 +46,7 @@ from healer.agent.publish import (
     status_patch,
 )
 from healer.core.timefmt import parse_rfc3339, rfc3339
+from healer.core.vocabulary import GPU_CONDITION
 from healer.errors import ConfigError, ForbiddenError, TransientError
 from healer.obs.http import Health
 from healer.policy.catalog import default_catalog
@@ -100,7 +100,7 @@ def test_times_are_rfc3339_seconds_and_parse_back() -> None:
 
 def test_healthy_node_is_true_healthy() -> None:
     cond = build_condition(healthy(), None, NOW)
-    assert (cond.type, cond.status, cond.reason) == (CONDITION_TYPE, "True", "Healthy")
+    assert (cond.type, cond.status, cond.reason) == (GPU_CONDITION, "True", "Healthy")
     assert cond.message == "4 GPUs healthy"
     assert cond.heartbeat == cond.transition == NOW
 
@@ -164,7 +164,7 @@ def test_find_condition_ignores_others_and_malformed() -> None:
     assert find_condition({}) is None
     assert find_condition({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}) \
         is None
-    assert find_condition({"status": {"conditions": [{"type": CONDITION_TYPE,
+    assert find_condition({"status": {"conditions": [{"type": GPU_CONDITION,
                                                       "status": "True"}]}}) is None
 
 

@@ -16,8 +16,6 @@ from aiohttp import web
 
 from healer.adapters.acks import AckReceiver, AckTarget
 from healer.adapters.hooks import (
-    CHECKPOINT_ACK,
-    REPAIR_INCIDENT,
     RepairRouter,
     Secrets,
     WebhookHook,
@@ -25,6 +23,7 @@ from healer.adapters.hooks import (
     verify,
 )
 from healer.core.model import NodeView
+from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT
 from healer.errors import PermanentError, TransientError
 from healer.obs.http import serve
 from healer.ports import HookSpec, StepOutcome

@@ -27,11 +27,10 @@ from healer.core.machine import Decision, Trigger, TriggerKind
 from healer.core.model import NodeRecord, Severity, Signal, SignalKind, Taint
 from healer.core.phases import ACTIVE, Phase
 from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT
 from healer.sim.engine import Replay
 from healer.sim.scenario import gpu_ref
 from healer.sim.world import (
-    SPARE_LABEL,
-    SPARE_TAINT,
     Latencies,
     SimJob,
     SimNode,
@@ -144,7 +143,7 @@ class Checker:
             rec = view.open.get(name)
             return n.unschedulable or (rec is not None and (rec.active or rec.out_of_service))
 
-        members = [n for n in view.nodes.values() if n.labels.get(SPARE_LABEL) != "spare"
+        members = [n for n in view.nodes.values() if n.labels.get(ROLE_LABEL) != SPARE_ROLE
                    and not (view.open.get(n.name) is not None and view.open[n.name].spare
                             and view.open[n.name].phase is Phase.REPAIR)]
         down = {n.name for n in members if out(n.name)} | {node}
@@ -202,7 +201,8 @@ def _run(fleet: Fleet, evs: list[Event], g: cp.Guardrails, fg: cp.Guardrails,
         labels = dict(GPU_LABELS) | {DOMAIN_LABEL: f"d{i % fleet.domains}"}
         nodes.append(SimNode(f"n{i}", labels))
     for k, dom in enumerate(fleet.spares):
-        labels = dict(GPU_LABELS) | {DOMAIN_LABEL: f"d{dom % fleet.domains}", SPARE_LABEL: "spare"}
+        labels = dict(GPU_LABELS) | {DOMAIN_LABEL: f"d{dom % fleet.domains}",
+                                     ROLE_LABEL: SPARE_ROLE}
         nodes.append(SimNode(f"s{k}", labels, spare=True,
                              taints=[Taint(SPARE_TAINT, "true", "NoSchedule")]))
     jobs = [SimJob(100 + j, f"n{n % fleet.nodes}", T0 + start + dur, checkpointable=j % 2 == 0)

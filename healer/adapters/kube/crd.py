@@ -15,13 +15,13 @@ from healer.core.machine import held_reason
 from healer.core.model import RECORD_FORMAT_VERSION, NodeRecord
 from healer.core.phases import Phase
 from healer.core.timefmt import rfc3339
+from healer.core.vocabulary import NODE_LABEL
 
 GROUP = "healer.io"
 VERSION = "v1alpha1"
 PLURAL = "noderemediations"
 KIND = "NodeRemediation"
 API_VERSION = f"{GROUP}/{VERSION}"
-NODE_LABEL = "healer.io/node"
 
 _DERIVED = ("reason", "conditions", "lastTransitionTime", "observedGeneration")
 

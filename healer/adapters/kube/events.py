@@ -11,8 +11,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from healer.adapters.kube.client import CONTROLLER, call
+from healer.adapters.kube.client import call
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
+from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
 from healer.errors import ConflictError
 
 NOTE_LIMIT = 1000
@@ -45,10 +46,10 @@ class KubeEvents:
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             "metadata": {"name": event_name(key), "namespace": self.namespace,
-                         "labels": {"healer.io/node": node[:63]},
-                         "annotations": {"healer.io/key": key}},
+                         "labels": {NODE_LABEL: node[:63]},
+                         "annotations": {EVENT_KEY_ANNOTATION: key}},
             "eventTime": _micro(self._clock()),
-            "reportingController": CONTROLLER,
+            "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,
             "action": (action or reason)[:128],
             "reason": reason[:128],

@@ -15,12 +15,13 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
+from healer.core.vocabulary import PURPOSE_LABEL, REMEDIATION_TAINT, SPARE_TAINT, TAINT_EFFECT
 from healer.errors import ConflictError, NotFoundError
 from healer.ports import HookResult, StepOutcome
 
 TOLERATE_ALL_HEALER = [
-    {"key": "healer.io/spare", "operator": "Exists", "effect": "NoSchedule"},
-    {"key": "healer.io/remediation", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": SPARE_TAINT, "operator": "Exists", "effect": TAINT_EFFECT},
+    {"key": REMEDIATION_TAINT, "operator": "Exists", "effect": TAINT_EFFECT},
     {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"},
 ]
 
@@ -94,7 +95,7 @@ class JobValidator:
         async def body() -> dict[str, Any]:
             return job_body(name, self.namespace, target, image, command, self.deadline,
                             {"app.kubernetes.io/managed-by": "healer",
-                             "healer.io/purpose": f"validate-{purpose}"})
+                             PURPOSE_LABEL: f"validate-{purpose}"})
 
         return await run_once(self.api, self.namespace, name, body, "validation",
                               f" on {target}")

@@ -14,8 +14,9 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from healer.adapters.kube.client import CONTROLLER, call
+from healer.adapters.kube.client import call
 from healer.adapters.kube.events import NOTE_LIMIT, _micro, event_name
+from healer.core.vocabulary import REPORTING_CONTROLLER
 from healer.errors import ConflictError
 
 
@@ -40,7 +41,7 @@ class SelfEvents:
             "metadata": {"name": event_name(f"{self.instance}/{reason}/{note}/{int(now)}"),
                          "namespace": self.namespace},
             "eventTime": _micro(now),
-            "reportingController": CONTROLLER,
+            "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,
             "action": reason[:128],
             "reason": reason[:128],

@@ -19,7 +19,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from healer.adapters.hooks import CHECKPOINT_ACK, sign, verify
+from healer.adapters.hooks import sign, verify
+from healer.core.vocabulary import CHECKPOINT_ACK
 from healer.obs.http import serve
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for

@@ -9,13 +9,13 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from healer.adapters.checkpoint import SIGNALLED, SlurmSignalCheckpoint
-from healer.adapters.hooks import REPAIR_INCIDENT, JobHook, RepairRouter
+from healer.adapters.checkpoint import SlurmSignalCheckpoint
+from healer.adapters.hooks import JobHook, RepairRouter
 from healer.adapters.kube.jobs import JobValidator
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.kube.spares import REPAIR_RESULT
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.core.model import NodeView
+from healer.core.vocabulary import CHECKPOINT_SIGNALLED, REPAIR_INCIDENT, REPAIR_RESULT
 from healer.ports import HookResult, HookSpec, StepOutcome
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.slurm import LocalSlurm
@@ -36,7 +36,7 @@ async def test_slurm_signal_checkpoint_signals_once_and_acks_when_jobs_end(
     assert first.outcome is StepOutcome.PENDING
     trap = slurm.jobdir / f"usr1-{job}"
     await wait_for(trap.exists, timeout=20, description="the job's USR1 trap ran")
-    assert nodes.node("k8s-gpu-1").annotations[SIGNALLED] == f"inc-1:{job}"
+    assert nodes.node("k8s-gpu-1").annotations[CHECKPOINT_SIGNALLED] == f"inc-1:{job}"
     # a restarted healer (a new hook object) reads what was signalled: no second USR1
     again = SlurmSignalCheckpoint(driver, nodes)
     assert (await again.checkpoint("inc-1", "k8s-gpu-1", "gpu-1", spec)).outcome is \

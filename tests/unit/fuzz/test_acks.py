@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from healer.adapters.acks import MAX_BODY, WINDOW, AckReceiver, AckTarget
-from healer.adapters.hooks import CHECKPOINT_ACK, REPAIR_INCIDENT, sign
+from healer.adapters.hooks import sign
 from healer.core.model import NodeView
+from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT
 from healer.obs.http import Health, make_app, serve
 from healer_dev.testing import FakeNodes
 
