@@ -19,9 +19,9 @@ Slurm (``gpu-slurm-facts.md`` sections 4.9 and 6). :func:`load_request` refuses 
 explicitly asks for anything else, since healer would wait for an annotation that never comes.
 
 Errors: connection failures, timeouts, HTTP 429 and 5xx → :class:`~healer.errors.TransientError`
-(retried here with jittered backoff, ``attempts`` tries in all); any other 4xx →
-:class:`~healer.errors.PermanentError` carrying topograph's answer. The request body is never
-put into an error message or a log (it may hold credentials).
+(retried: :data:`healer.adapters.retry.WEBHOOK`, ``attempts`` tries in all, waits from
+``backoff``); any other 4xx → :class:`~healer.errors.PermanentError` carrying topograph's
+answer. The request body is never put into an error message or a log (it may hold credentials).
 """
 
 from __future__ import annotations
@@ -34,14 +34,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from healer.adapters.calls import timed
+from healer.adapters.retry import WEBHOOK
 from healer.errors import ConfigError, PermanentError, TransientError
 
 __all__ = [
@@ -178,18 +173,17 @@ class TopographClient:
     async def _retrying(self, op: str,
                         fn: Callable[[aiohttp.ClientSession], Awaitable[T]]) -> T:
         session = self._session or aiohttp.ClientSession()
+
+        async def once() -> T:
+            with timed("topograph", op):
+                return await fn(session)
+
+        policy = WEBHOOK.but(attempts=self.attempts, first=self.backoff, jitter=self.backoff)
         try:
-            async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(self.attempts),
-                    wait=wait_exponential_jitter(multiplier=self.backoff, max=5.0,
-                                                 jitter=self.backoff),
-                    retry=retry_if_exception_type(TransientError), reraise=True):
-                with attempt, timed("topograph", op):
-                    return await fn(session)
+            return await policy.run(op, once)
         finally:
             if self._session is None:
                 await session.close()
-        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
 
     async def _send(self, session: aiohttp.ClientSession, method: str, path: str, where: str,
                     params: Mapping[str, str] | None = None) -> tuple[int, str]:
