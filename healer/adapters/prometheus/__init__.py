@@ -55,9 +55,10 @@ key=source)``; a node whose data is fresh gets ``Signal(FRESH)``. The outage and
 are logged once each. Node names come from the ``Hostname`` label (released dcgm-exporter) or
 ``hostname`` (newer builds), or from ``node_map``/``join`` for exporters labelled differently.
 
-HTTP: one ``requests`` session (synchronous, run in the source's threads), raw bodies decoded
-with orjson, parsed in tight loops without an object per healthy sample
-(:meth:`PrometheusSource.parse_poll` is that parse, without HTTP, for benchmarks). A malformed
+HTTP: one client (:mod:`.http`: one ``requests`` session, synchronous, run in the source's
+threads) for the poll and the backtest's history, raw bodies decoded with orjson, parsed in
+tight loops without an object per healthy sample (:meth:`PrometheusSource.parse_poll` is that
+parse, without HTTP, for benchmarks). A malformed
 entry never raises out of a poll: it is skipped and counted (``PollStats.malformed_samples``
 this poll, ``PrometheusSource.drops`` by metric and reason since start; see :mod:`.sanity`
 for what a sample may be: finite, a possible XID code or count or temperature, stamped inside
@@ -67,12 +68,14 @@ Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx an
 ``TransientError`` (retried with tenacity within the poll), other 4xx are ``PermanentError``
 (a bad ``promql`` rule, bad credentials).
 
-Modules: :mod:`.promql` (pure query generation), :mod:`.labels`, :mod:`.sanity` (what a
-sample may be, the drop counter), :mod:`.access` (URL, bearer token file), :mod:`.xid` (cursor),
+Modules. Pure (no I/O, no clock: the time is an argument; an import-linter contract in
+``pyproject.toml`` keeps them so): :mod:`.promql` (query generation), :mod:`.labels`,
+:mod:`.sanity` (what a sample may be, the drop counter), :mod:`.xid` (the cursor),
 :mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
-(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.rounds` (the parse
-of both rounds), :mod:`.stats`, :mod:`.http`, :mod:`.source` (the poll), :mod:`.history`
-(backtests).
+(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.stats`. I/O:
+:mod:`.access` (URL, bearer token file), :mod:`.http` (the one client), :mod:`.source` (the
+one source: the poll), :mod:`.rounds` (the parse of both rounds, timed), :mod:`.history`
+(the backtest's range queries).
 """
 
 from healer.adapters.prometheus.freshness import FreshnessTracker, FreshRow, Transition

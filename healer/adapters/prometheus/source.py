@@ -1,4 +1,6 @@
-"""The DCGM telemetry source: HTTP, retries, the poll loop (see the package docstring)."""
+"""The DCGM telemetry source (the one source): the poll loop and the backtest's history
+(:mod:`.history`), every query through the one client (:mod:`.http`), retried (see the package
+docstring)."""
 
 from __future__ import annotations
 
@@ -8,12 +10,9 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import requests
 import structlog
-import urllib3
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -23,10 +22,10 @@ from tenacity import (
 )
 
 from healer.adapters.calls import timed
-from healer.adapters.prometheus.access import check_file, check_url, read_bearer_token
+from healer.adapters.prometheus.access import check_url
 from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
-from healer.adapters.prometheus.http import BadAnswer, Http, decode_result, gc_paused
+from healer.adapters.prometheus.http import BadAnswer, connect, decode_result, gc_paused
 from healer.adapters.prometheus.parse import NodeMap, PollParser
 from healer.adapters.prometheus.promql import (
     DEFAULT_HEARTBEAT,
@@ -150,7 +149,6 @@ class PrometheusSource:
         self._pool = ThreadPoolExecutor(max_workers=max(1, max_concurrency) + 1,
                                         thread_name_prefix="healer-prometheus")
         self._logged: set[str] = set()
-        self._token_file = Path(bearer_token_file) if bearer_token_file else None
         # state for metrics/logs
         self.outage = False
         self.outage_since: float | None = None
@@ -158,23 +156,11 @@ class PrometheusSource:
         self.last_success: float | None = None  # evaluation time of the last poll that answered
         self.totals: dict[str, float] = defaultdict(float)
 
-        if ca_file:
-            check_file(ca_file, "the CA file")
-        for cert in (client_cert,) if isinstance(client_cert, str) else client_cert or ():
-            check_file(cert, "the client certificate file")
-        session = requests.Session()
-        session.verify = ca_file if ca_file else verify
-        if not verify and not ca_file:
-            # the operator chose this; one log line instead of a warning on every request
-            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            log.warning("TLS certificate verification is off", source=source, url=self.url)
-        if client_cert is not None:
-            session.cert = client_cert
-        hdrs = dict(headers or {})
-        if bearer_token:
-            hdrs["Authorization"] = f"Bearer {bearer_token}"
-        self._session = session
-        self._http = Http(self.url, session, hdrs, self.timeout)
+        #: the one Prometheus client (TLS, headers, the bearer token): :mod:`.http`
+        self._http = connect(self.url, timeout=self.timeout, headers=headers,
+                             bearer_token=bearer_token, bearer_token_file=bearer_token_file,
+                             verify=verify, ca_file=ca_file, client_cert=client_cert,
+                             source=source)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -199,7 +185,7 @@ class PrometheusSource:
         return self.parser.node_of(dict(labels))
 
     def close(self) -> None:
-        self._session.close()
+        self._http.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -212,13 +198,6 @@ class PrometheusSource:
         self.close()
 
     # -- HTTP -----------------------------------------------------------------------------
-
-    def _headers_refresh(self) -> None:
-        """Re-read the bearer token file (it may be rotated) before every query."""
-        if self._token_file is None:
-            return
-        token = read_bearer_token(self._token_file)
-        self._http.headers = {**self._http.headers, "Authorization": f"Bearer {token}"}
 
     async def _retrying(self, fn: Callable[[], Any], op: str = "query") -> Any:
         retrying = AsyncRetrying(
@@ -236,7 +215,7 @@ class PrometheusSource:
     async def query(self, expr: str, at: float, what: str = "") -> list[Any]:
         """One instant query evaluated at ``at``; the ``result`` list (decoded with orjson).
         Re-reads the bearer token file first (as every query outside a poll does)."""
-        await self._in_thread(self._headers_refresh)
+        await self._in_thread(self._http.refresh_token)
         return await self._query(expr, at, what)
 
     async def _query(self, expr: str, at: float, what: str = "") -> list[Any]:
@@ -246,7 +225,7 @@ class PrometheusSource:
     async def query_range(self, expr: str, start: float, end: float, step: float,
                           what: str = "") -> list[Any]:
         """One range query; re-reads the bearer token file first."""
-        await self._in_thread(self._headers_refresh)
+        await self._in_thread(self._http.refresh_token)
         label = what or f"query_range {expr[:120]!r}"
         return list(await self._retrying(
             lambda: self._http.query_range(expr, start, end, step, label), "query_range"))
@@ -309,7 +288,7 @@ class PrometheusSource:
         started = time.monotonic()
         requests_before = self._http.requests
         try:
-            await self._in_thread(self._headers_refresh)
+            await self._in_thread(self._http.refresh_token)
         except PermanentError as e:
             return self._unreachable(now, started, requests_before, str(e), 0)
         with gc_paused():  # the decoded answers live until parsed: no collection scans them
