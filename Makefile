@@ -40,16 +40,16 @@ test-integration: venv deps operator ## the tests against the real stack only
 	$(BIN)/python -m pytest tests/integration
 
 stack: venv deps ## start the local control plane in .devstack/ (detached)
-	$(BIN)/healer devstack up
+	$(BIN)/python -m healer_dev devstack up
 
 stack-down: venv ## stop it
-	$(BIN)/healer devstack down
+	$(BIN)/python -m healer_dev devstack down
 
 demo: venv deps ## end to end on the local real stack (SchedMD's operator, built on first use): XID 79 → drain, swap to a warm spare, undrain
-	$(BIN)/healer demo
+	$(BIN)/python -m healer_dev demo
 
 bench: venv deps ## measure healer here: telemetry, engine, real stack, Prometheus path (docs/bench.md)
-	$(BIN)/healer bench
+	$(BIN)/python -m healer_dev bench
 
 schema: venv ## regenerate policies/schema.json
 	$(BIN)/healer schema > policies/schema.json

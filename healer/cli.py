@@ -1,5 +1,10 @@
 """The ``healer`` command line. Flags in, one call out; no logic of its own.
 
+Subcommands import lazily: a command's module is imported when that command runs, and the flags
+of ``agent`` and ``backtest`` (defined beside their commands) when that subcommand is parsed or
+its help is printed, so ``healer run`` imports neither the agent (NVML) nor the backtest. The
+development commands (``demo``, ``bench``, ``devstack``) are not here: ``python -m healer_dev``.
+
 Every failure is one line on stderr and a non-zero exit: a bad flag (``healer.flags`` types;
 usage errors are one line too), a bad file, kubeconfig or URL (a HealerError), and anything
 unexpected (``healer: internal error: …``, exit 2; ``--debug`` or ``HEALER_DEBUG=1`` adds the
@@ -14,9 +19,9 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from healer import __version__, flags
 from healer.errors import ConfigError, HealerError, PolicyError
@@ -278,43 +283,58 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return asyncio.run(status(args.kubeconfig, show_all=args.all, as_json=args.json))
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from healer_dev.demo import run_demo
+def _cmd_backtest(args: argparse.Namespace) -> int:
+    from healer.backtest.cli import cmd_backtest
 
-    return asyncio.run(run_demo(args.scenario, keep=args.keep,
-                                operator_version=args.operator_version))
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from healer_dev.bench.runner import cmd_bench
-
-    return cmd_bench(args)
+    return cmd_backtest(args)
 
 
-def add_bench_flags(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--repeats", type=flags.integer(1, 1000), default=None,
-                   help="runs per figure, printed as min / median / max (default 3; 1 with "
-                        "--smoke)")
-    b.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1,
-                   help="seed of the synthetic inputs (default 1)")
-    b.add_argument("--only", default="telemetry,engine,stack,promql,shards",
-                   help="comma-separated groups to run (default: "
-                        "telemetry,engine,stack,promql,shards)")
-    b.add_argument("--smoke", action="store_true",
-                   help="tiny sizes, about a minute (what `make test` runs)")
-    b.add_argument("--nodes", type=flags.integer(1, 100_000), default=None,
-                   help="kwok nodes of the stack group (default 2000; smoke 50)")
-    b.add_argument("--long-polls", type=flags.integer(1, 1_000_000), default=None,
-                   help="polls of the flat-over-time telemetry run (default 1000; smoke 20)")
-    b.add_argument("--json", default="", metavar="FILE", help="also write the figures to FILE")
+def _backtest_flags(p: argparse.ArgumentParser) -> None:
+    from healer.backtest.cli import add_backtest_flags
+
+    add_backtest_flags(p)
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from healer.agent.main import cmd_agent
+
+    return cmd_agent(args)
+
+
+def _agent_flags(p: argparse.ArgumentParser) -> None:
+    from healer.agent.main import add_agent_flags
+
+    add_agent_flags(p)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (the full usage is one ``--help`` away)."""
+    """argparse with one-line usage errors (the full usage is one ``--help`` away), and flags
+    added when first needed: ``add_flags`` (a subcommand's, importing its module) runs before
+    this parser first parses or prints its help."""
+
+    def __init__(self, *args: Any,
+                 add_flags: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._add_flags = add_flags
+
+    def _flags_now(self) -> None:
+        if self._add_flags is not None:
+            add, self._add_flags = self._add_flags, None
+            add(self)
+
+    def format_help(self) -> str:
+        self._flags_now()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._flags_now()
+        return super().format_usage()
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None,
                          ) -> tuple[argparse.Namespace, list[str]]:
+        self._flags_now()
         ns, rest = super().parse_known_args(args, namespace)
         for a in self._actions:  # Python 3.11 turns `--flag=--` into [] past the flag's type
             if isinstance(a, argparse._StoreAction) and a.nargs is None \
@@ -373,42 +393,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
 
-    from healer.backtest import add_backtest_flags, cmd_backtest
-
     bt = sub.add_parser("backtest", help="replay historical telemetry from Prometheus through "
-                                         "the engine: what healer would have done, and when")
-    add_backtest_flags(bt)
-    bt.set_defaults(fn=cmd_backtest)
-
-    dm = sub.add_parser("demo", help="start the local real stack, inject a fault and watch "
-                                     "healer remediate it end to end")
-    dm.add_argument("--scenario", default="xid79", choices=["xid79", "storm", "degrading"],
-                    help="xid79 (default): XID 79 → warm spare; storm: the guardrails hold a "
-                         "fault storm; degrading: checkpoint a job before replacing its node")
-    dm.add_argument("--keep", action="store_true",
-                    help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
-    dm.add_argument("--operator-version", default="v1.1.0", choices=["v1.1.0", "v1.0.0"],
-                    help="SchedMD slurm-operator version to run (default v1.1.0; built from the "
-                         "Go module proxy on first use)")
-    dm.set_defaults(fn=_cmd_demo)
-
-    bn = sub.add_parser("bench", help="measure healer on this machine: telemetry CPU and "
-                                      "memory, engine throughput, latency on the local real "
-                                      "stack (figures printed with their targets, never "
-                                      "asserted)")
-    add_bench_flags(bn)
-    bn.set_defaults(fn=_cmd_bench)
-
-    from healer.agent.main import add_agent_flags, cmd_agent
+                                         "the engine: what healer would have done, and when",
+                        add_flags=_backtest_flags)
+    bt.set_defaults(fn=_cmd_backtest)
 
     ag = sub.add_parser("agent", help="the node agent (DaemonSet): GPUHealthy condition and "
-                                      "XID Events from NVML")
-    add_agent_flags(ag)
-    ag.set_defaults(fn=cmd_agent)
-
-    from healer_dev.devstack.cli import register as register_devstack
-
-    register_devstack(sub)
+                                      "XID Events from NVML", add_flags=_agent_flags)
+    ag.set_defaults(fn=_cmd_agent)
     return p
 
 
@@ -421,35 +413,43 @@ def _one_line(text: object, limit: int = 600) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command; every failure is a short message on stderr and a non-zero exit:
-    2 for bad input (flags, files, settings, policies) and unexpected errors, 1 for a
-    HealerError while running (an unreachable API server, a refused request)."""
+    """Run one ``healer`` command (:func:`dispatch` over :func:`build_parser`)."""
+    return dispatch(build_parser(), argv)
+
+
+def dispatch(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the command it names (``args.fn``); every failure is a short
+    message on stderr, prefixed with the parser's ``prog``, and a non-zero exit: 2 for bad
+    input (flags, files, settings, policies) and unexpected errors, 1 for a HealerError while
+    running (an unreachable API server, a refused request). The development CLI
+    (``python -m healer_dev``) runs its commands through this too."""
+    prog = parser.prog
     debug = os.environ.get("HEALER_DEBUG", "") not in ("", "0") or "--debug" in (
         sys.argv[1:] if argv is None else argv)
     try:
         try:
-            args = build_parser().parse_args(argv)
+            args = parser.parse_args(argv)
         except SystemExit as e:  # --help/--version (0) or a one-line usage error (2)
             return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         return int(args.fn(args))
     except PolicyError as e:  # one line per problem: each names file:line and field
         for problem in e.problems:
-            print(f"healer: {_one_line(problem)}", file=sys.stderr)
+            print(f"{prog}: {_one_line(problem)}", file=sys.stderr)
         return 2
     except ConfigError as e:
-        print(f"healer: {_one_line(e)}", file=sys.stderr)
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
         return 2
     except HealerError as e:
-        print(f"healer: {_one_line(e)}", file=sys.stderr)
+        print(f"{prog}: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("healer: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except SystemExit:
         raise
     except BaseException as e:  # never a traceback unless asked for
         if debug:
             traceback.print_exc()
-        print(f"healer: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug "
+        print(f"{prog}: internal error: {type(e).__name__}: {_one_line(e)} (run with --debug "
               "or HEALER_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2

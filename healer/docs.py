@@ -361,6 +361,9 @@ def cli_markdown(build_parser: Callable[[], argparse.ArgumentParser]) -> str:
                "Every flag of `healer run` also reads an environment variable where one is "
                "named (the Deployment and the Helm chart set them). Policies are documented in "
                "[policy-reference.md](policy-reference.md).\n",
+               "The development commands are not part of `healer` (they are not shipped): "
+               "`python -m healer_dev demo|bench|devstack`, run from a checkout (`make demo`, "
+               "`make bench`, `make stack`).\n",
                "```text", parser.format_help().rstrip(), "```\n"]
         subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         for name, sub in subs.choices.items():

@@ -1,4 +1,5 @@
-"""``healer demo``: the whole story on the local real stack, with SchedMD's real slurm-operator.
+"""``make demo`` (``python -m healer_dev demo``): the whole story on the local real stack, with
+SchedMD's real slurm-operator.
 
 Starts, on loopback (:class:`healer_dev.demo_world.DemoStack`): kube-apiserver + etcd +
 kube-controller-manager + kube-scheduler + kwok (fake GPU Nodes that look alive), a real Slurm

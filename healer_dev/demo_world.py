@@ -1,4 +1,4 @@
-"""The world ``healer demo`` runs in (:mod:`healer_dev.demo`), started and stopped in one place.
+"""The world ``make demo`` runs in (:mod:`healer_dev.demo`), started and stopped in one place.
 
 On loopback: kube-apiserver + etcd + kube-controller-manager + kube-scheduler + kwok
 (:class:`~healer_dev.devstack.kube.KubeStack`), a real Slurm 22.05 that admits dynamic nodes

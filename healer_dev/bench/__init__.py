@@ -1,4 +1,5 @@
-"""``healer bench``: how fast and how lean healer is, measured on this machine.
+"""``make bench`` (``python -m healer_dev bench``): how fast and how lean healer is, measured on
+this machine.
 
 Four groups of figures (see docs/bench.md): ``telemetry`` (CPU and memory of one Prometheus
 poll, parse + evaluate, through the real parser), ``engine`` (decisions per second of the pure

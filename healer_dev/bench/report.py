@@ -1,4 +1,4 @@
-"""Figures, their targets and the table ``healer bench`` prints (and the ``--json`` file).
+"""Figures, their targets and the table ``make bench`` prints (and the ``--json`` file).
 
 A :class:`Figure` is one measured quantity with one value per repeat; a target is either an
 upper bound (``<=``: times, memory, CPU) or a lower bound (``>=``: rates). "met"/"missed"

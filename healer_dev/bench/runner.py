@@ -1,5 +1,5 @@
-"""``healer bench``: groups run, the table out (and ``--json``). The flags are in
-:mod:`healer.cli` (``healer bench --help``).
+"""``python -m healer_dev bench``: groups run, the table out (and ``--json``). The flags are in
+:mod:`healer_dev.cli` (``python -m healer_dev bench --help``).
 
 Sizes: the full run (default) and ``--smoke`` (tiny sizes, one repeat unless ``--repeats``
 says otherwise; what ``make test`` runs). A group that cannot start a component fails the

@@ -1,10 +1,11 @@
-"""``healer devstack up|down|env|status``: a detached local control plane for the demo and for
-poking at healer by hand.
+"""``python -m healer_dev devstack up|down|env|status``: a detached local control plane for the
+demo and for poking at healer by hand (``make stack`` / ``make stack-down``).
 
 ``up`` starts :class:`~healer_dev.devstack.kube.KubeStack` in ``--dir`` (default ``.devstack``),
 records pids and ports in ``DIR/state.json`` and returns, leaving the processes running; it
-prints ``export`` lines, so ``eval "$(healer devstack up)"`` points kubectl at it. ``down``
-stops what ``DIR`` records (logs stay unless ``--purge``). Every function returns an exit code.
+prints ``export`` lines, so ``eval "$(python -m healer_dev devstack up)"`` points kubectl at it.
+``down`` stops what ``DIR`` records (logs stay unless ``--purge``). Every function returns an
+exit code.
 
 Also runnable on its own: ``python -m healer_dev.devstack.cli up``.
 """
@@ -54,12 +55,13 @@ def _prepare_dir(d: Path) -> None:
             raise ConfigError(f"{d} exists and is not a directory")
         if any(d.iterdir()) and not (d / MARKER).exists():
             raise ConfigError(
-                f"{d} is not empty and was not made by `healer devstack up`; "
+                f"{d} is not empty and was not made by `python -m healer_dev devstack up`; "
                 "pick another --dir or remove it"
             )
         shutil.rmtree(d)
     d.mkdir(parents=True)
-    (d / MARKER).write_text("made by `healer devstack up`; `healer devstack down` stops it\n")
+    (d / MARKER).write_text("made by `python -m healer_dev devstack up`; "
+                            "`python -m healer_dev devstack down` stops it\n")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -112,7 +114,8 @@ def cmd_env(args: argparse.Namespace) -> int:
     d = _stack_dir(args)
     stack = _recorded(d)
     if stack is None:
-        print(f"no devstack recorded in {d}; run `healer devstack up` first", file=sys.stderr)
+        print(f"no devstack recorded in {d}; run `python -m healer_dev devstack up` first",
+              file=sys.stderr)
         return 1
     for line in _export_lines(stack):
         print(line)
@@ -183,8 +186,9 @@ def register(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m healer_dev.devstack.cli up|down|env|status`` (= ``healer devstack``)."""
-    parser = argparse.ArgumentParser(prog="healer")
+    """``python -m healer_dev.devstack.cli up|down|env|status`` (= ``python -m healer_dev
+    devstack``)."""
+    parser = argparse.ArgumentParser(prog="python -m healer_dev")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["devstack", *(sys.argv[1:] if argv is None else argv)])
     try:

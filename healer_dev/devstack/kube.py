@@ -458,7 +458,7 @@ class KubeStack:
 
     ``with KubeStack(tmpdir) as stack: ...`` starts and stops it; or call :meth:`start` and
     :meth:`stop`. :meth:`write_state` and :meth:`from_state` let another process stop a stack
-    that was started detached (``healer devstack up`` / ``down``).
+    that was started detached (``python -m healer_dev devstack up`` / ``down``).
 
     * ``workdir``: certificates, etcd data, logs, kubeconfigs (default: a new temp dir; kept
       after :meth:`stop` unless ``stop(remove=True)``). Starting again in the same workdir

@@ -1,4 +1,5 @@
-"""`healer bench --smoke` runs every group end to end on this machine and prints every figure.
+"""`python -m healer_dev bench --smoke` runs every group end to end on this machine and prints
+every figure.
 
 Only that: it exits 0, prints a row for each figure (and writes them to --json), and leaves no
 process behind. The timings themselves are never asserted: they are reported (docs/bench.md).
@@ -66,7 +67,7 @@ def test_bench_smoke_prints_every_figure(tmp_path: Path) -> None:
     before = set(_bench_processes())
     out_json = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "healer", "bench", "--smoke", "--json", str(out_json)],
+        [sys.executable, "-m", "healer_dev", "bench", "--smoke", "--json", str(out_json)],
         cwd=REPO, capture_output=True, text=True, timeout=400,
         env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"

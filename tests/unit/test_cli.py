@@ -88,9 +88,7 @@ def _one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
     (["run", "--policy-load-memory", "1"], "--policy-load-memory: expected a number from 64"),
     (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["xid", "-3"], "argument code: expected a number from 0"),
-    (["bench", "--nodes", "0"], "--nodes: expected a number from 1"),
     (["agent", "--interval", "nan"], "--interval: expected a finite number"),
-    (["devstack", "up", "--timeout=-inf"], "--timeout: expected a finite number"),
     (["nope"], "invalid choice: 'nope'"),
     ([], "the following arguments are required: command"),
 ])
@@ -100,6 +98,28 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], expected: str,
     line = _one_line_error(capsys)
     assert expected in line
     assert line.startswith("healer")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["bench", "--nodes", "0"], "--nodes: expected a number from 1"),
+    (["devstack", "up", "--timeout=-inf"], "--timeout: expected a finite number"),
+    (["demo", "--scenario", "nope"], "--scenario: invalid choice: 'nope'"),
+    (["run"], "invalid choice: 'run'"),
+])
+def test_the_dev_cli_has_the_same_one_line_errors(argv: list[str], expected: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from healer_dev.cli import main as dev_main
+
+    assert dev_main(argv) == 2
+    line = _one_line_error(capsys)
+    assert expected in line
+    assert line.startswith("python -m healer_dev")
+
+
+def test_the_shipped_cli_has_no_dev_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("demo", "bench", "devstack"):
+        assert main([command]) == 2
+        assert f"invalid choice: '{command}'" in _one_line_error(capsys)
 
 
 def test_help_and_version_exit_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,8 +7,9 @@ Three parts, all through :func:`healer.cli.main` in-process:
   wrong-shaped kubeconfigs and policies, absurd time ranges), run end to end: ``status``,
   ``run`` and ``backtest`` talk to a loopback server that answers 404 to everything and records
   every request (the Kubernetes API and Prometheus as far as they are concerned), so no
-  request may be a write; commands that would start something long-running (``demo``,
-  ``bench``, ``devstack``, ``agent``, ``docs``) are fuzzed at argument parsing only;
+  request may be a write; commands that would start something long-running (``agent``,
+  ``docs``, and the development CLI's ``demo``, ``bench``, ``devstack``: ``python -m
+  healer_dev``, :func:`healer_dev.cli.main`) are fuzzed at argument parsing only;
 * hypothesis over argv for every subcommand, at argument parsing: a value is either rejected
   with one line and exit 2, or accepted and sane (finite, in range, a URL with a host...);
 * hypothesis over kubeconfig contents, end to end through ``healer status``.
@@ -38,6 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from healer import cli
+from healer_dev import cli as dev_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 POLICIES = str(ROOT / "policies" / "default.yaml")
@@ -50,19 +52,22 @@ HOSTILE = ["nan", "NaN", "-nan", "inf", "-inf", "+inf", "1e309", "-1e309", "-1",
            "http://999.1.1.1", "javascript:alert(1)", "/dev/zero", "/nonexistent", "/",
            "/proc/self/mem", "a" * 5000, "\u202e", "☃", "$(POD_IP)", "${HOME}", "~",
            "../../etc/passwd", "Not_A_Name", "ns/", "/name", "ns/name:", "ns/name:k:k"]
+DEV_COMMANDS = ("demo", "bench", "devstack")  # python -m healer_dev
 
 
 # -- the budget, the output and the working directory -------------------------------------------
 
 
 def _run(argv: Sequence[str]) -> tuple[int, str, str]:
-    """``main(argv)`` in a worker thread under :data:`BUDGET`: (exit code, stdout, stderr)."""
+    """``main(argv)`` in a worker thread under :data:`BUDGET`: (exit code, stdout, stderr);
+    the development commands go to the development CLI's ``main``."""
+    main = dev_cli.main if argv and argv[0] in DEV_COMMANDS else cli.main
     out, err = io.StringIO(), io.StringIO()
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
-            box["code"] = cli.main(list(argv))
+            box["code"] = main(list(argv))
         except BaseException as e:  # a failure of main() itself: reported below
             box["escaped"] = e
 
