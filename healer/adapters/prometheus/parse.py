@@ -34,7 +34,7 @@ from healer.adapters.prometheus.sanity import (
     value_reason,
     xid_label,
 )
-from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker, _XidCursor
+from healer.adapters.prometheus.xid import XidCursor, XidEvent, XidSeries, XidTracker
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.rules import Op
 
@@ -399,7 +399,7 @@ class PollParser:
         :meth:`XidTracker.baseline`: its samples at or before ``previous`` (the previous
         completed XID poll's time) if it has any, else "last code 0, no counts".
         """
-        quiet: list[tuple[_XidCursor, float, Any]] = []
+        quiet: list[tuple[XidCursor, float, Any]] = []
         busy: list[tuple[str, GpuRef, Any, dict[str, Any], Any]] = []
         unmapped = 0
         cursors = tracker._cursors

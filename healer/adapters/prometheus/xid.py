@@ -22,7 +22,11 @@ class XidEvent:
 
 
 @dataclass(slots=True)
-class _XidCursor:
+class XidCursor:
+    """How far one GPU's XID samples were read: the newest sample's time ``t``, the last-XID
+    gauge's ``code`` and the per-XID ``counts`` at ``t`` (None: no baseline yet, so the next
+    sample sets it and reports nothing)."""
+
     t: float = -math.inf
     code: int | None = None
     counts: dict[int, int] | None = None
@@ -64,7 +68,7 @@ class XidTracker:
     """
 
     def __init__(self) -> None:
-        self._cursors: dict[tuple[str, GpuRef], _XidCursor] = {}
+        self._cursors: dict[tuple[str, GpuRef], XidCursor] = {}
         #: GPUs given an implicit baseline in this feed → the previous XID poll's time
         self._implicit: dict[tuple[str, GpuRef], float] = {}
         self.capped = 0  # occurrences over MAX_XID_EVENTS per GPU in the last feed
@@ -107,7 +111,7 @@ class XidTracker:
             room = MAX_XID_EVENTS
             cur = cursors.get(key)
             if cur is None:
-                cur = cursors[key] = _XidCursor()
+                cur = cursors[key] = XidCursor()
             g, c = gauges.get(key, empty), counts.get(key, empty_counts)
             if cur.counts and not cur.counts.keys() <= named.get(key, set()):
                 # a count series absent from the whole window: its XID left the exporter's
@@ -150,7 +154,7 @@ class XidTracker:
                     events.extend(XidEvent(key[0], key[1], code, t, via) for _ in range(n))
         return events
 
-    def baseline(self, node: str, gpu: GpuRef, previous: float = -math.inf) -> _XidCursor:
+    def baseline(self, node: str, gpu: GpuRef, previous: float = -math.inf) -> XidCursor:
         """The implicit baseline of a GPU known at the previous completed XID poll (evaluated
         at ``previous``) and never fetched before; applies to the next :meth:`feed`.
 
@@ -169,7 +173,7 @@ class XidTracker:
         as for any cursor). The default ``previous`` always falls back to that.
         """
         key = (node, gpu)
-        cur = self._cursors[key] = _XidCursor(-math.inf, 0, {})
+        cur = self._cursors[key] = XidCursor(-math.inf, 0, {})
         self._implicit[key] = previous
         return cur
 
