@@ -49,9 +49,3 @@ The modules, by role:
 * :mod:`.collect` and :mod:`.report`: what happened, as the report (data, JSON, the table);
 * :mod:`.inputs` and :mod:`.cli`: the flags and the command.
 """
-
-# A bridge while healer/cli.py still imports the command from here (removed when it imports
-# healer.backtest.cli).
-from healer.backtest.cli import add_backtest_flags, cmd_backtest
-
-__all__ = ["add_backtest_flags", "cmd_backtest"]
