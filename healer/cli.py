@@ -1,9 +1,7 @@
 """The ``healer`` command line. Flags in, one call out; no logic of its own.
 
-Subcommands import lazily: a command's module is imported when that command runs, and the flags
-of ``agent`` and ``backtest`` (defined beside their commands) when that subcommand is parsed or
-its help is printed, so ``healer run`` imports neither the agent (NVML) nor the backtest. The
-development commands (``demo``, ``bench``, ``devstack``) are not here: ``python -m healer_dev``.
+The development commands (``demo``, ``bench``, ``devstack``) are not part of ``healer``: they
+are ``python -m healer_dev``, run from a checkout.
 
 Every failure is one line on stderr and a non-zero exit: a bad flag (``healer.flags`` types;
 usage errors are one line too), a bad file, kubeconfig or URL (a HealerError), and anything
@@ -348,6 +346,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every shipped command. Subcommands import lazily: a command's module when it runs
+    (``_cmd_*``), the flags of ``agent`` and ``backtest`` (defined beside their commands) when
+    that subcommand is parsed or its help printed, so ``healer run`` imports neither the agent
+    (NVML) nor the backtest (tests/unit/test_shipping.py)."""
     p: argparse.ArgumentParser = Parser(prog="healer", description=__doc__,
                                         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"healer {__version__}")

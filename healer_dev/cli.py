@@ -1,10 +1,8 @@
-"""The development command line, ``python -m healer_dev demo|bench|devstack``: what runs
-against the local real stack (never shipped; run it from the repository root).
+"""The development command line: ``python -m healer_dev demo|bench|devstack``, run from the
+repository root (``make demo``, ``make bench``, ``make stack``). Never shipped.
 
-The same flags ``healer demo``, ``healer bench`` and ``healer devstack`` had, the same one-line
-errors and exit codes: it is the shipped CLI's :class:`~healer.cli.Parser` and
-:func:`~healer.cli.dispatch` over these three commands. ``make demo``, ``make bench`` and
-``make stack`` call it.
+The flags ``healer demo|bench|devstack`` had before they left the shipped CLI; the same one-line
+errors and exit codes (the shipped CLI's ``Parser`` and ``dispatch``).
 """
 
 from __future__ import annotations
