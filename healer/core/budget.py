@@ -47,6 +47,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
 from healer.core.model import GuardrailBlock, NodeView
 from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
@@ -413,7 +414,8 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     (its node went bad too) but not against its own retry budget.
     """
     if view.is_paused(node):
-        return Admission(False, GuardrailBlock("pause", "remediation is paused"), False, 60.0)
+        return Admission(False, GuardrailBlock("pause", "remediation is paused"), False,
+                         PAUSED_RECHECK)
     facts = view.facts()
 
     budget = policy.guardrails.retry_budget or view.policies.fleet.guardrails.retry_budget
@@ -465,13 +467,13 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                 return Admission(False, GuardrailBlock(
                     "max-concurrent",
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
-                    active, g.max_concurrent), recheck_after=30.0)
+                    active, g.max_concurrent), recheck_after=GUARDRAIL_RECHECK)
         if view.slurm_unknown and (g.max_unavailable is not None or g.failure_domains):
             return Admission(False, GuardrailBlock(
                 "slurm-unknown",
                 f"{scope}: Slurm's node states cannot be read, so its maxUnavailable and "
                 "failure-domain limits cannot be checked; nothing is taken out until they "
-                "can"), recheck_after=30.0)
+                "can"), recheck_after=GUARDRAIL_RECHECK)
         # the node is unavailable iff it is a member and down; then it is in its own domain too
         itself = 0 if facts.is_unavailable(pol, node) else 1
         if g.max_unavailable is not None:
@@ -483,7 +485,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     "max-unavailable",
                     f"{scope}: {down} of {size} nodes unavailable{describe(facts.causes(pol))}"
                     f"; taking {node} makes {after}, limit {g.max_unavailable} = {limit}",
-                    after, limit), recheck_after=30.0)
+                    after, limit), recheck_after=GUARDRAIL_RECHECK)
         target = view.nodes.get(node)
         for fd in g.failure_domains:
             value = target.labels.get(fd.key) if target is not None else None
@@ -495,7 +497,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     "failure-domain",
                     f"{scope}: {fd.key}={value} would have {after} nodes unavailable, "
                     f"limit {fd.max_unavailable}", after, fd.max_unavailable),
-                    recheck_after=30.0)
+                    recheck_after=GUARDRAIL_RECHECK)
     return ALLOWED
 
 

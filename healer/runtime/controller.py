@@ -37,7 +37,6 @@ from healer.core.budget import BudgetView, usage
 from healer.core.engine import Engine, takes_capacity
 from healer.core.health import Verdict, stale_conditions
 from healer.core.machine import (
-    EXCLUDE_LABEL,
     Decision,
     Trigger,
     TriggerKind,
@@ -49,6 +48,7 @@ from healer.core.phases import MAY_BE_CORDONED, PENDING_ADMISSION, Phase
 from healer.core.rules import PolicySet
 from healer.core.signals import condition_signals, only_heartbeats
 from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import EXCLUDE_LABEL
 from healer.errors import ConflictError, HealerError
 from healer.obs.logging import OnceLogger
 from healer.ports import Clock, NodeEvent, StateStore, StoredRecord

@@ -8,7 +8,6 @@ from healer.adapters.kube.crd import reason_of
 from healer.core import rules as cp
 from healer.core.actions import ClaimSpare, EmitEvent, StepStatus
 from healer.core.machine import (
-    ALWAYS,
     IGNORED,
     TRANSITIONS,
     Decision,
@@ -16,6 +15,7 @@ from healer.core.machine import (
     held_reason,
     step,
 )
+from healer.core.machine.guards import ALWAYS
 from healer.core.model import NodeRecord, Placement
 from healer.core.phases import TERMINAL, Phase
 from tests.builders import T0, open_step, policies, policy, record, s_trigger, view

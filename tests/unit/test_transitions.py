@@ -12,11 +12,19 @@ from typing import Any
 
 import pytest
 
-from healer.core import machine
 from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
 from healer.core.budget import BudgetView, PastIncident
-from healer.core.machine import Trigger, TriggerKind, step
+from healer.core.machine import (
+    TRANSITIONS,
+    Decision,
+    TransitionRow,
+    Trigger,
+    TriggerKind,
+    step,
+    stepping,
+)
+from healer.core.machine.context import Ctx
 from healer.core.model import HealthState, NodeRecord, Severity
 from healer.core.phases import Phase
 from tests.builders import (
@@ -353,7 +361,7 @@ CASES.append(Case("checkpointing/retries-exhausted-escalates-by-policy",
                   view=_policy_view(steps=CHECKPOINT_ESCALATES)))
 
 
-def _run(case: Case) -> machine.Decision:
+def _run(case: Case) -> Decision:
     now = case.now if case.now is not None else case.trigger.at
     return step(case.record, case.trigger, now, case.view or view())
 
@@ -380,19 +388,19 @@ def test_transition(case: Case) -> None:
 
 def test_every_row_is_exercised(monkeypatch: pytest.MonkeyPatch) -> None:
     hit: set[int] = set()
-    real = machine._select
+    real = stepping._select
 
-    def spy(phase: Phase, kind: TriggerKind, ctx: machine.Ctx) -> machine.Transition | None:
+    def spy(phase: Phase, kind: TriggerKind, ctx: Ctx) -> TransitionRow | None:
         row = real(phase, kind, ctx)
         if row is not None:
             hit.add(id(row))
         return row
 
-    monkeypatch.setattr(machine, "_select", spy)
+    monkeypatch.setattr(stepping, "_select", spy)
     for case in CASES:
         _run(case)
     missing = [f"{t.source.value} --{t.label}--> {t.target.value if t.target else 'stay'}"
-               for t in machine.TRANSITIONS if id(t) not in hit]
+               for t in TRANSITIONS if id(t) not in hit]
     assert not missing, "rows without a test case:\n" + "\n".join(missing)
 
 

@@ -1,0 +1,237 @@
+""":func:`step`, the machine's only entry point, and the queries the runtime asks of a record.
+
+``step(record, trigger, now, view) -> Decision`` never performs I/O: it finds the first row of
+:data:`~healer.core.machine.table.TRANSITIONS` whose guard holds, applies its effect, enters its
+target, then applies ``auto`` rows until the phase settles. The queries (:func:`releases`,
+:func:`counts_as_active`, :func:`record_out_of_service`) read a record the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from healer.core.actions import EmitEvent, StepStatus
+from healer.core.budget import BudgetView
+from healer.core.health import Verdict
+from healer.core.intervals import GUARDRAIL_RECHECK, HELD_RETRY, PAUSED_RECHECK
+from healer.core.machine.context import Ctx
+from healer.core.machine.decisions import Decision
+from healer.core.machine.guards import phase_deadline
+from healer.core.machine.table import ROWS_BY_PAIR, TransitionRow
+from healer.core.machine.triggers import StepResult, Trigger, TriggerKind
+from healer.core.model import (
+    HISTORY_LIMIT,
+    EventRecord,
+    HealthState,
+    NodeRecord,
+    Outcome,
+    TransitionRecord,
+)
+from healer.core.phases import ACTIVE, TERMINAL, Phase
+from healer.core.rules import LabelSelector, Mode, Policy
+
+#: At most this many rows apply in one step (the table has no ``auto`` cycles; tested).
+MAX_AUTO_STEPS = 12
+
+
+def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetView) -> Decision:
+    """Advance ``record`` by ``trigger`` at ``now``. Pure: the same inputs give the same output."""
+    if record is not None and trigger.node != record.node:
+        raise ValueError(f"trigger for {trigger.node} applied to the record of {record.node}")
+    phase = Phase(record.phase) if record is not None else Phase.HEALTHY
+    policy = _policy_for(record, trigger.node, view, trigger.verdict)
+    if record is not None:
+        if trigger.at < record.last_transition:
+            return Decision(record, note=f"stale trigger ({trigger.describe()}) dropped")
+        if trigger.incident and trigger.incident != record.incident.id:
+            return Decision(record, note=f"trigger for another incident ({trigger.incident})")
+    ctx = Ctx(record, trigger, now, view, policy)
+    if record is not None:
+        ctx.record = _absorb(record, trigger, now)
+        paused = view.is_paused(record.node)
+        if paused != record.paused:
+            ctx.record = replace(ctx.rec, paused=paused)
+        if paused and phase not in TERMINAL:
+            return Decision(ctx.record, note="paused: no transition",
+                            recheck_after=_recheck(ctx))
+
+    transitions: list[tuple[Phase, Phase, str]] = []
+    kind = trigger.kind
+    for _ in range(MAX_AUTO_STEPS):
+        row = _select(phase, kind, ctx)
+        if row is None:
+            break
+        row.effect(ctx)
+        target = row.target
+        if target is Phase.HEALTHY:
+            ctx.record = None
+        if target is not None and target is not phase and ctx.record is not None:
+            ctx.record = _enter(ctx.rec, phase, target, now, row.label)
+        if target is not None and target is not phase:
+            transitions.append((phase, target, row.label))
+            phase = target
+            kind = TriggerKind.AUTO
+            continue
+        if kind is TriggerKind.AUTO:
+            break
+        kind = TriggerKind.AUTO
+    else:  # pragma: no cover - the table has no AUTO cycles (tested)
+        raise RuntimeError(f"AUTO transitions did not settle for {trigger.node}")
+
+    if (ctx.record is not None and Phase(ctx.record.phase) is Phase.DONE
+            and not ctx.record.outcome):
+        ctx.record = replace(ctx.record, outcome="done")
+    _keep_events(ctx, trigger)
+    return Decision(ctx.record, tuple(ctx.actions),
+                    _recheck(ctx) if ctx.record is not None else None,
+                    tuple(transitions))
+
+
+def _keep_events(ctx: Ctx, trigger: Trigger) -> None:
+    """Events ride with the intent: the record keeps the latest decision's Events, and a
+    RESUME re-emits them (a leader that died between the write and the Events loses none;
+    Events are idempotent by key, so a repeat is a no-op)."""
+    if ctx.record is None:
+        return
+    rec = ctx.record
+    emits = [a for a in ctx.actions if isinstance(a, EmitEvent)]
+    if emits:
+        kept = tuple(EventRecord(a.reason, a.note, a.type, a.name) for a in emits)
+        if kept != rec.events:
+            ctx.record = replace(rec, events=kept)
+    elif trigger.kind is TriggerKind.RESUME and rec.events:
+        ctx.actions.extend(recorded_events(rec))
+
+
+def recorded_events(record: NodeRecord) -> tuple[EmitEvent, ...]:
+    """The Events ``record`` keeps (its latest decision's), as actions to emit again."""
+    return tuple(EmitEvent(record.incident.id, record.node, reason=e.reason, note=e.note,
+                           type=e.type, name=e.name) for e in record.events)
+
+
+def _select(phase: Phase, kind: TriggerKind, ctx: Ctx) -> TransitionRow | None:
+    for row in ROWS_BY_PAIR.get((phase, kind), ()):
+        if row.guard(ctx):
+            return row
+    return None
+
+
+def _policy_for(record: NodeRecord | None, node: str, view: BudgetView,
+                trigger_verdict: Verdict | None) -> Policy | None:
+    if record is not None and record.policy:
+        p = view.policies.get(record.policy)
+        if p is not None:
+            return p
+        if Phase(record.phase) not in (Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED):
+            # an in-flight remediation keeps going under the defaults if its policy vanished
+            modes = {m.value: m for m in Mode}
+            return Policy(name=record.policy, selector=LabelSelector(), rules=(),
+                          mode=modes.get(record.mode, Mode.DRY_RUN))
+        return None
+    v = trigger_verdict
+    if v is not None and v.policy:
+        return view.policies.get(v.policy)
+    n = view.nodes.get(node)
+    return view.policies.for_node(n) if n is not None else None
+
+
+def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
+    """Book-keeping every trigger does before the table: verdicts and step outcomes."""
+    if trigger.kind is TriggerKind.VERDICT and trigger.verdict is not None \
+            and trigger.verdict.state.value != record.verdict:
+        # verdictAt: since when the verdict holds (a repeated verdict changes nothing, so it
+        # costs no write)
+        record = replace(record, verdict=trigger.verdict.state.value, verdict_at=trigger.verdict.at)
+    r = trigger.result
+    if trigger.kind is TriggerKind.STEP and r is not None:
+        s = record.step(r.step)
+        if s is not None and not s.done and r.status is not StepStatus.PENDING:
+            outcome = {StepStatus.DONE: Outcome.OK, StepStatus.FAILED: Outcome.FAILED,
+                       StepStatus.UNAVAILABLE: Outcome.FAILED}.get(r.status)
+            if outcome is not None:
+                record = record.with_step(replace(s, finished_at=now, outcome=outcome,
+                                                  error=r.error, detail=_detail(r)))
+            else:  # RETRY: keep the step open, remember the error
+                record = record.with_step(replace(s, error=r.error))
+        elif s is not None and not s.done and r.error and r.error != s.error:
+            # PENDING with a reason (e.g. "held: drained by someone else"): kept on the open
+            # step so `healer status` shows why it waits; an unchanged reason costs no write
+            record = record.with_step(replace(s, error=r.error))
+        slurm_node = r.get("slurmNode")
+        if slurm_node and slurm_node != record.slurm_node:
+            record = replace(record, slurm_node=slurm_node)
+    return record
+
+
+def _detail(r: StepResult) -> str:
+    return ",".join(f"{k}={v}" for k, v in r.data if k != "slurmNode")
+
+
+def _enter(rec: NodeRecord, source: Phase, target: Phase, now: float, label: str) -> NodeRecord:
+    hist = (*rec.history, TransitionRecord(now, source.value, target.value, label))
+    if len(hist) > HISTORY_LIMIT:
+        hist = hist[-HISTORY_LIMIT:]
+    return replace(rec, phase=target.value, phase_since=now, history=hist)
+
+
+def _recheck(ctx: Ctx) -> float | None:
+    rec = ctx.record
+    if rec is None:
+        return None
+    phase = Phase(rec.phase)
+    st = ctx.steps
+    candidates: list[float] = []
+    if phase in TERMINAL:
+        return st.poll_interval if any(not s.done for s in rec.ledger) else None
+    d = phase_deadline(rec, ctx.policy)
+    if d is not None:
+        candidates.append(max(d - ctx.now, 0.0))
+    if ctx.backoff is not None:
+        return min([ctx.backoff, *candidates])
+    if phase is Phase.HELD_FOR_CAPACITY and not any(not s.done for s in rec.ledger):
+        # a spare appearing wakes it (a CAPACITY trigger); the tick is only a backstop, so a
+        # fleet with many nodes held does not ask the spare pool every poll
+        candidates.append(max(st.poll_interval, HELD_RETRY))
+    elif phase in (Phase.DEGRADING, Phase.FAILED):
+        adm = ctx.checked_admission
+        if adm is not None and adm.recheck_after is not None:
+            candidates.append(adm.recheck_after)
+        elif rec.blocked is not None:
+            candidates.append(GUARDRAIL_RECHECK)
+    elif phase is not Phase.SUSPECT:
+        candidates.append(st.poll_interval)
+    if ctx.view.is_paused(rec.node):
+        candidates.append(PAUSED_RECHECK)
+    return min(candidates) if candidates else None
+
+
+def releases(record: NodeRecord) -> bool:
+    """May the runtime take ``record`` off its node, so a new incident can open there?
+
+    Done releases at once. Escalated and Cancelled hold the node until its verdict is healthy
+    again: a human is handling it, and healer must not reopen (and re-cordon) a node an admin
+    just took back. Open ledger steps (an undo in flight) always hold it.
+    """
+    phase = Phase(record.phase)
+    if phase not in TERMINAL or any(not s.done for s in record.ledger):
+        return False
+    return phase is Phase.DONE or record.verdict == HealthState.HEALTHY.value
+
+
+def counts_as_active(record: NodeRecord) -> bool:
+    """Does ``record`` hold a ``maxConcurrent`` slot? Admitted and not yet giving back."""
+    return Phase(record.phase) in ACTIVE and not record.repaired
+
+
+def record_out_of_service(record: NodeRecord) -> bool:
+    """Does healer hold ``record``'s node out of service (for the guardrails)?"""
+    phase = Phase(record.phase)
+    if phase in (Phase.DONE, Phase.CANCELLED):
+        return False
+    took = record.step_ok("drain") or record.step_ok("cordon")
+    undone = record.step_ok("undo-drain") and record.step_ok("uncordon")
+    if phase is Phase.REPAIR and record.spare:
+        return False  # replaced: out of the fleet entirely
+    return took and not undone
+
+
