@@ -44,27 +44,23 @@ from healer.core.machine import (
     releases,
 )
 from healer.core.model import HealthState, NodeRecord, NodeView, Signal
-from healer.core.phases import MAY_BE_CORDONED, PENDING_ADMISSION, Phase
+from healer.core.node_events import AdminState, NodeChange, admin_state, admin_triggers
+from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.rules import PolicySet
-from healer.core.signals import condition_signals, only_heartbeats
 from healer.core.topology import DOMAIN_LABEL
-from healer.core.vocabulary import EXCLUDE_LABEL
 from healer.errors import ConflictError, HealerError
 from healer.obs.logging import OnceLogger
-from healer.ports import Clock, NodeEvent, StateStore, StoredRecord
+from healer.ports import Clock, StateStore, StoredRecord
 from healer.runtime.dispatcher import Dispatcher
-from healer.runtime.executor import Executor
+from healer.runtime.executor import ActionRunner
 from healer.runtime.timers import Timers
 
 log = structlog.get_logger("healer.controller")
 
 #: On taking the lead, the Events of remediations closed this recently are written again.
 RECENTLY_CLOSED = 3600.0
-REPAIR_RESULT = "healer.io/repair-result"
 #: Guardrails that capacity given back (Slurm undrained a node) may lift.
 CAPACITY_GUARDRAILS = frozenset({"max-unavailable", "failure-domain", "slurm-unknown"})
-INCIDENT_ANNOTATION = "healer.io/incident"
-CORDONED_BY = "healer.io/cordoned-by"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +98,7 @@ class Stats:
 
 
 class Controller:
-    def __init__(self, *, policies: PolicySet, executor: Executor, store: StateStore,
+    def __init__(self, *, policies: PolicySet, executor: ActionRunner, store: StateStore,
                  clock: Clock, settings: RuntimeSettings | None = None,
                  observer: Any = None) -> None:
         self.executor = executor
@@ -200,32 +196,25 @@ class Controller:
         for node in sorted(self.engine.ingest(signals)):
             self._submit(node, Evaluate(now))
 
-    async def on_node_event(self, ev: NodeEvent) -> None:
-        """Node watch events: cache, condition signals, and the triggers admins cause."""
+    async def on_node_change(self, change: NodeChange) -> None:
+        """A Node changed (:mod:`healer.runtime.node_events`): cache it, ingest its condition
+        signals, evaluate it when its inputs changed, queue the triggers an admin caused."""
         now = self.clock.now()
-        if ev.type == "SYNCED":
+        n = change.view
+        if n is None:
+            self.engine.remove_node(change.node)
             return
-        if ev.node is None:
-            return
-        n = ev.node
-        if ev.type == "DELETED":
-            self.engine.remove_node(n.name)
-            return
-        prev = self.nodes.get(n.name)
         relabelled = self.engine.set_node(n)
-        beat = prev is None or prev.conditions != n.conditions
-        changed = beat and not only_heartbeats(prev, n)
-        if beat:  # a heartbeat alone only refreshes the signal: no evaluation (cost: none)
-            self.engine.ingest(condition_signals(n, now))
-        if changed or relabelled or (
-                beat and self.engine.last_state.get(n.name) is HealthState.STALE):
+        refreshed = change.conditions_refreshed
+        if refreshed:  # a heartbeat alone only refreshes the signal: no evaluation (cost: none)
+            self.engine.ingest(change.signals)
+        if change.conditions_changed or relabelled or (
+                refreshed and self.engine.last_state.get(n.name) is HealthState.STALE):
             self._submit(n.name, Evaluate(now))
-        self._derive_triggers(n, now)
-        if prev is not None and prev.labels != n.labels:
-            spare_sel = self.policies.fleet.spare_selector
-            if spare_sel.matches(n.labels) and not spare_sel.matches(prev.labels):
-                for node in self._held_for(n):
-                    self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
+        self._queue_admin(n.name, change.admin_state, change.triggers)
+        if change.new_spare:
+            for node in self._held_for(n):
+                self._submit(node, Trigger(TriggerKind.CAPACITY, node, now))
 
     # -- Slurm's view (healer.runtime.slurm_feed) ---------------------------------------------
 
@@ -272,28 +261,19 @@ class Controller:
         return p is not None and p.steps.swap.require_same_domain
 
     def _derive_triggers(self, n: NodeView, now: float) -> None:
+        """Queue what an admin caused on ``n``'s open remediation (a record that just changed
+        phase may find it already there, e.g. a repair result)."""
         rec = self.engine.records.get(n.name)
-        if rec is None:
+        self._queue_admin(n.name, admin_state(n, rec), admin_triggers(n, rec, now))
+
+    def _queue_admin(self, node: str, state: AdminState | None,
+                     triggers: Sequence[Trigger]) -> None:
+        """Queue ``triggers`` unless they were derived from this very ``state`` before."""
+        if state is None or self._seen.get(node) == state:
             return
-        ann = n.annotations
-        phase = Phase(rec.phase)
-        state = (n.unschedulable, ann.get(INCIDENT_ANNOTATION), ann.get(CORDONED_BY),
-                 n.labels.get(EXCLUDE_LABEL), ann.get(REPAIR_RESULT), rec.incident.id, phase)
-        if self._seen.get(n.name) == state:
-            return
-        self._seen[n.name] = state
-        ours = ann.get(INCIDENT_ANNOTATION) == rec.incident.id and ann.get(CORDONED_BY) == "healer"
-        if ours and not n.unschedulable and phase in MAY_BE_CORDONED:
-            self._submit(n.name, Trigger(TriggerKind.ADMIN_UNCORDON, n.name, now,
-                                         incident=rec.incident.id))
-        if n.labels.get(EXCLUDE_LABEL, "").lower() == "true":
-            self._submit(n.name, Trigger(TriggerKind.OPT_OUT, n.name, now,
-                                         incident=rec.incident.id))
-        result = ann.get(REPAIR_RESULT, "").lower()  # a repair system's (or human's) verdict
-        if phase is Phase.REPAIR and result in ("passed", "failed"):
-            self._submit(n.name, Trigger(TriggerKind.REPAIR, n.name, now,
-                                         incident=rec.incident.id,
-                                         repair_passed=result == "passed"))
+        self._seen[node] = state
+        for t in triggers:
+            self._submit(node, t)
 
     # -- the worker ------------------------------------------------------------------------------
 

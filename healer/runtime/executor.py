@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -21,6 +22,7 @@ from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeRecord
 from healer.core.topology import DOMAIN_LABEL, placement, placement_data
+from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
 from healer.errors import HealerError, PermanentError, TransientError
 from healer.obs.logging import OnceLogger
 from healer.ports import (
@@ -62,9 +64,6 @@ class Ports:
     slurm_names: SlurmNames = same_name
 
 
-ESCALATED_LABEL = "healer.io/escalated"
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     status: StepStatus
@@ -87,6 +86,13 @@ async def _no_spare(p: Ports, act: a.ClaimSpare) -> str:
         dom = (await p.nodes.get(act.node)).labels.get(DOMAIN_LABEL, "")
     return (f"no free warm spare in NVLink domain {dom or '(none)'} (swap.requireSameDomain: "
             "spares in other domains are not taken)")
+
+
+class ActionRunner(Protocol):
+    """What the controller needs of the executor: run one action, report its outcome as
+    triggers (:class:`Executor`; a test may wrap it, ``healer.app.Overrides.wrap_actions``)."""
+
+    async def run(self, action: a.Action, record: NodeRecord | None) -> list[Trigger]: ...
 
 
 class Executor:
@@ -225,6 +231,6 @@ class Executor:
                 return Outcome(StepStatus.DONE)
             case a.Escalate():
                 await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
-                                             annotations={"healer.io/escalation": act.reason})
+                                             annotations={ESCALATION_ANNOTATION: act.reason})
                 return Outcome(StepStatus.DONE)
         raise PermanentError(f"no executor for {type(act).__name__}")

@@ -7,7 +7,8 @@ problems; a timeout, an exhausted memory budget, a crash or anything else become
 :class:`~healer.errors.PolicyLoadError` naming the files. :class:`PolicyReloader` is the reload
 loop of ``healer run``: it loads only when the files changed, keeps the policies in force on
 any failure, logs each distinct failure once, emits one Kubernetes Event per failure and feeds
-the reload metrics.
+the reload metrics; :func:`switch_policies` installs a reloaded set in every
+:class:`FollowsPolicies` and the controller, all or nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -129,6 +130,41 @@ def _child() -> None:
 
 
 # -- the reload loop ------------------------------------------------------------------------
+
+
+@runtime_checkable
+class FollowsPolicies(Protocol):
+    """Anything that derives its work from the policies (a telemetry source re-derives its
+    queries; the controller looks at held incidents again). Raising means "cannot switch"."""
+
+    def set_policies(self, policies: PolicySet) -> None: ...
+
+
+class HoldsPolicies(FollowsPolicies, Protocol):
+    """The controller: follows the policies and says which are in force."""
+
+    @property
+    def policies(self) -> PolicySet: ...
+
+
+def switch_policies(new: PolicySet, controller: HoldsPolicies,
+                    sources: Sequence[object]) -> None:
+    """Install reloaded policies: the sources that follow policies first (each re-derives its
+    queries), then the controller; if any step raises, the sources already switched are
+    switched back and the error propagates (the reloader reports it): nothing is
+    half-applied."""
+    old, switched = controller.policies, []
+    try:
+        for src in sources:
+            if isinstance(src, FollowsPolicies):
+                src.set_policies(new)
+                switched.append(src)
+        controller.set_policies(new)
+    except Exception:
+        for undo in switched:
+            with contextlib.suppress(Exception):
+                undo.set_policies(old)
+        raise
 
 
 class ReloadObserver(Protocol):

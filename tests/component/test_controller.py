@@ -18,6 +18,7 @@ from healer.core.phases import Phase
 from healer.errors import ConflictError, PermanentError, TransientError
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Executor, Ports
+from healer.runtime.node_events import NodeEvents
 from healer_dev.testing import FakeStore, ManualClock, fake_ports, settle
 from tests.builders import GPU_LABELS, policies, policy
 
@@ -71,11 +72,7 @@ async def make(ps: cp.PolicySet | None = None, store: FakeStore | None = None,
     ctl = Controller(policies=ps or policies(policy(steps=cp.Steps(poll_interval=5))),
                      executor=Executor(ports, clock.now), store=store, clock=clock)
 
-    async def pump() -> None:
-        async for ev in fakes["nodes"].watch():  # type: ignore[attr-defined]
-            await ctl.on_node_event(ev)
-
-    task = asyncio.create_task(pump())
+    task = asyncio.create_task(NodeEvents(fakes["nodes"], ctl).run())  # type: ignore[arg-type]
     await settle()
     await ctl.start_leading()
     await settle()
@@ -121,9 +118,9 @@ async def test_intent_is_persisted_before_every_action() -> None:
         order.append(f"save:{','.join(open_)}")
         return out
 
-    async def drain(node: str, reason: str) -> bool:
+    async def drain(node: str, reason: str, *incident: str) -> bool:
         order.append("drain")
-        return bool(await real_drain(node, reason))
+        return bool(await real_drain(node, reason, *incident))
 
     h.store.save = save  # type: ignore[method-assign]
     slurm.drain = drain  # type: ignore[attr-defined]
@@ -315,13 +312,13 @@ async def test_debug_state_shows_open_remediations_and_guardrail_usage() -> None
 
 
 async def test_a_source_that_stops_delivering_makes_healthz_fail() -> None:
-    from healer.app import SOURCE_MAX_AGE, _beating
     from healer.obs.http import Health
+    from healer.runtime.loops import SOURCE_MAX_AGE, source_sink
 
     now = [1000.0]
     health = Health(clock=lambda: now[0])
     h = await make()
-    sink = _beating(health, "dcgm", h.ctl)
+    sink = source_sink(health, "dcgm", h.ctl)
     assert health.healthy()[0]
     now[0] += SOURCE_MAX_AGE + 1
     ok, detail = health.healthy()

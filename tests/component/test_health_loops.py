@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from healer.app import RECONCILE_MAX_AGE, reconcile_heartbeat
 from healer.obs.http import Health
+from healer.runtime.loops import RECONCILE_MAX_AGE, reconcile_heartbeat
 
 
 async def test_a_step_stuck_under_the_lock_makes_healthz_fail() -> None:

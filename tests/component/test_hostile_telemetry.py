@@ -23,6 +23,7 @@ from healer.core.model import NodeView, Severity
 from healer.core.phases import Phase
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Executor, Ports
+from healer.runtime.node_events import NodeEvents
 from healer_dev.testing import FakeStore, ManualClock, fake_ports, settle
 from tests.builders import GPU_LABELS, policies, policy
 
@@ -93,11 +94,7 @@ async def test_hostile_telemetry_writes_nothing_and_real_telemetry_does() -> Non
     src = PrometheusSource("http://127.0.0.1:1", ps, stale_after=60, forget_after=1e9)
     prom = Prom()
 
-    async def pump() -> None:
-        async for ev in fakes["nodes"].watch():
-            await ctl.on_node_event(ev)
-
-    task = asyncio.create_task(pump())
+    task = asyncio.create_task(NodeEvents(fakes["nodes"], ctl).run())
 
     async def poll() -> None:
         await clock.advance(15)

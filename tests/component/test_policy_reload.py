@@ -169,9 +169,9 @@ async def test_a_failing_apply_or_event_never_escapes(tmp_path: Path) -> None:
 
 
 def test_a_switch_that_fails_half_way_is_undone() -> None:
-    """healer.app.switch_policies: sources first, then the controller; a failure switches
-    back the sources already switched, so nothing is half-applied."""
-    from healer.app import switch_policies
+    """switch_policies: sources first, then the controller; a failure switches back the
+    sources already switched, so nothing is half-applied."""
+    from healer.runtime.policy_reload import switch_policies
 
     class Holder:
         def __init__(self, policies: object, fail: bool = False) -> None:

@@ -17,6 +17,11 @@ from typing import Any
 
 import aiohttp
 
+from healer.core.actions import Action
+from healer.core.machine import Trigger
+from healer.core.model import NodeRecord
+from healer.ports import StateStore, StoredRecord
+from healer.runtime.executor import ActionRunner
 from tests.integration.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +98,45 @@ class Daemon:
         return None
 
 
-def crash_hooks(crash_log: Path | None) -> dict[str, Callable[[Any], None] | None]:
-    """``after_write``/``after_action`` overrides for ``healer.app.run`` that kill -9 this very
+class _AfterWrite:
+    """A state store that calls ``hook`` with the record after every persisted write."""
+
+    def __init__(self, store: StateStore, hook: Callable[[NodeRecord], None]) -> None:
+        self.store, self.hook = store, hook
+
+    async def list(self) -> list[StoredRecord]:
+        return await self.store.list()
+
+    async def save(self, record: NodeRecord, previous: StoredRecord | None) -> StoredRecord:
+        out = await self.store.save(record, previous)
+        self.hook(record)
+        return out
+
+    async def delete(self, name: str) -> None:
+        await self.store.delete(name)
+
+
+class _AfterAction:
+    """An executor that calls ``hook`` with the action after it ran, before the controller
+    persists its outcome."""
+
+    def __init__(self, executor: ActionRunner, hook: Callable[[Action], None]) -> None:
+        self.executor, self.hook = executor, hook
+
+    async def run(self, action: Action, record: NodeRecord | None) -> list[Trigger]:
+        out = await self.executor.run(action, record)
+        self.hook(action)
+        return out
+
+
+def crash_hooks(crash_log: Path | None) -> dict[str, Any]:
+    """``wrap_store``/``wrap_actions`` overrides for ``healer.app.run`` that kill -9 this very
     process at the first step boundary not yet listed in ``crash_log`` (and list it): right
     after a write that advanced the remediation, or right after a step's action ran, before
     its outcome was persisted. Started again and again, a daemon visits every boundary once.
     With no ``crash_log``: no hooks."""
     if crash_log is None:
-        return {"after_write": None, "after_action": None}
+        return {}
     log = crash_log
 
     def crash_once(point: str) -> None:
@@ -111,13 +147,14 @@ def crash_hooks(crash_log: Path | None) -> dict[str, Callable[[Any], None] | Non
             f.write(point + "\n")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def after_write(record: Any) -> None:
+    def after_write(record: NodeRecord) -> None:
         steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
                          for s in record.ledger)
         crash_once(f"write {record.phase} {steps}")
 
-    def after_action(action: Any) -> None:
+    def after_action(action: Action) -> None:
         if action.ledgered:
             crash_once(f"action {action.key}")
 
-    return {"after_write": after_write, "after_action": after_action}
+    return {"wrap_store": lambda store: _AfterWrite(store, after_write),
+            "wrap_actions": lambda executor: _AfterAction(executor, after_action)}

@@ -1,17 +1,48 @@
-"""Records as ``NodeRemediation`` objects: the StateStore port on a real API server."""
+"""Records as ``NodeRemediation`` objects: the StateStore port on a real API server, and
+:func:`ensure_crd`, which makes sure the API server serves them before the daemon starts."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
-from healer.adapters.kube.crd import GROUP, PLURAL, VERSION, from_object, to_object
+from healer.adapters.kube.crd import GROUP, PLURAL, VERSION, crd_manifest, from_object, to_object
 from healer.adapters.kube.nodes import _ts
 from healer.core.model import NodeRecord
-from healer.errors import ConflictError, NotFoundError, PermanentError
+from healer.errors import ConfigError, ConflictError, HealerError, NotFoundError, PermanentError
 from healer.ports import StoredRecord
+
+
+async def ensure_crd(api: client.ApiClient, install: bool) -> None:
+    """The NodeRemediation CRD is installed and served; with ``install``, install it when it
+    is not. A CRD that is missing (without ``install``) or unreadable is a ConfigError."""
+    ext = client.ApiextensionsV1Api(api)
+    body = crd_manifest()
+    name = body["metadata"]["name"]
+    try:
+        await call(f"get CRD {name}", lambda: ext.read_custom_resource_definition(name))
+        return
+    except NotFoundError as e:
+        if not install:
+            raise ConfigError(f"the {name} CustomResourceDefinition is not installed "
+                              f"({e}); apply deploy/crds/ first") from e
+    except HealerError as e:  # unreachable, refused, forbidden: say so, not "not installed"
+        raise ConfigError(f"cannot read the {name} CustomResourceDefinition from the API "
+                          f"server: {e}") from e
+    with contextlib.suppress(ConflictError):
+        await call(f"create CRD {name}", lambda: ext.create_custom_resource_definition(body))  # type: ignore[arg-type]
+    co = client.CustomObjectsApi(api)
+    for _ in range(100):  # wait until the new resource is served
+        try:
+            await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            return
+        except Exception:
+            await asyncio.sleep(0.1)
+    raise ConfigError(f"{name} was created but is not served")
 
 
 def _stored(raw: dict[str, Any]) -> StoredRecord:

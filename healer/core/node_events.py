@@ -1,0 +1,114 @@
+"""Node events: what a change of a Kubernetes Node means for remediation, decided in one place.
+
+The runtime's node-events source (:mod:`healer.runtime.node_events`) hands every Node watch
+event to :func:`node_change`; the controller then only ingests the signals and queues the
+triggers it returns. Two things come out of a Node:
+
+* **signals**: its conditions (any detector's: healer's agent, NPD, a cloud agent) as
+  CONDITION signals (:func:`healer.core.signals.condition_signals`), whenever a condition
+  changed, even if only its heartbeat did (that refreshes the signal; only a change beyond
+  heartbeats asks for an evaluation);
+* **triggers** an admin or a repair system causes on a node with an open remediation
+  (:func:`admin_triggers`): an uncordon of a node healer cordoned (ADMIN_UNCORDON),
+  ``healer.io/exclude=true`` (OPT_OUT), ``healer.io/repair-result`` on a node in repair
+  (REPAIR).
+
+Pure: no I/O, no clock (``now`` is passed in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from healer.core.machine import Trigger, TriggerKind
+from healer.core.model import NodeRecord, NodeView, Signal
+from healer.core.phases import MAY_BE_CORDONED, Phase
+from healer.core.rules import LabelSelector
+from healer.core.signals import condition_signals, only_heartbeats
+from healer.core.vocabulary import (
+    CORDONED_BY,
+    CORDONED_BY_HEALER,
+    EXCLUDE_LABEL,
+    INCIDENT_ANNOTATION,
+    REPAIR_RESULT,
+)
+
+#: What :func:`admin_triggers` looked at; the same state twice derives no trigger again.
+AdminState = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """What one Node watch event means (:func:`node_change`)."""
+
+    node: str
+    view: NodeView | None
+    """The node as it is now; None: it was deleted."""
+    signals: tuple[Signal, ...] = ()
+    """Its conditions as signals, when :attr:`conditions_refreshed`."""
+    conditions_refreshed: bool = False
+    """The node is new or some condition changed, if only its heartbeat (its condition
+    signals are refreshed)."""
+    conditions_changed: bool = False
+    """A condition changed beyond its heartbeat: the node's health needs evaluating."""
+    new_spare: bool = False
+    """Its labels just started to match the fleet's spare selector: a new warm spare."""
+    triggers: tuple[Trigger, ...] = ()
+    """What an admin or a repair system caused on the node's open remediation."""
+    admin_state: AdminState | None = None
+    """The state the triggers were derived from (None: no open remediation)."""
+
+
+def node_change(old: NodeView | None, new: NodeView | None, now: float, *,
+                record: NodeRecord | None = None,
+                spare_selector: LabelSelector | None = None) -> NodeChange:
+    """What the Node's change from ``old`` (None: first seen) to ``new`` (None: deleted) means,
+    given its open remediation ``record`` and the fleet's ``spare_selector``."""
+    if new is None:
+        return NodeChange(old.name if old is not None else "", None)
+    beat = old is None or old.conditions != new.conditions
+    signals = tuple(condition_signals(new, now)) if beat else ()
+    new_spare = (old is not None and spare_selector is not None and old.labels != new.labels
+                 and spare_selector.matches(new.labels)
+                 and not spare_selector.matches(old.labels))
+    return NodeChange(new.name, new, signals, conditions_refreshed=beat,
+                      conditions_changed=beat and not only_heartbeats(old, new),
+                      new_spare=new_spare, triggers=admin_triggers(new, record, now),
+                      admin_state=admin_state(new, record))
+
+
+def admin_state(view: NodeView, record: NodeRecord | None) -> AdminState | None:
+    """Everything :func:`admin_triggers` reads, as one comparable value (None: no record)."""
+    if record is None:
+        return None
+    ann = view.annotations
+    return (view.unschedulable, ann.get(INCIDENT_ANNOTATION), ann.get(CORDONED_BY),
+            view.labels.get(EXCLUDE_LABEL), ann.get(REPAIR_RESULT), record.incident.id,
+            Phase(record.phase))
+
+
+def admin_triggers(view: NodeView, record: NodeRecord | None,
+                   now: float) -> tuple[Trigger, ...]:
+    """The triggers an admin (or a repair system) caused on ``view``'s open remediation:
+
+    * ADMIN_UNCORDON: the node is uncordoned while healer's cordon of this incident should be
+      on it (provenance annotations still name it);
+    * OPT_OUT: ``healer.io/exclude`` is ``true`` (any case);
+    * REPAIR: ``healer.io/repair-result`` is ``passed`` or ``failed`` (any case) while the
+      node is in repair."""
+    if record is None:
+        return ()
+    ann, incident, phase = view.annotations, record.incident.id, Phase(record.phase)
+    out: list[Trigger] = []
+    ours = (ann.get(INCIDENT_ANNOTATION) == incident
+            and ann.get(CORDONED_BY) == CORDONED_BY_HEALER)
+    if ours and not view.unschedulable and phase in MAY_BE_CORDONED:
+        out.append(Trigger(TriggerKind.ADMIN_UNCORDON, view.name, now, incident=incident))
+    if view.labels.get(EXCLUDE_LABEL, "").lower() == "true":
+        out.append(Trigger(TriggerKind.OPT_OUT, view.name, now, incident=incident))
+    result = ann.get(REPAIR_RESULT, "").lower()  # a repair system's (or human's) verdict
+    if phase is Phase.REPAIR and result in ("passed", "failed"):
+        out.append(Trigger(TriggerKind.REPAIR, view.name, now, incident=incident,
+                           repair_passed=result == "passed"))
+    return tuple(out)
