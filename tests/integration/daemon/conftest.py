@@ -16,7 +16,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
-from healer.app import ensure_crd
+from healer.adapters.kube.store import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.net import free_port

@@ -43,9 +43,9 @@ import pytest
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
+from healer.adapters.kube.store import ensure_crd
 from healer.adapters.slinky import SlinkyPods, pod_state, slurm_name
 from healer.adapters.slurm.parse import parse_node_line
-from healer.app import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
