@@ -12,10 +12,11 @@ JSON, always signed: ``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`
 of *that* hook (the checkpoint and the repair webhook each name their own Secret in
 ``secretRef``; a webhook without one is refused by the policy validator and, should one reach
 here, by :meth:`Secrets.key`), plus ``X-Healer-Event`` and an ``Idempotency-Key``; retried on
-connection errors and 5xx with backoff. A 2xx answer ``{"status": "done"}`` (or an empty body)
-acknowledges a checkpoint at once; ``{"status": "pending"}`` means the receiver answers later,
-by annotating the Node or by POSTing a signed, timestamped, single-use ack to healer's
-``/v1/hooks/ack`` (:mod:`healer.adapters.acks`), which writes the annotation.
+connection errors, 429 and 5xx (:data:`healer.adapters.retry.WEBHOOK`). A 2xx answer
+``{"status": "done"}`` (or an empty body) acknowledges a checkpoint at once;
+``{"status": "pending"}`` means the receiver answers later, by annotating the Node or by POSTing
+a signed, timestamped, single-use ack to healer's ``/v1/hooks/ack``
+(:mod:`healer.adapters.acks`), which writes the annotation.
 
 ``job``: healer creates a Kubernetes Job from a template (a ConfigMap ``namespace/name`` whose
 key ``job.yaml`` holds a Job manifest), named after the incident so it is created once, with
@@ -37,17 +38,12 @@ from typing import Any
 import aiohttp
 import yaml
 from kubernetes_asyncio import client
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
 from healer.adapters.kube.spares import REPAIR_LABEL, REPAIR_RESULT
+from healer.adapters.retry import WEBHOOK
 from healer.errors import PermanentError, TransientError
 from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
 
@@ -104,33 +100,30 @@ class WebhookHook:
                    "Idempotency-Key": f"{payload['incident']}/{kind}",
                    SIGNATURE: sign(await self.secrets.key(spec.secret_ref), body)}
         session = self._session or aiohttp.ClientSession()
-        try:
-            async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(self.attempts),
-                    wait=wait_exponential_jitter(multiplier=0.5, max=5, jitter=0.5),
-                    retry=retry_if_exception_type(TransientError), reraise=True):
-                with attempt:
+
+        async def once() -> dict[str, Any]:
+            try:
+                async with session.post(spec.url, data=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(self.timeout)) as r:
+                    text = await r.text()
+                    if r.status >= 500 or r.status == 429:
+                        raise TransientError(f"{kind} webhook {spec.url}: HTTP {r.status}")
+                    if r.status >= 400:
+                        raise PermanentError(f"{kind} webhook {spec.url}: HTTP {r.status}: "
+                                             f"{text[:200]}")
                     try:
-                        async with session.post(spec.url, data=body, headers=headers,
-                                                timeout=aiohttp.ClientTimeout(self.timeout)) as r:
-                            text = await r.text()
-                            if r.status >= 500 or r.status == 429:
-                                raise TransientError(f"{kind} webhook {spec.url}: HTTP "
-                                                     f"{r.status}")
-                            if r.status >= 400:
-                                raise PermanentError(f"{kind} webhook {spec.url}: HTTP "
-                                                     f"{r.status}: {text[:200]}")
-                            try:
-                                out = json.loads(text) if text.strip() else {}
-                            except ValueError:
-                                out = {}
-                            return out if isinstance(out, dict) else {}
-                    except (aiohttp.ClientError, TimeoutError) as e:
-                        raise TransientError(f"{kind} webhook {spec.url}: {e!r}") from e
+                        out = json.loads(text) if text.strip() else {}
+                    except ValueError:
+                        out = {}
+                    return out if isinstance(out, dict) else {}
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise TransientError(f"{kind} webhook {spec.url}: {e!r}") from e
+
+        try:
+            return await WEBHOOK.but(attempts=self.attempts).run(f"{kind} webhook", once)
         finally:
             if self._session is None:
                 await session.close()
-        raise AssertionError("unreachable")  # pragma: no cover
 
     async def checkpoint(self, incident: str, node: str, slurm_node: str,
                          spec: HookSpec) -> HookResult:

@@ -14,14 +14,9 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_exponential_jitter,
-)
 
 from healer.adapters.calls import timed
+from healer.adapters.retry import KUBERNETES
 from healer.errors import (
     ConfigError,
     ConflictError,
@@ -175,30 +170,26 @@ def _reason(e: ApiException) -> str:
 
 async def call(what: str, fn: Callable[[], Awaitable[T]], *, attempts: int = 4,
                retry_conflicts: bool = False) -> T:
-    """Run one API call; translate errors; retry transient ones with jittered backoff.
+    """Run one API call; translate errors; retry transient ones (the
+    :data:`~healer.adapters.retry.KUBERNETES` policy with ``attempts``).
 
     A 409 conflict is retried only with ``retry_conflicts`` (then ``fn`` must re-read the
     object, so the retry works on fresh data); otherwise it surfaces as ConflictError.
     """
 
     def retryable(e: BaseException) -> bool:
-        return isinstance(e, TransientError) and (
-            retry_conflicts or not isinstance(e, ConflictError))
+        return retry_conflicts or not isinstance(e, ConflictError)
 
-    async for attempt in AsyncRetrying(
-        stop=stop_after_attempt(attempts),
-        wait=wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2),
-        retry=retry_if_exception(retryable),
-        reraise=True,
-    ):
-        with attempt, timed("kubernetes", what.split(" ", 1)[0]):
+    async def once() -> T:
+        with timed("kubernetes", what.split(" ", 1)[0]):
             try:
                 return await fn()
             except HealerError:
                 raise
             except Exception as e:
                 raise translate(e, what) from e
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    return await KUBERNETES.but(attempts=attempts).run(what, once, retry_if=retryable)
 
 
 def to_dict(api: client.ApiClient, obj: Any) -> dict[str, Any]:

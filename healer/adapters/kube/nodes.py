@@ -7,8 +7,6 @@ overwrites a field it did not mean to change and never uncordons a node someone 
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -16,11 +14,13 @@ import orjson
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, to_dict, translate
+from healer.adapters.retry import Backoff
 from healer.core.model import NodeCondition, NodeView, Taint
 from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.errors import TransientError
-from healer.ports import NodeEvent
+from healer.ports import Clock, NodeEvent
 
 # provenance keys on Nodes (healer only undoes what carries its own incident id)
 CORDONED_BY = "healer.io/cordoned-by"
@@ -86,7 +86,7 @@ class KubeNodes:
     """The NodeAPI port on a real API server."""
 
     def __init__(self, api: client.ApiClient, *, watch_timeout: int = 300,
-                 clock: Any = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.watch_timeout = watch_timeout
@@ -125,7 +125,7 @@ class KubeNodes:
         list is skipped and the watch resumes from there.
         """
         rv = resource_version
-        backoff = 0.2
+        backoff = Backoff(0.2, 5.0, clock=self._clock)
         while True:
             if not rv:
                 try:
@@ -134,8 +134,7 @@ class KubeNodes:
                     err = translate(e, "list nodes")
                     if not isinstance(err, TransientError):
                         raise err from e
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await backoff.sleep()
                     continue
                 for item in items:
                     yield NodeEvent("ADDED", node_view(item), str(
@@ -162,22 +161,19 @@ class KubeNodes:
                         view = node_view(raw)
                         self.versions[view.name] = new_rv
                         yield NodeEvent(str(etype), view, new_rv)
-                backoff = 0.2
+                backoff.reset()
             except ApiException as e:
                 if e.status == 410:
                     rv = ""  # compacted: re-list
                     continue
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.sleep()
             except (TimeoutError, TransientError, OSError):
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.sleep()
             except Exception as e:  # aiohttp errors and the like: translate, back off, resume
                 err = translate(e, "node watch")
                 if not isinstance(err, TransientError):
                     raise err from e
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await backoff.sleep()
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -223,7 +219,7 @@ class KubeNodes:
             return {"spec": {"unschedulable": True, "taints": taints},
                     "metadata": {"annotations": {
                         CORDONED_BY: HEALER, INCIDENT: incident, REASON: reason[:250],
-                        CORDONED_AT: rfc3339(self._clock())}}}, True
+                        CORDONED_AT: rfc3339(self._clock.now())}}}, True
         return bool(await self._read_modify_write(name, mutate, f"cordon {name}"))
 
     async def uncordon(self, name: str, incident: str) -> bool:

@@ -33,9 +33,9 @@ unreachable" and "JWT rejected by slurmctld" with HTTP 500 + errno -1 "Unspecifi
 passes the token through unverified, and even serves ``/openapi/v3`` with a bad one): that is a
 TransientError, and the token is dropped so the next attempt fetches a fresh one.
 
-Transient failures are retried with jittered exponential backoff (``attempts`` in all, short
-waits); writes are retried only when the request never reached the server (a connect error), so
-a signal is not sent twice.
+Transient failures are retried (:data:`healer.adapters.retry.QUICK`: ``attempts`` in all, short
+waits); writes are retried only when the request never reached the server (a connect error),
+so a signal is not sent twice.
 """
 
 from __future__ import annotations
@@ -49,14 +49,9 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from healer.adapters.calls import timed
+from healer.adapters.retry import QUICK
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
 from healer.errors import (
@@ -350,18 +345,16 @@ class SlurmrestdDriver:
                        json: Any = None, write: bool = False) -> dict[str, Any]:
         """Send with retries: reads on any TransientError, writes only on connect errors."""
         def retryable(e: BaseException) -> bool:
-            return isinstance(e, _ConnectFailed if write else TransientError)
+            return isinstance(e, _ConnectFailed) or not write
 
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_random_exponential(multiplier=0.1, max=1.0),
-            retry=retry_if_exception(retryable), reraise=True)
         # operation: the method and the endpoint's kind (``GET nodes``), never a name
         op = f"{method} {_endpoint(path)}"
-        async for attempt in retrying:
-            with attempt, timed("slurmrestd", op):
+
+        async def once() -> dict[str, Any]:
+            with timed("slurmrestd", op):
                 return await self._send(method, path, params=params, json=json)
-        raise AssertionError("unreachable: tenacity re-raises the last error")
+
+        return await QUICK.but(attempts=self.attempts).run(op, once, retry_if=retryable)
 
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
