@@ -18,8 +18,7 @@ from healer.adapters.kube.events import KubeEvents, event_name
 from healer.adapters.kube.nodes import INCIDENT, KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
 from healer.adapters.kube.spares import CLAIMED_BY, KubeSparePool
-from healer.adapters.kube.store import CRStateStore
-from healer.app import ensure_crd
+from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.core.model import GpuRef, Incident, NodeRecord, Outcome, Severity, StepRecord
 from healer.core.rules import LabelSelector
 from healer.errors import ConflictError
