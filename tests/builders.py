@@ -25,8 +25,8 @@ from healer.core.model import (
     NodeCondition,
     NodeRecord,
     NodeView,
-    Outcome,
     Severity,
+    StepOutcome,
     StepRecord,
 )
 from healer.core.phases import Phase
@@ -51,8 +51,8 @@ def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
     )
 
 
-def policies(*ps: cp.Policy, fleet: cp.FleetGuardrails | None = None) -> cp.PolicySet:
-    return cp.PolicySet(tuple(ps) or (policy(),), fleet or cp.FleetGuardrails())
+def policies(*ps: cp.Policy, fleet: cp.FleetRules | None = None) -> cp.PolicySet:
+    return cp.PolicySet(tuple(ps) or (policy(),), fleet or cp.FleetRules())
 
 
 def node(name: str, *, labels: dict[str, str] | None = None, unschedulable: bool = False,
@@ -83,7 +83,7 @@ def open_step(name: str, at: float = T0, attempts: int = 1) -> StepRecord:
 
 
 def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
-    return StepRecord(name, at, 1, at + 1, Outcome.OK, "", detail)
+    return StepRecord(name, at, 1, at + 1, StepOutcome.OK, "", detail)
 
 
 def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,

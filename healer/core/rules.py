@@ -326,7 +326,7 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetGuardrails:
+class FleetRules:
     """Guardrails over the whole fleet, across policies (``kind: FleetGuardrails``)."""
 
     guardrails: Guardrails = Guardrails()
@@ -345,7 +345,7 @@ class PolicySet:
     """
 
     policies: tuple[Policy, ...]
-    fleet: FleetGuardrails = FleetGuardrails()
+    fleet: FleetRules = FleetRules()
     digest: str = ""
 
     def policies_for(self, node: NodeView) -> list[Policy]:

@@ -254,11 +254,11 @@ def compile_policy(doc: s.RemediationPolicy, catalog: XidCatalog,
                        source=source)
 
 
-def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetGuardrails:
+def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetRules:
     issues: list[Issue] = []
     sel = _selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
     g = _guardrails(doc.spec.guardrails, ("spec", "guardrails"), issues)
     if issues:
         raise CompileErrors(issues)
-    return core.FleetGuardrails(guardrails=g, spare_selector=sel, paused=doc.spec.paused,
+    return core.FleetRules(guardrails=g, spare_selector=sel, paused=doc.spec.paused,
                                 source=source)

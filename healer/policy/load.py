@@ -80,7 +80,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
                                 "no policy files (*.yaml) found"))
     policies: list[tuple[core.Policy, SourceDoc]] = []
-    fleets: list[tuple[core.FleetGuardrails, SourceDoc]] = []
+    fleets: list[tuple[core.FleetRules, SourceDoc]] = []
     digest = hashlib.sha256()
     if len(files) > MAX_FILES:
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
@@ -105,14 +105,14 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
     plist = [p for p, _ in policies]
     if max_mode is not None:
         plist = [replace(p, mode=max_mode) if p.mode.rank > max_mode.rank else p for p in plist]
-    fleet = fleets[0][0] if fleets else core.FleetGuardrails()
+    fleet = fleets[0][0] if fleets else core.FleetRules()
     return core.PolicySet(policies=tuple(sorted(plist, key=lambda p: p.name)), fleet=fleet,
                           digest=digest.hexdigest()[:16])
 
 
 def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
                policies: list[tuple[core.Policy, SourceDoc]],
-               fleets: list[tuple[core.FleetGuardrails, SourceDoc]],
+               fleets: list[tuple[core.FleetRules, SourceDoc]],
                digest: Any, total: Budget) -> None:
     try:
         text = read_source(f, total=total)
@@ -140,7 +140,7 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
         compiled = _load_doc(doc, catalog, problems)
         if isinstance(compiled, core.Policy):
             policies.append((compiled, doc))
-        elif isinstance(compiled, core.FleetGuardrails):
+        elif isinstance(compiled, core.FleetRules):
             fleets.append((compiled, doc))
 
 
@@ -156,7 +156,7 @@ def _where(doc: SourceDoc) -> str:
 
 
 def _load_doc(doc: SourceDoc, catalog: XidCatalog,
-              problems: list[Problem]) -> core.Policy | core.FleetGuardrails | None:
+              problems: list[Problem]) -> core.Policy | core.FleetRules | None:
     data = doc.data
     if not isinstance(data, dict):
         problems.append(Problem(doc.file, doc.start_line, "",
@@ -194,7 +194,7 @@ def _load_doc(doc: SourceDoc, catalog: XidCatalog,
 
 
 def _cross_file_checks(policies: Sequence[tuple[core.Policy, SourceDoc]],
-                       fleets: Sequence[tuple[core.FleetGuardrails, SourceDoc]],
+                       fleets: Sequence[tuple[core.FleetRules, SourceDoc]],
                        problems: list[Problem]) -> None:
     seen: dict[str, SourceDoc] = {}
     for p, doc in policies:

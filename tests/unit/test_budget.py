@@ -32,7 +32,7 @@ def g(**kw: object) -> cp.Guardrails:
 
 
 def admit(pol: cp.Policy, v: object, n: str = "n1", serials: tuple[str, ...] = (),
-          fleet: cp.FleetGuardrails | None = None, now: float = T0) -> object:
+          fleet: cp.FleetRules | None = None, now: float = T0) -> object:
     return check_admission(n, serials, pol, v, now)  # type: ignore[arg-type]
 
 
@@ -88,7 +88,7 @@ def test_failure_domain_limit() -> None:
 
 def test_fleet_guardrails_apply_across_policies() -> None:
     p1, p2 = policy("a", labels={"pool": "a"}), policy("b", labels={"pool": "b"})
-    fleet = cp.FleetGuardrails(guardrails=g(max_concurrent=1))
+    fleet = cp.FleetRules(guardrails=g(max_concurrent=1))
     nodes = [node("n1", pool="a"), node("n2", pool="b")]
     v = view(policies(p1, p2, fleet=fleet), nodes,
              records=[record(Phase.DRAINING, nodename="n2", policy_name="b")])
@@ -260,7 +260,7 @@ def test_replaced_nodes_and_spares_are_outside_the_population() -> None:
     index.set_record(record(Phase.REPAIR, nodename="n2", spare="s1"))
     assert set(index.members(POLICY)) == {"n1"}
     # a spare selector without matchLabels excludes nothing (as before)
-    index.set_policies(cp.PolicySet((POLICY,), cp.FleetGuardrails(spare_selector=cp.LabelSelector(
+    index.set_policies(cp.PolicySet((POLICY,), cp.FleetRules(spare_selector=cp.LabelSelector(
         {}, (("healer.io/role", "Exists", frozenset()),)))))
     assert set(index.members(None)) == {"n1", "s1"}
 

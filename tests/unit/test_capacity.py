@@ -359,7 +359,7 @@ def policy_sets(draw: st.DrawFn) -> cp.PolicySet:
     sels = draw(st.lists(st.sampled_from(SELECTORS), min_size=n, max_size=n))
     pols = tuple(cp.Policy(f"p{i}", sel, (), guardrails=draw(guardrails))
                  for i, sel in enumerate(sels))
-    fleet = cp.FleetGuardrails(draw(guardrails), draw(st.sampled_from(SPARE_SELECTORS)),
+    fleet = cp.FleetRules(draw(guardrails), draw(st.sampled_from(SPARE_SELECTORS)),
                                draw(st.integers(0, 19)) == 0)
     return cp.PolicySet(pols, fleet)
 
@@ -522,7 +522,7 @@ FLEET_POLICIES = cp.PolicySet((
         failure_domains=(cp.FailureDomain("zone", 50),),
         breaker=cp.Breaker(600, cp.Quantity(30, True), 1800), retry_budget=cp.RetryBudget())),
     cp.Policy("b", cp.LabelSelector({}, (("pool", "In", frozenset({"b"})),)), ())),
-    cp.FleetGuardrails(cp.Guardrails(max_unavailable=cp.Quantity(50, True),
+    cp.FleetRules(cp.Guardrails(max_unavailable=cp.Quantity(50, True),
                                      breaker=cp.Breaker(600, cp.Quantity(30, True), 1800))))
 
 

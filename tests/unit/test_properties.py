@@ -109,7 +109,7 @@ def _limit(g: cp.Guardrails, population: int) -> int | None:
 
 
 class Checker:
-    def __init__(self, policy: cp.Policy, fleet: cp.FleetGuardrails, world: SimWorld) -> None:
+    def __init__(self, policy: cp.Policy, fleet: cp.FleetRules, world: SimWorld) -> None:
         self.policy, self.fleet, self.world = policy, fleet, world
         self.steps = 0
         self.counts = {"admission": 0, "recovery": 0, "drain-exit": 0, "cancel": 0}
@@ -210,7 +210,7 @@ def _run(fleet: Fleet, evs: list[Event], g: cp.Guardrails, fg: cp.Guardrails,
     world = SimWorld(nodes, jobs, lat, {f"n{i}": (HOUR, i % 3 != 0) for i in range(fleet.nodes)})
     pol = cp.Policy("p", cp.LabelSelector(dict(GPU_LABELS)), (FATAL, HOT, STALE), steps_, g,
                     cp.Mode.ACT)
-    fleet_g = cp.FleetGuardrails(guardrails=fg)
+    fleet_g = cp.FleetRules(guardrails=fg)
     replay = Replay(cp.PolicySet((pol,), fleet_g), world, T0)
     checker = Checker(pol, fleet_g, world)
     replay.on_step = checker

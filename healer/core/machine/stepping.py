@@ -24,7 +24,7 @@ from healer.core.model import (
     EventRecord,
     HealthState,
     NodeRecord,
-    Outcome,
+    StepOutcome,
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
@@ -146,8 +146,8 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     if trigger.kind is TriggerKind.STEP and r is not None:
         s = record.step(r.step)
         if s is not None and not s.done and r.status is not StepStatus.PENDING:
-            outcome = {StepStatus.DONE: Outcome.OK, StepStatus.FAILED: Outcome.FAILED,
-                       StepStatus.UNAVAILABLE: Outcome.FAILED}.get(r.status)
+            outcome = {StepStatus.DONE: StepOutcome.OK, StepStatus.FAILED: StepOutcome.FAILED,
+                       StepStatus.UNAVAILABLE: StepOutcome.FAILED}.get(r.status)
             if outcome is not None:
                 record = record.with_step(replace(s, finished_at=now, outcome=outcome,
                                                   error=r.error, detail=_detail(r)))
