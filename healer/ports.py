@@ -13,13 +13,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from healer.core.model import NodeRecord, NodeView, Signal
+from healer.core.vocabulary import SLURM_REASON_PREFIX
 
 # ---------------------------------------------------------------------------------------------
 # Slurm
-
-
-#: Prefix of every drain reason healer sets (same as healer.core.machine.REASON_PREFIX).
-SLURM_REASON_PREFIX = "healer: "
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,9 +25,24 @@ from typing import Any
 
 from healer.core.model import NodeCondition, NodeRecord, NodeView, Signal, Taint
 from healer.core.topology import rank_spares, same_domain_spares, slinky_topology_spec
+from healer.core.vocabulary import (
+    CLAIMED_BY,
+    CORDONED_BY,
+    CORDONED_BY_HEALER,
+    INCIDENT_ANNOTATION,
+    REASON_ANNOTATION,
+    REMEDIATION_TAINT,
+    REPAIR_LABEL,
+    REPAIR_PENDING,
+    REPAIR_RESULT,
+    ROLE_LABEL,
+    SLURM_REASON_PREFIX,
+    SPARE_ROLE,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import ConflictError, NotFoundError
 from healer.ports import (
-    SLURM_REASON_PREFIX,
     HookResult,
     HookSpec,
     NodeEvent,
@@ -36,9 +51,6 @@ from healer.ports import (
     StepOutcome,
     StoredRecord,
 )
-
-SPARE_LABEL = "healer.io/role"
-SPARE_TAINT = "healer.io/spare"
 
 
 class Faulty:
@@ -191,29 +203,29 @@ class FakeNodes(Faulty):
     async def cordon(self, name: str, incident: str, reason: str) -> bool:
         self._enter("cordon", name, incident)
         n = self._nodes[name]
-        if n.unschedulable and n.annotations.get("healer.io/cordoned-by") != "healer":
-            n.annotations["healer.io/incident"] = incident
+        if n.unschedulable and n.annotations.get(CORDONED_BY) != CORDONED_BY_HEALER:
+            n.annotations[INCIDENT_ANNOTATION] = incident
             self._publish("MODIFIED", name)
             return False
-        if n.annotations.get("healer.io/incident") == incident and n.unschedulable:
+        if n.annotations.get(INCIDENT_ANNOTATION) == incident and n.unschedulable:
             return True
         n.unschedulable = True
-        n.annotations.update({"healer.io/cordoned-by": "healer", "healer.io/incident": incident,
-                              "healer.io/reason": reason})
-        if not any(t.key == "healer.io/remediation" for t in n.taints):
-            n.taints.append(Taint("healer.io/remediation", "true", "NoSchedule"))
+        n.annotations.update({CORDONED_BY: CORDONED_BY_HEALER, INCIDENT_ANNOTATION: incident,
+                              REASON_ANNOTATION: reason})
+        if not any(t.key == REMEDIATION_TAINT for t in n.taints):
+            n.taints.append(Taint(REMEDIATION_TAINT, TAINT_VALUE, TAINT_EFFECT))
         self._publish("MODIFIED", name)
         return True
 
     async def uncordon(self, name: str, incident: str) -> bool:
         self._enter("uncordon", name, incident)
         n = self._nodes[name]
-        if n.annotations.get("healer.io/incident") != incident:
+        if n.annotations.get(INCIDENT_ANNOTATION) != incident:
             return False
-        ours = n.annotations.get("healer.io/cordoned-by") == "healer"
-        for k in ("healer.io/cordoned-by", "healer.io/incident", "healer.io/reason"):
+        ours = n.annotations.get(CORDONED_BY) == CORDONED_BY_HEALER
+        for k in (CORDONED_BY, INCIDENT_ANNOTATION, REASON_ANNOTATION):
             n.annotations.pop(k, None)
-        n.taints = [t for t in n.taints if t.key != "healer.io/remediation"]
+        n.taints = [t for t in n.taints if t.key != REMEDIATION_TAINT]
         if ours:
             n.unschedulable = False
         self._publish("MODIFIED", name)
@@ -418,34 +430,34 @@ class FakeSpares(Faulty):
         self.nodes = nodes
 
     async def _candidates(self) -> list[NodeView]:
-        return [n for n in await self.nodes.list() if n.labels.get(SPARE_LABEL) == "spare"
-                and not n.annotations.get("healer.io/claimed-by")]
+        return [n for n in await self.nodes.list() if n.labels.get(ROLE_LABEL) == SPARE_ROLE
+                and not n.annotations.get(CLAIMED_BY)]
 
     async def claim(self, node: str, incident: str, *, same_domain: bool = False
                     ) -> str | None:
         self._enter("claim", node, incident)
         for n in await self.nodes.list():
-            if n.annotations.get("healer.io/claimed-by") == incident:
+            if n.annotations.get(CLAIMED_BY) == incident:
                 return n.name
         rank = same_domain_spares if same_domain else rank_spares
         ranked = rank(await self.nodes.get(node), await self._candidates())
         if not ranked:
             return None
         spare = ranked[0].name
-        self.nodes.set(spare, labels={SPARE_LABEL: None},
-                       annotations={"healer.io/claimed-by": incident})
+        self.nodes.set(spare, labels={ROLE_LABEL: None},
+                       annotations={CLAIMED_BY: incident})
         return spare
 
     async def release(self, spare: str, incident: str) -> None:
         self._enter("release", spare, incident)
-        if self.nodes.node(spare).annotations.get("healer.io/claimed-by") == incident:
-            self.nodes.set(spare, labels={SPARE_LABEL: "spare"},
-                           annotations={"healer.io/claimed-by": None})
+        if self.nodes.node(spare).annotations.get(CLAIMED_BY) == incident:
+            self.nodes.set(spare, labels={ROLE_LABEL: SPARE_ROLE},
+                           annotations={CLAIMED_BY: None})
 
     async def return_to_pool(self, node: str, incident: str) -> None:
         self._enter("return_to_pool", node, incident)
-        self.nodes.set(node, labels={SPARE_LABEL: "spare", "healer.io/repair": None},
-                       annotations={"healer.io/repair-result": None})
+        self.nodes.set(node, labels={ROLE_LABEL: SPARE_ROLE, REPAIR_LABEL: None},
+                       annotations={REPAIR_RESULT: None})
 
     async def depth(self) -> Mapping[str, int]:
         return {"default": len(await self._candidates())}
@@ -538,8 +550,8 @@ class FakeRepair(Faulty):
 
     async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
         self._enter("hand_off", incident)
-        self.nodes.set(node, labels={"healer.io/repair": "pending"},
-                       annotations={"healer.io/repair-result": None})
+        self.nodes.set(node, labels={REPAIR_LABEL: REPAIR_PENDING},
+                       annotations={REPAIR_RESULT: None})
         return HookResult(StepOutcome.DONE)
 
 
@@ -575,7 +587,7 @@ def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = No
     """Every fake, wired together (keys match healer.runtime.executor.Ports fields)."""
     fn = FakeNodes(nodes)
     slurm = FakeSlurm(slurm_nodes if slurm_nodes is not None else
-                      [n.name for n in nodes if n.labels.get(SPARE_LABEL) != "spare"], slurm_path)
+                      [n.name for n in nodes if n.labels.get(ROLE_LABEL) != SPARE_ROLE], slurm_path)
     return {"nodes": fn, "events": FakeEvents(), "slurm": slurm, "spares": FakeSpares(fn),
             "workload": FakeWorkload(slurm), "topology": FakeTopology(fn),
             "validator": FakeValidator(), "checkpoint": FakeCheckpoint(slurm),

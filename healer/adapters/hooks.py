@@ -42,13 +42,17 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
-from healer.adapters.kube.spares import REPAIR_LABEL, REPAIR_RESULT
 from healer.adapters.retry import WEBHOOK
+from healer.core.vocabulary import (
+    CHECKPOINT_ACK,
+    REPAIR_INCIDENT,
+    REPAIR_LABEL,
+    REPAIR_PENDING,
+    REPAIR_RESULT,
+)
 from healer.errors import PermanentError, TransientError
 from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
 
-CHECKPOINT_ACK = "healer.io/checkpoint-ack"
-REPAIR_INCIDENT = "healer.io/repair-incident"
 SIGNATURE = "X-Healer-Signature"
 MAX_REMEMBERED = 10_000
 
@@ -217,7 +221,7 @@ class RepairRouter:
     async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
         view = await self.nodes.get(node)
         if view.annotations.get(REPAIR_INCIDENT) != incident:
-            await self.nodes.patch_metadata(node, labels={REPAIR_LABEL: "pending"},
+            await self.nodes.patch_metadata(node, labels={REPAIR_LABEL: REPAIR_PENDING},
                                             annotations={REPAIR_INCIDENT: incident,
                                                          REPAIR_RESULT: None})
         if spec.kind in ("", "none"):

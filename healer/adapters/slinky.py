@@ -48,11 +48,20 @@ import structlog
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import call, to_dict
-from healer.adapters.kube.nodes import CORDONED_BY, HEALER, KubeNodes
+from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
+from healer.core.vocabulary import (
+    CLAIM_LABEL,
+    CLAIMED_BY,
+    CORDONED_BY,
+    CORDONED_BY_HEALER,
+    SLURM_REASON_PREFIX,
+    SPARE_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.ports import (
-    SLURM_REASON_PREFIX,
     HookResult,
     SlurmDriver,
     SlurmJob,
@@ -71,8 +80,6 @@ BASE_STATES = ("Allocated", "Down", "Error", "Future", "Idle", "Mixed", "Unknown
 INCIDENT_IN_REASON = re.compile(r"\[([^\]\s]+)\]\s*$")
 NODESET_INSTANCE = "app.kubernetes.io/instance"
 NODESET_CRD = "nodesets.slinky.slurm.net"
-# the spare pool's keys (healer.adapters.kube.spares imports this module through hooks)
-SPARE_TAINT, CLAIM_LABEL, CLAIMED_BY = "healer.io/spare", "healer.io/claim", "healer.io/claimed-by"
 
 log = structlog.get_logger("healer.adapters.slinky")
 
@@ -333,7 +340,7 @@ class SlinkyDriver:
         m = INCIDENT_IN_REASON.search(reason)
         incident = m.group(1) if m else reason
         k8s = await self.nodes.get(host)
-        if k8s.unschedulable and k8s.annotations.get(CORDONED_BY) != HEALER:
+        if k8s.unschedulable and k8s.annotations.get(CORDONED_BY) != CORDONED_BY_HEALER:
             return False  # someone else's cordon: the operator drains with their reason
         current = k8s.annotations.get(CORDON_REASON)
         if current is None or current.startswith(SLURM_REASON_PREFIX):
@@ -571,7 +578,7 @@ class SlinkyWorkload:
         if (meta.get("annotations") or {}).get(CLAIMED_BY) != incident or \
                 any(t.get("key") == SPARE_TAINT for t in taints):
             return
-        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
+        taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
         await self.nodes._patch(spare, {"metadata": {"resourceVersion": meta["resourceVersion"]},
                                         "spec": {"taints": taints}})
 

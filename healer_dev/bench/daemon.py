@@ -19,7 +19,8 @@ import asyncio
 from collections.abc import Sequence
 
 from healer.app import Overrides, run
-from healer.ports import SLURM_REASON_PREFIX, HookResult, SlurmJob, SlurmNodeState, StepOutcome
+from healer.core.vocabulary import SLURM_REASON_PREFIX
+from healer.ports import HookResult, SlurmJob, SlurmNodeState, StepOutcome
 from healer.runtime.controller import RuntimeSettings
 from healer.settings import (
     HttpSettings,

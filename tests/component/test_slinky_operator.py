@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from healer.adapters.kube.hooks import NO_COPY_NOTE, TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.kube.spares import CLAIMED_BY, SPARE_TAINT, KubeSparePool
+from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.slinky import (
     CORDON_REASON,
     OperatorCapabilities,
@@ -27,6 +27,7 @@ from healer.adapters.slinky import (
 )
 from healer.core import rules as cp
 from healer.core.phases import Phase
+from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT
 from healer.errors import PermanentError
 from healer.ports import HookResult, StepOutcome
 from healer_dev.testing import FakeSlurm, fake_ports

@@ -29,9 +29,8 @@ from healer.errors import (
 
 T = TypeVar("T")
 
-#: Field manager and reporting controller for everything healer writes.
+#: Field manager for everything healer writes.
 FIELD_MANAGER = "healer"
-CONTROLLER = "healer.io/healer"
 
 
 #: A kubeconfig larger than this is refused (real ones are a few KiB).

@@ -19,16 +19,18 @@ from healer.adapters.kube.client import call, to_dict, translate
 from healer.adapters.retry import Backoff
 from healer.core.model import NodeCondition, NodeView, Taint
 from healer.core.timefmt import parse_rfc3339, rfc3339
+from healer.core.vocabulary import (
+    CORDONED_AT,
+    CORDONED_BY,
+    CORDONED_BY_HEALER,
+    INCIDENT_ANNOTATION,
+    REASON_ANNOTATION,
+    REMEDIATION_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import TransientError
 from healer.ports import Clock, NodeEvent
-
-# provenance keys on Nodes (healer only undoes what carries its own incident id)
-CORDONED_BY = "healer.io/cordoned-by"
-INCIDENT = "healer.io/incident"
-REASON = "healer.io/reason"
-CORDONED_AT = "healer.io/cordoned-at"
-TAINT_KEY = "healer.io/remediation"
-HEALER = "healer"
 
 
 def _ts(value: Any) -> float:
@@ -204,21 +206,23 @@ class KubeNodes:
             meta, spec = raw["metadata"], raw.get("spec") or {}
             ann = meta.get("annotations") or {}
             taints = list(spec.get("taints") or [])
-            if spec.get("unschedulable") and ann.get(CORDONED_BY) != HEALER:
+            if spec.get("unschedulable") and ann.get(CORDONED_BY) != CORDONED_BY_HEALER:
                 # someone else cordoned it: never take their cordon over (so healer will never
                 # uncordon it); only record which incident is looking at the node
-                if ann.get(INCIDENT) == incident:
+                if ann.get(INCIDENT_ANNOTATION) == incident:
                     return None, False
-                return {"metadata": {"annotations": {INCIDENT: incident, REASON: reason[:250]}}
-                        }, False
-            has_taint = any(t.get("key") == TAINT_KEY for t in taints)
-            if ann.get(INCIDENT) == incident and spec.get("unschedulable") and has_taint:
+                return {"metadata": {"annotations": {
+                    INCIDENT_ANNOTATION: incident, REASON_ANNOTATION: reason[:250]}}}, False
+            has_taint = any(t.get("key") == REMEDIATION_TAINT for t in taints)
+            if ann.get(INCIDENT_ANNOTATION) == incident and spec.get("unschedulable") and has_taint:
                 return None, True  # already done: idempotent
             if not has_taint:
-                taints.append({"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+                taints.append({"key": REMEDIATION_TAINT, "value": TAINT_VALUE,
+                               "effect": TAINT_EFFECT})
             return {"spec": {"unschedulable": True, "taints": taints},
                     "metadata": {"annotations": {
-                        CORDONED_BY: HEALER, INCIDENT: incident, REASON: reason[:250],
+                        CORDONED_BY: CORDONED_BY_HEALER, INCIDENT_ANNOTATION: incident,
+                        REASON_ANNOTATION: reason[:250],
                         CORDONED_AT: rfc3339(self._clock.now())}}}, True
         return bool(await self._read_modify_write(name, mutate, f"cordon {name}"))
 
@@ -226,12 +230,13 @@ class KubeNodes:
         def mutate(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
             meta, spec = raw["metadata"], raw.get("spec") or {}
             ann = meta.get("annotations") or {}
-            if ann.get(INCIDENT) != incident:
+            if ann.get(INCIDENT_ANNOTATION) != incident:
                 return None, False  # not ours (or already undone)
-            ours = ann.get(CORDONED_BY) == HEALER
-            taints = [t for t in spec.get("taints") or [] if t.get("key") != TAINT_KEY]
+            ours = ann.get(CORDONED_BY) == CORDONED_BY_HEALER
+            taints = [t for t in spec.get("taints") or [] if t.get("key") != REMEDIATION_TAINT]
             body: dict[str, Any] = {"metadata": {"annotations": {
-                CORDONED_BY: None, INCIDENT: None, REASON: None, CORDONED_AT: None}}}
+                CORDONED_BY: None, INCIDENT_ANNOTATION: None, REASON_ANNOTATION: None,
+                CORDONED_AT: None}}}
             if ours:
                 body["spec"] = {"unschedulable": None, "taints": taints or None}
             return body, ours

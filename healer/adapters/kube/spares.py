@@ -33,14 +33,17 @@ from healer.core.topology import (
     same_domain_spares,
     slinky_topology_spec,
 )
+from healer.core.vocabulary import (
+    CLAIM_LABEL,
+    CLAIMED_AT,
+    CLAIMED_BY,
+    REPAIR_LABEL,
+    REPAIR_RESULT,
+    SPARE_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import ConflictError
-
-CLAIMED_BY = "healer.io/claimed-by"
-CLAIMED_AT = "healer.io/claimed-at"
-CLAIM_LABEL = "healer.io/claim"
-SPARE_TAINT = "healer.io/spare"
-REPAIR_LABEL = "healer.io/repair"
-REPAIR_RESULT = "healer.io/repair-result"
 
 
 class KubeSparePool:
@@ -110,7 +113,7 @@ class KubeSparePool:
         # the spare taint stays (closed until the move opens it); make sure it is there
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
-        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
+        taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
         annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
         if self.topology_name is not None:
             spec = slinky_topology_spec(node_view(raw), self.topology_name)
@@ -130,7 +133,7 @@ class KubeSparePool:
     def _pool_patch(self, raw: dict[str, Any]) -> dict[str, Any]:
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
-        taints.append({"key": SPARE_TAINT, "value": "true", "effect": "NoSchedule"})
+        taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
         labels: dict[str, str | None] = dict(self.selector.match_labels)
         labels.update(dict.fromkeys(self.claim_labels))
         labels[REPAIR_LABEL] = None

@@ -39,8 +39,9 @@ from healer.adapters.slurm.parse import (
     parse_squeue,
     scontrol_error_kind,
 )
+from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.errors import NotFoundError, PermanentError, TransientError
-from healer.ports import SLURM_REASON_PREFIX, SlurmJob, SlurmNodeState
+from healer.ports import SlurmJob, SlurmNodeState
 
 __all__ = ["CommandResult", "ScontrolDriver", "normalize_signal"]
 

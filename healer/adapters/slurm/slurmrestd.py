@@ -54,13 +54,14 @@ from healer.adapters.calls import timed
 from healer.adapters.retry import QUICK
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
+from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.errors import (
     ForbiddenError,
     NotFoundError,
     PermanentError,
     TransientError,
 )
-from healer.ports import SLURM_REASON_PREFIX, SlurmJob, SlurmNodeState
+from healer.ports import SlurmJob, SlurmNodeState
 
 __all__ = [
     "READ_ONLY_VERSIONS",

@@ -15,12 +15,13 @@ from kubernetes_asyncio import client
 
 from healer.adapters.kube.crd import crd_manifest
 from healer.adapters.kube.events import KubeEvents, event_name
-from healer.adapters.kube.nodes import INCIDENT, KubeNodes
+from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
-from healer.adapters.kube.spares import CLAIMED_BY, KubeSparePool
+from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.core.model import GpuRef, Incident, NodeRecord, Severity, StepOutcome, StepRecord
 from healer.core.rules import LabelSelector
+from healer.core.vocabulary import CLAIMED_BY, INCIDENT_ANNOTATION
 from healer.errors import ConflictError
 from healer_dev.devstack.kube import KubeStack, fake_node
 from tests.integration.waiting import wait_for
@@ -129,13 +130,13 @@ async def test_cordon_never_takes_over_a_human_cordon(
     assert await kn.cordon(names[1], "inc-2", "healer: test") is True  # idempotent
     v = await kn.get(names[1])
     assert v.unschedulable
-    assert v.annotations[INCIDENT] == "inc-2"
+    assert v.annotations[INCIDENT_ANNOTATION] == "inc-2"
     assert any(t.key == "healer.io/remediation" for t in v.taints)
     assert await kn.uncordon(names[1], "inc-other") is False
     assert await kn.uncordon(names[1], "inc-2") is True
     v = await kn.get(names[1])
     assert not v.unschedulable
-    assert INCIDENT not in v.annotations
+    assert INCIDENT_ANNOTATION not in v.annotations
     assert not any(t.key == "healer.io/remediation" for t in v.taints)
 
 

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client, watch
 
-from healer.adapters.kube.nodes import INCIDENT, KubeNodes
-from healer.adapters.kube.spares import SPARE_TAINT, KubeSparePool
+from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, SlinkyWorkload, pod_state
 from healer.core.rules import LabelSelector
+from healer.core.vocabulary import INCIDENT_ANNOTATION, SPARE_TAINT
 from healer.ports import SlurmNodeState, StepOutcome
 from tests.integration.slinky.conftest import OPERATOR, Rig, host_of, serving, until
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
@@ -101,7 +102,7 @@ async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
         node = await rig.read_node(host0)
         assert node["spec"]["unschedulable"] is True
         assert node["metadata"]["annotations"][CORDON_REASON] == reason
-        assert node["metadata"]["annotations"][INCIDENT] == "inc-7"
+        assert node["metadata"]["annotations"][INCIDENT_ANNOTATION] == "inc-7"
     finally:
         recorder.cancel()
         with contextlib.suppress(asyncio.CancelledError):
