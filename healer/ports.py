@@ -79,10 +79,11 @@ class SlurmDriver(Protocol):
     with a reason healer did not set, the driver keeps that reason and returns False (healer
     then does not own the drain and will never clear it). ``undrain`` clears only a reason that
     starts with ``healer: `` *and* contains ``incident`` (when given); otherwise it does nothing
-    and returns False.
+    and returns False. ``incident`` is the remediation's id, as data: a driver that needs it
+    (Slinky: the cordon's provenance) takes it from here, never from the reason's text.
     """
 
-    async def drain(self, node: str, reason: str) -> bool: ...
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool: ...
 
     async def undrain(self, node: str, incident: str = "") -> bool: ...
 

@@ -355,7 +355,7 @@ class FakeSlurm(Faulty):
         return list(self._state["log"])
 
     # the port
-    async def drain(self, node: str, reason: str) -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
         self._enter("drain", node)
         self._sync()
         n = self._state["nodes"][node]

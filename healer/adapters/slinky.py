@@ -77,7 +77,6 @@ SCALING_MODE_LABEL = "nodeset.slinky.slurm.net/scaling-mode"
 OPERATOR_PREFIX = "slurm-operator: "
 CONDITION_PREFIX = "SlurmNodeState"
 BASE_STATES = ("Allocated", "Down", "Error", "Future", "Idle", "Mixed", "Unknown")
-INCIDENT_IN_REASON = re.compile(r"\[([^\]\s]+)\]\s*$")
 NODESET_INSTANCE = "app.kubernetes.io/instance"
 NODESET_CRD = "nodesets.slinky.slurm.net"
 
@@ -284,11 +283,11 @@ class SlinkyDriver:
     """SlurmDriver on Slinky. Job listing and signals need Slurm's own API: give ``jobs`` a
     slurmrestd (or scontrol) driver; without one, checkpoint signals are unavailable."""
 
-    def __init__(self, api: client.ApiClient, *, namespace: str, nodes: KubeNodes | None = None,
+    def __init__(self, api: client.ApiClient, nodes: KubeNodes, *, namespace: str,
                  jobs: SlurmDriver | None = None, nodeset: str = "",
                  capabilities: OperatorCapabilities | None = None) -> None:
         self.pods = SlinkyPods(api, namespace)
-        self.nodes = nodes or KubeNodes(api)
+        self.nodes = nodes
         self.jobs = jobs
         self.nodesets = NodeSets(api, namespace)
         self.nodeset = nodeset
@@ -326,7 +325,9 @@ class SlinkyDriver:
             return mirrored
         return replace(fresh, reason=carried_reason(fresh.reason))
 
-    async def drain(self, node: str, reason: str) -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+        """Drain through the operator: healer's cordon reason on the Node first, then the
+        cordon (its provenance names ``incident``; without one, the reason stands in)."""
         pod = await self.pods.by_slurm_name(node)
         st = pod_state(pod)
         host = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -337,8 +338,6 @@ class SlinkyDriver:
             # someone drained it with their own reason: theirs to clear (the flow goes on to
             # cordon and claim; move holds while that drain is there)
             return False
-        m = INCIDENT_IN_REASON.search(reason)
-        incident = m.group(1) if m else reason
         k8s = await self.nodes.get(host)
         if k8s.unschedulable and k8s.annotations.get(CORDONED_BY) != CORDONED_BY_HEALER:
             return False  # someone else's cordon: the operator drains with their reason
@@ -349,7 +348,7 @@ class SlinkyDriver:
         elif not k8s.unschedulable:
             return False  # an admin's cordon reason is waiting there: do not replace it
         # the operator drains on cordon; False: someone cordoned it in between (theirs)
-        return await self.nodes.cordon(host, incident, reason)
+        return await self.nodes.cordon(host, incident or reason, reason)
 
     async def undrain(self, node: str, incident: str = "") -> bool:
         pod = await self.pods.by_slurm_name(node)

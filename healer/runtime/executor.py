@@ -175,7 +175,7 @@ class Executor:
                 return _hook(await p.checkpoint.checkpoint(act.incident, act.node, sn, spec))
             case a.DrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.node)
-                owned = await p.slurm.drain(sn, act.reason)
+                owned = await p.slurm.drain(sn, act.reason, act.incident)
                 return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
                                                      "owner": "healer" if owned else "other"})
             case a.RequeueJobs():

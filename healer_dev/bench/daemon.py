@@ -38,7 +38,7 @@ class MemorySlurm:
     def __init__(self) -> None:
         self.reasons: dict[str, str] = {}
 
-    async def drain(self, node: str, reason: str) -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
         self.reasons[node] = reason
         return True
 

@@ -71,7 +71,7 @@ class Env:
                               nodeset="gpu")
 
     def driver(self) -> SlinkyDriver:
-        return SlinkyDriver(self.api, namespace="slurm", nodes=self.nodes, nodeset="gpu")
+        return SlinkyDriver(self.api, self.nodes, namespace="slurm", nodeset="gpu")
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ async def env() -> AsyncIterator[Env]:
     k = world()
     async with running(k) as api:
         nodes = KubeNodes(api)
-        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, namespace="slurm", nodes=nodes,
+        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, nodes, namespace="slurm",
                                                      nodeset="gpu"),
                             namespace="slurm", nodeset="gpu")
         pool = KubeSparePool(nodes, cp.LabelSelector({"healer.io/role": "spare"}),
@@ -203,7 +203,7 @@ async def test_daemonset_move_opens_the_spare() -> None:
     k = world(mode="DaemonSet")
     async with running(k) as api:
         nodes = KubeNodes(api)
-        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, namespace="slurm", nodes=nodes,
+        sw = SlinkyWorkload(api, nodes, SlinkyDriver(api, nodes, namespace="slurm",
                                                      nodeset="gpu"),
                             namespace="slurm", nodeset="gpu")
         pool = KubeSparePool(nodes, cp.LabelSelector({"healer.io/role": "spare"}),
@@ -324,7 +324,8 @@ async def test_drain_refuses_a_strategy_the_operator_cannot_serve(
     k.nodesets["gpu"] = nodeset(strategy=strategy)
     async with running(k) as api:
         with pytest.raises(PermanentError) as e:
-            await SlinkyDriver(api, namespace="slurm").drain("worker-0", HEALER_DRAIN)
+            await SlinkyDriver(api, KubeNodes(api), namespace="slurm").drain(
+                "worker-0", HEALER_DRAIN, "inc-a")
     assert "NodeSet slurm/gpu" in str(e.value)
     assert why in str(e.value)
     assert "RollingUpdate" in str(e.value)  # what to change
@@ -340,7 +341,8 @@ async def test_drain_accepts_rolling_update(strategy: dict[str, Any], v1_1: bool
     k = world(v1_1=v1_1)
     k.nodesets["gpu"] = nodeset(strategy=strategy)
     async with running(k) as api:
-        assert await SlinkyDriver(api, namespace="slurm").drain("worker-0", HEALER_DRAIN)
+        assert await SlinkyDriver(api, KubeNodes(api), namespace="slurm").drain(
+                "worker-0", HEALER_DRAIN, "inc-a")
     node = k.node("gpu-0")
     assert node["spec"]["unschedulable"] is True
     assert node["metadata"]["annotations"][CORDON_REASON] == HEALER_DRAIN
@@ -352,8 +354,8 @@ class _DrainThrough:
     def __init__(self, fake: FakeSlurm, driver: SlinkyDriver) -> None:
         self.fake, self.driver = fake, driver
 
-    async def drain(self, node: str, reason: str) -> bool:
-        return await self.driver.drain("worker-0", reason)
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+        return await self.driver.drain("worker-0", reason, incident)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.fake, name)
@@ -366,7 +368,8 @@ async def test_a_refused_strategy_escalates_the_remediation_with_the_reason() ->
     k.nodesets["gpu"] = nodeset(strategy={"type": "OnDelete"})
     async with running(k) as api:
         fakes = fake_ports(fleet())
-        fakes["slurm"] = _DrainThrough(fakes["slurm"], SlinkyDriver(api, namespace="slurm"))
+        fakes["slurm"] = _DrainThrough(fakes["slurm"],
+                                        SlinkyDriver(api, KubeNodes(api), namespace="slurm"))
         h = await make(policies(policy(steps=cp.Steps(poll_interval=5))), fakes=fakes)
         try:
             await h.xid("gpu-1")

@@ -279,7 +279,7 @@ class SlurmrestdDriver:
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def drain(self, node: str, reason: str) -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
         if not reason.startswith(SLURM_REASON_PREFIX):
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "
                                  f"{reason!r}")

@@ -86,14 +86,14 @@ def _tainted(node: dict[str, Any]) -> bool:
 async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
         rig: Rig) -> None:
     _, w0, host0, _ = await _two_workers(rig)
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     seen: list[dict[str, Any]] = []
     started = asyncio.Event()
     recorder = asyncio.create_task(_record_node(rig.api, host0, seen, started))
     try:
         await asyncio.wait_for(started.wait(), 30)
         reason = "healer: XID 79 on GPU 3 [inc-7]"
-        assert await driver.drain(w0, reason) is True
+        assert await driver.drain(w0, reason, "inc-7") is True
         st = await _state_when(driver, w0, lambda s: s.drain)
         assert (st.reason, st.reason_is_ours, st.drained) == (reason, True, True)
         slurm = await rig.slurm_state(w0)
@@ -112,7 +112,7 @@ async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
     # the annotation was there before the cordon: every cordoned version carries it
     assert all((n["metadata"].get("annotations") or {}).get(CORDON_REASON) == reason
                for n in cordoned)
-    assert await driver.drain(w0, reason) is True  # idempotent
+    assert await driver.drain(w0, reason, "inc-7") is True  # idempotent
 
     async def undrained() -> bool:
         return await driver.undrain(w0, "inc-7")
@@ -131,12 +131,12 @@ async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
     ns, _, _, _ = await _two_workers(rig)
     w1 = f"{ns}-1"
     host1 = host_of(await rig.pod(w1))
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     await rig.scontrol("update", f"nodename={w1}", "state=drain", "reason=admin: bad DIMM")
     st = await _state_when(driver, w1, lambda s: s.drain)  # the operator's re-list: <= 30 s
     assert st.reason == "admin: bad DIMM"
     assert not st.reason_is_ours
-    assert await driver.drain(w1, "healer: XID 79 [inc-8]") is False
+    assert await driver.drain(w1, "healer: XID 79 [inc-8]", "inc-8") is False
     node = await rig.read_node(host1)
     assert not node["spec"].get("unschedulable")
     assert CORDON_REASON not in (node["metadata"].get("annotations") or {})
@@ -149,7 +149,7 @@ async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
 
 async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
     await rig.scontrol("update", f"nodename={w0}", "state=drain", "reason=maint: x")
@@ -168,7 +168,7 @@ async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
 
 async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
     assert await wl.scaling_mode() == "StatefulSet"
@@ -177,7 +177,7 @@ async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: R
     job = await asyncio.to_thread(slurm.submit, HOLD_SCRIPT, w0)
     try:
         await _state_when(driver, w0, lambda s: s.busy)
-        assert await driver.drain(w0, "healer: XID 79 [inc-9]") is True
+        assert await driver.drain(w0, "healer: XID 79 [inc-9]", "inc-9") is True
         await _state_when(driver, w0, lambda s: s.drain and s.busy)
         assert await _pool(rig, wl).claim(host0, "inc-9") == spare
         claimed = await rig.read_node(spare)
@@ -228,11 +228,11 @@ async def test_daemonset_move_reports_the_new_slurm_node(rig: Rig) -> None:
     ns = await rig.nodeset("d", mode="DaemonSet")
     sa, sb, sc = (n.split(".", 1)[0] for n in (a, rig.nodes[1], spare))
     await rig.ready(sa, sb)
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
     assert await wl.scaling_mode() == "DaemonSet"
-    assert await driver.drain(sa, "healer: XID 79 [inc-10]") is True
+    assert await driver.drain(sa, "healer: XID 79 [inc-10]", "inc-10") is True
     await _state_when(driver, sa, lambda s: s.drained)
     assert await _pool(rig, wl).claim(a, "inc-10") == spare
 
@@ -262,10 +262,10 @@ async def test_daemonset_move_reports_the_new_slurm_node(rig: Rig) -> None:
 
 async def test_move_waits_while_the_recreated_pod_is_unscheduled(rig: Rig) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
-    driver = SlinkyDriver(rig.api, namespace=rig.namespace)
+    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
-    assert await driver.drain(w0, "healer: XID 79 [inc-11]") is True
+    assert await driver.drain(w0, "healer: XID 79 [inc-11]", "inc-11") is True
     await _state_when(driver, w0, lambda s: s.drained)
     # claimed without the NodeSet's labels: the recreated pod fits nowhere
     assert await _pool(rig, wl, labels=False).claim(host0, "inc-11") == spare
