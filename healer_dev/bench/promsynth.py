@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from healer.adapters.prometheus import XID_COUNT, XID_GAUGE
+from healer.adapters.prometheus.promql import XID_COUNT, XID_GAUGE
 from healer_dev.sim.dcgm import gpu_uuid
 
 SCRAPE = 15.0

@@ -16,8 +16,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from healer.adapters.prometheus import XID_COUNT, XID_GAUGE, PrometheusSource
-from healer.adapters.prometheus.promql import FRESH_MARK
+from healer.adapters.prometheus import PrometheusSource
+from healer.adapters.prometheus.promql import FRESH_MARK, XID_COUNT, XID_GAUGE
 from healer.core import rules as cp
 from healer.core.model import NodeView, Severity
 from healer.core.phases import Phase

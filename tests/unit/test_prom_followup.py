@@ -9,11 +9,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from healer.adapters.prometheus import (
+from healer.adapters.prometheus import PrometheusSource
+from healer.adapters.prometheus.promql import (
     TAG_LABEL,
     XID_COUNT,
     XID_GAUGE,
-    PrometheusSource,
     host_regexes,
     server_filter,
 )

@@ -6,8 +6,8 @@ import json
 import re
 from typing import Any
 
-from healer.adapters.prometheus import JOB_LABEL, PrometheusSource
-from healer.adapters.prometheus.promql import FRESH_MARK
+from healer.adapters.prometheus import PrometheusSource
+from healer.adapters.prometheus.promql import FRESH_MARK, JOB_LABEL
 from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
 from healer.core.rules import LabelSelector as Sel

@@ -338,7 +338,7 @@ def test_drop_series_exist_before_the_first_drop() -> None:
 
 
 def test_a_host_label_longer_than_any_node_name_names_no_node() -> None:
-    from healer.adapters.prometheus import node_name
+    from healer.adapters.prometheus.labels import node_name
 
     assert node_name({"Hostname": "n" * 253}) == "n" * 253
     assert node_name({"Hostname": "n" * 254}) is None

@@ -11,27 +11,23 @@ from typing import Any
 
 import pytest
 
-from healer.adapters.prometheus import (
+from healer.adapters.prometheus import PrometheusSource
+from healer.adapters.prometheus.freshness import FreshnessTracker, FreshRow
+from healer.adapters.prometheus.labels import gpu_ref, node_name
+from healer.adapters.prometheus.promql import (
     TAG_LABEL,
     XID_COUNT,
     XID_GAUGE,
-    FreshnessTracker,
-    FreshRow,
-    PrometheusSource,
-    XidEvent,
-    XidSeries,
-    XidTracker,
     duration,
     freshness_expr,
-    gpu_ref,
     group_labels,
     metric_expr,
-    node_name,
     plan_queries,
     selector,
     xid_expr,
     xid_prequery_expr,
 )
+from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
 from healer.core.rules import Aggregation, MetricRule, Op, Policy, PolicySet, XidRule
 from healer.core.rules import LabelSelector as Sel

@@ -78,44 +78,6 @@ one source: the poll), :mod:`.rounds` (the parse of both rounds, timed), :mod:`.
 (the backtest's range queries).
 """
 
-from healer.adapters.prometheus.freshness import FreshnessTracker, FreshRow, Transition
-from healer.adapters.prometheus.http import decode_result
-from healer.adapters.prometheus.labels import GpuCache, gpu_ref, node_name
-from healer.adapters.prometheus.parse import NodeMap, PollParser
-from healer.adapters.prometheus.promql import (
-    DEFAULT_HEARTBEAT,
-    DEFAULT_HOST_LABELS,
-    GPU_LABELS,
-    JOB_LABEL,
-    SOURCE,
-    TAG_LABEL,
-    XID_COUNT,
-    XID_GAUGE,
-    PlannedQuery,
-    QueryPlan,
-    duration,
-    freshness_expr,
-    group_labels,
-    host_regexes,
-    metric_expr,
-    node_freshness_expr,
-    plan_queries,
-    selector,
-    server_filter,
-    xid_expr,
-    xid_prequery_expr,
-)
 from healer.adapters.prometheus.source import PrometheusSource
-from healer.adapters.prometheus.stats import Answer, PollStats
-from healer.adapters.prometheus.xid import XidEvent, XidSeries, XidTracker
 
-__all__ = [
-    "DEFAULT_HEARTBEAT", "DEFAULT_HOST_LABELS", "GPU_LABELS", "JOB_LABEL", "SOURCE",
-    "TAG_LABEL", "XID_COUNT", "XID_GAUGE", "Answer", "FreshRow", "FreshnessTracker", "GpuCache",
-    "NodeMap",
-    "PlannedQuery", "PollParser", "PollStats", "PrometheusSource", "QueryPlan", "Transition",
-    "XidEvent", "XidSeries", "XidTracker", "decode_result", "duration", "freshness_expr",
-    "gpu_ref", "group_labels", "host_regexes", "metric_expr", "node_freshness_expr", "node_name",
-    "plan_queries",
-    "selector", "server_filter", "xid_expr", "xid_prequery_expr",
-]
+__all__ = ["PrometheusSource"]

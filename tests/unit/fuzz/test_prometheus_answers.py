@@ -38,8 +38,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from healer.adapters.prometheus import XID_COUNT, XID_GAUGE, PrometheusSource
-from healer.adapters.prometheus.promql import FRESH_MARK
+from healer.adapters.prometheus import PrometheusSource
+from healer.adapters.prometheus.promql import FRESH_MARK, XID_COUNT, XID_GAUGE
 from healer.adapters.prometheus.sanity import MAX_XID, MAX_XID_EVENTS
 from healer.core.health import evaluate_node
 from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
