@@ -291,7 +291,8 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     labels_provider = None
     slurm_names = o.slurm_names
     if workload is None:
-        from healer.adapters.slinky import SlinkyPods, SlinkyWorkload
+        from healer.adapters.slinky import SlinkyPods
+        from healer.adapters.slinky_workload import SlinkyWorkload
 
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
                             nodeset=settings.slurm.nodeset)

@@ -18,13 +18,8 @@ from structlog.testing import capture_logs
 from healer.adapters.kube.hooks import NO_COPY_NOTE, TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
-from healer.adapters.slinky import (
-    CORDON_REASON,
-    OperatorCapabilities,
-    SlinkyDriver,
-    SlinkyPods,
-    SlinkyWorkload,
-)
+from healer.adapters.slinky import CORDON_REASON, OperatorCapabilities, SlinkyDriver, SlinkyPods
+from healer.adapters.slinky_workload import SlinkyWorkload
 from healer.core import rules as cp
 from healer.core.phases import Phase
 from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT

@@ -9,7 +9,7 @@ takes the node out of the pool (removes the spare label) and adds the labels a N
 place its slurmd there. The spare taint stays: a claimed spare is still *closed*, because the
 Slinky operator adds no affinity and a recreated slurmd pod would land on any open Node its
 NodeSet selects (with two swaps in flight, on the other's spare). The workload move opens it
-(:class:`healer.adapters.slinky.SlinkyWorkload`) at the moment it evicts; ``release`` and
+(:class:`healer.adapters.slinky_workload.SlinkyWorkload`) at the moment it evicts; ``release`` and
 ``return_to_pool`` close it again. Two claimers racing
 for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
 topology-aware (same NVLink domain, then the lowest shared fabric tier, then any; only the

@@ -1,6 +1,7 @@
-"""healer's Slinky adapters (:mod:`healer.adapters.slinky`) against SchedMD's real slurm-operator
-(v1.1.0), the real kube-apiserver + kwok and a real Slurm: the driver drains through the Node
-(cordon-reason annotation, then cordon), reads Slurm from pod conditions, undrains through the
+"""healer's Slinky adapters (:mod:`healer.adapters.slinky`,
+:mod:`healer.adapters.slinky_workload`) against SchedMD's real slurm-operator (v1.1.0), the
+real kube-apiserver + kwok and a real Slurm: the driver drains through the Node (cordon-reason
+annotation, then cordon), reads Slurm from pod conditions, undrains through the
 uncordon and leaves other people's drains alone; the workload move never evicts a busy slurmd,
 holds while someone else's drain is there, opens the claimed spare and evicts a drained slurmd,
 and is done once Slurm serves the node from the spare.
@@ -19,7 +20,8 @@ from kubernetes_asyncio import client, watch
 
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
-from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, SlinkyWorkload, pod_state
+from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, pod_state
+from healer.adapters.slinky_workload import SlinkyWorkload
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import INCIDENT_ANNOTATION, SPARE_TAINT
 from healer.ports import SlurmNodeState, StepOutcome
