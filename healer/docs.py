@@ -46,7 +46,7 @@ def mermaid() -> str:
 
 
 def workflow_markdown() -> str:
-    out = [GENERATED_NOTE.format(src="healer/core/machine.py"), "# Remediation workflow\n",
+    out = [GENERATED_NOTE.format(src="healer/core/machine/table.py"), "# Remediation workflow\n",
            "The per-node state machine, generated from the transition table "
            "(`healer.core.machine.TRANSITIONS`). `healer workflow` prints the same diagram.\n",
            "```mermaid", mermaid().rstrip(), "```\n",

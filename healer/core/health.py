@@ -183,7 +183,7 @@ def _xid(
     gpus = tuple(sorted({e.gpu for e in hits if e.gpu is not None}))
     expires = hits[0].observed_at + rule.within - now  # when the oldest counted event ages out
     detail = (f"XID {','.join(map(str, codes))} x{len(hits)} within "
-              f"{_fmt_duration(rule.within)}")
+              f"{format_duration(rule.within)}")
     on = ", ".join(g.describe() for g in gpus)
     if on:
         detail += f" on {on}"
@@ -239,7 +239,7 @@ def _metric(
     agg = "" if rule.aggregation.value == "value" else f"{rule.aggregation.value} "
     detail = f"{agg}{what} {rule.op.value} {rule.threshold:g} (value {worst:g})"
     if rule.hold_for:
-        detail += f" for {_fmt_duration(rule.hold_for)}"
+        detail += f" for {format_duration(rule.hold_for)}"
     if gpus:
         detail += " on " + ", ".join(g.describe() for g in gpus)
     if confirmed:
@@ -261,8 +261,8 @@ def _condition(
         if age >= rule.stale_after:
             return (RuleMatch(rule.name, HealthState.STALE, None, latest.observed_at, (),
                               f"condition {rule.type} stale: last heartbeat "
-                              f"{_fmt_duration(age)} ago (window "
-                              f"{_fmt_duration(rule.stale_after)}; its detector may be down)",
+                              f"{format_duration(age)} ago (window "
+                              f"{format_duration(rule.stale_after)}; its detector may be down)",
                               source=f"condition/{rule.type}"), None)
         # a timer, not a poll: look again when the window would pass without a heartbeat
         stale_in: float | None = rule.stale_after - age
@@ -288,7 +288,7 @@ def _condition_state(
             return None, None
         expires = transitions[0] + rule.within - now
         detail = (f"condition {rule.type} went {'/'.join(sorted(rule.statuses))} "
-                  f"x{len(transitions)} within {_fmt_duration(rule.within)}")
+                  f"x{len(transitions)} within {format_duration(rule.within)}")
         if len(transitions) >= rule.count:
             state = _state_of(rule.severity)
             return RuleMatch(rule.name, state, rule.severity, transitions[0], (), detail,
@@ -336,7 +336,7 @@ def _staleness(
         elif stale_marks.get(src, -1.0) >= last:
             stale.append(f"{src}: reported stale")
         elif now - last >= rule.after:
-            stale.append(f"{src}: last sample {_fmt_duration(now - last)} ago")
+            stale.append(f"{src}: last sample {format_duration(now - last)} ago")
         else:
             rechecks.append(last + rule.after - now)
     recheck = min(rechecks) if rechecks else None
@@ -351,9 +351,6 @@ def _staleness(
 def _state_of(severity: Severity) -> HealthState:
     return HealthState.FAILED if severity is Severity.FAILED else HealthState.DEGRADING
 
-
-def _fmt_duration(seconds: float) -> str:
-    return format_duration(seconds)  # total: an infinite window never breaks an evaluation
 
 
 def stale_conditions(v: Verdict) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ from healer.core.model import (
 from healer.core.phases import Phase
 from healer.core.rules import Policy
 from healer.core.topology import placement_of
-from healer.core.vocabulary import SLURM_REASON_PREFIX
+from healer.core.vocabulary import SLURM_REASON_PREFIX, StepName
 
 
 def incident_id(node: str, at: float) -> str:
@@ -81,46 +81,46 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
     rec = ctx.rec
     inc, node, st = rec.incident.id, rec.node, ctx.steps
     match ledger_name:
-        case "checkpoint":
+        case StepName.CHECKPOINT:
             cp = st.checkpoint
             return Checkpoint(inc, node, hook=cp.hook, signal=cp.signal,
                               slurm_node=rec.slurm_node, url=cp.url, secret_ref=cp.secret_ref,
                               job_template=cp.job_template)
-        case "drain":
+        case StepName.DRAIN:
             return DrainSlurm(inc, node, slurm_node=rec.slurm_node, reason=_reason(rec))
-        case "requeue":
+        case StepName.REQUEUE:
             return RequeueJobs(inc, node, slurm_node=rec.slurm_node)
-        case "cordon":
+        case StepName.CORDON:
             return Cordon(inc, node, reason=_reason(rec))
-        case "claim-spare":
+        case StepName.CLAIM_SPARE:
             return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain)
-        case "move-workload":
+        case StepName.MOVE_WORKLOAD:
             return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
-        case "await-replacement":
+        case StepName.AWAIT_REPLACEMENT:
             return AwaitReplacement(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
-        case "annotate-topology":
+        case StepName.ANNOTATE_TOPOLOGY:
             return AnnotateTopology(inc, node, target=rec.spare or node, slurm_node=rec.slurm_node)
-        case "validate-replacement":
+        case StepName.VALIDATE_REPLACEMENT:
             return Validate(inc, node, target=rec.spare or node, image=st.validation.image,
                             command=st.validation.command, purpose="replacement")
-        case "validate-repaired":
+        case StepName.VALIDATE_REPAIRED:
             return Validate(inc, node, target=node, image=st.validation.image,
                             command=st.validation.command, purpose="repaired")
-        case "undrain":
+        case StepName.UNDRAIN:
             return UndrainSlurm(inc, node, target=rec.spare or node, slurm_node=rec.slurm_node)
-        case "undo-drain":
+        case StepName.UNDO_DRAIN:
             return UndrainSlurm(inc, node, target=node, slurm_node=rec.slurm_node, purpose="undo")
-        case "uncordon":
+        case StepName.UNCORDON:
             return Uncordon(inc, node)
-        case "release-spare":
+        case StepName.RELEASE_SPARE:
             return ReleaseSpare(inc, node, spare=rec.spare)
-        case "mark-repair":
+        case StepName.MARK_REPAIR:
             return MarkRepair(inc, node, hook=st.repair.hook, url=st.repair.url,
                               secret_ref=st.repair.secret_ref,
                               job_template=st.repair.job_template)
-        case "return-to-pool":
+        case StepName.RETURN_TO_POOL:
             return ReturnToPool(inc, node)
-        case "escalate":
+        case StepName.ESCALATE:
             return Escalate(inc, node, reason=rec.outcome or "escalated")
     raise KeyError(ledger_name)
 
@@ -260,7 +260,7 @@ def escalate(why: str | None = None) -> Effect:
                 reason = f"deadline of phase {ctx.rec.phase} passed"
         ctx.close_open("superseded by escalation")
         ctx.record = replace(ctx.rec, outcome=reason)
-        ctx.issue(build_action(ctx, "escalate"))
+        ctx.issue(build_action(ctx, StepName.ESCALATE))
         ctx.event("escalated", "Escalated", reason, warning=True)
     return Effect("escalate" + (f" ({why})" if why else ""), apply)
 
@@ -277,12 +277,12 @@ def _undo(reason: str, undo: bool) -> Effect:
         ctx.record = replace(ctx.rec, outcome=reason, blocked=None)
         if undo:
             started = {s.step for s in rec.ledger}
-            if rec.spare and "move-workload" not in started:
-                ctx.issue(build_action(ctx, "release-spare"))
-            if "drain" in started:
-                ctx.issue(build_action(ctx, "undo-drain"))
-            if "drain" in started or "cordon" in started:
-                ctx.issue(build_action(ctx, "uncordon"))
+            if rec.spare and StepName.MOVE_WORKLOAD not in started:
+                ctx.issue(build_action(ctx, StepName.RELEASE_SPARE))
+            if StepName.DRAIN in started:
+                ctx.issue(build_action(ctx, StepName.UNDO_DRAIN))
+            if StepName.DRAIN in started or StepName.CORDON in started:
+                ctx.issue(build_action(ctx, StepName.UNCORDON))
         ctx.event(reason, reason.capitalize(), _undo_note(ctx, reason, undo))
     return Effect(f"{reason}: undo own changes" if undo else reason, apply)
 
@@ -308,7 +308,7 @@ def _set_spare(ctx: Ctx) -> None:
     assert r is not None
     placed = placement_of(r.get)
     ctx.record = replace(ctx.rec, spare=r.get("spare"), spare_placement=placed)
-    ctx.issue(build_action(ctx, "move-workload"))
+    ctx.issue(build_action(ctx, StepName.MOVE_WORKLOAD))
     rec = ctx.rec
     where = f" ({placed.describe(rec.node, rec.spare)})" if placed is not None else ""
     ctx.event("spare", "SpareClaimed", f"spare {rec.spare} claimed to replace {rec.node}{where}")
@@ -332,7 +332,7 @@ def _held(ctx: Ctx) -> None:
 
 def held_reason(rec: NodeRecord) -> str:
     """Why ``rec`` is held for capacity: what the latest claim said (for ``healer status``)."""
-    s = rec.step("claim-spare")
+    s = rec.step(StepName.CLAIM_SPARE)
     why = (s.error if s is not None and s.error else "") or "no warm spare fits"
     return f"held for capacity: {why}"
 
@@ -350,7 +350,8 @@ MARK_REPAIRED = Effect("mark repaired", _mark_repaired)
 def _after_repair(ctx: Ctx) -> None:
     _mark_repaired(ctx)
     if ctx.rec.spare:
-        step = "validate-repaired" if ctx.steps.validation.enabled else "return-to-pool"
+        step = (StepName.VALIDATE_REPAIRED if ctx.steps.validation.enabled
+                else StepName.RETURN_TO_POOL)
         ctx.issue(build_action(ctx, step))
 
 
@@ -376,7 +377,7 @@ OBSERVE = Effect("observe slurm", _observe_slurm)
 
 def _poll_and_observe(ctx: Ctx) -> None:
     _poll(ctx)
-    if ctx.rec.step_ok("drain"):
+    if ctx.rec.step_ok(StepName.DRAIN):
         _observe_slurm(ctx)
 
 
@@ -385,25 +386,25 @@ POLL_DRAIN = Effect("poll; observe slurm once the drain is accepted", _poll_and_
 
 def _checkpoint_timeout(ctx: Ctx) -> None:
     rec = ctx.rec
-    s = rec.step("checkpoint")
+    s = rec.step(StepName.CHECKPOINT)
     if s is not None and not s.done:
         ctx.record = rec.with_step(replace(s, finished_at=ctx.now, outcome=StepOutcome.TIMEOUT,
                                            error="no acknowledgement before the deadline"))
     ctx.event("checkpoint-timeout", "CheckpointTimeout",
               "jobs did not acknowledge the checkpoint request in time; draining anyway",
               warning=True)
-    ctx.issue(build_action(ctx, "drain"))
+    ctx.issue(build_action(ctx, StepName.DRAIN))
 
 
 CHECKPOINT_TIMEOUT = Effect("give up on checkpoint, issue drain", _checkpoint_timeout)
 
 
 def _checkpoint_failed(ctx: Ctx) -> None:
-    s = ctx.rec.step("checkpoint")
+    s = ctx.rec.step(StepName.CHECKPOINT)
     why = (s.error if s is not None and s.error else "the checkpoint hook failed")
     ctx.event("checkpoint-failed", "CheckpointFailed",
               f"the checkpoint request failed ({why}); draining anyway", warning=True)
-    ctx.issue(build_action(ctx, "drain"))
+    ctx.issue(build_action(ctx, StepName.DRAIN))
 
 
 CHECKPOINT_FAILED = Effect("checkpoint failed, issue drain", _checkpoint_failed)

@@ -12,7 +12,7 @@ from healer.core.machine.context import Ctx, Guard
 from healer.core.model import HealthState, NodeRecord
 from healer.core.phases import TERMINAL, Phase
 from healer.core.rules import CheckpointTimeout, DrainTimeout, Mode, Policy, Steps
-from healer.core.vocabulary import EXCLUDE_LABEL
+from healer.core.vocabulary import EXCLUDE_LABEL, StepName
 
 
 def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
@@ -25,14 +25,14 @@ def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
         return s.started_at if s is not None else None
 
     if phase is Phase.CHECKPOINTING:
-        t = since("checkpoint")
+        t = since(StepName.CHECKPOINT)
         return None if t is None else t + st.checkpoint.deadline
     if phase is Phase.DRAINING:
-        t = since("drain")
+        t = since(StepName.DRAIN)
         if t is None:
             return None
         end = t + st.drain.deadline
-        rq = rec.step("requeue")
+        rq = rec.step(StepName.REQUEUE)
         if rq is not None:
             end = rq.started_at + st.drain.requeue_grace
         return end
@@ -244,19 +244,19 @@ def undo_finished(ctx: Ctx) -> bool:
 
 def drain_accepted(ctx: Ctx) -> bool:
     """Slurm accepted the drain request."""
-    return ctx.rec.step_ok("drain")
+    return ctx.rec.step_ok(StepName.DRAIN)
 
 
 def drain_escalates(ctx: Ctx) -> bool:
     """The drain deadline passed and the policy escalates (or a requeue already ran)."""
     return deadline_passed(ctx) and (ctx.steps.drain.on_timeout is DrainTimeout.ESCALATE
-                                     or ctx.rec.step("requeue") is not None)
+                                     or ctx.rec.step(StepName.REQUEUE) is not None)
 
 
 def drain_requeues(ctx: Ctx) -> bool:
     """The drain deadline passed and the policy requeues the jobs (not yet done)."""
     return (deadline_passed(ctx) and ctx.steps.drain.on_timeout is DrainTimeout.REQUEUE
-            and ctx.rec.step("requeue") is None)
+            and ctx.rec.step(StepName.REQUEUE) is None)
 
 
 ALWAYS = Guard("always", always)
@@ -300,7 +300,7 @@ STEP_GAVE_UP = Guard("retries exhausted or failed", step_gave_up)
 def checkpoint_failed_continue(ctx: Ctx) -> bool:
     """The checkpoint request failed (or had no taker) and the policy drains anyway."""
     r = ctx.result
-    return (r is not None and r.step == "checkpoint"
+    return (r is not None and r.step == StepName.CHECKPOINT
             and r.status in (StepStatus.FAILED, StepStatus.UNAVAILABLE)
             and checkpoint_continues(ctx))
 
@@ -315,9 +315,9 @@ def drain_not_accepted_in_time(ctx: Ctx) -> bool:
     return deadline_passed(ctx) and not drain_accepted(ctx)
 
 
-_CORDON_DONE = result_is("cordon", StepStatus.DONE)
-_ANNOTATED = result_is("annotate-topology", StepStatus.DONE)
-_UNDRAINED = result_is("undrain", StepStatus.DONE)
+_CORDON_DONE = result_is(StepName.CORDON, StepStatus.DONE)
+_ANNOTATED = result_is(StepName.ANNOTATE_TOPOLOGY, StepStatus.DONE)
+_UNDRAINED = result_is(StepName.UNDRAIN, StepStatus.DONE)
 
 
 def cordon_done_swap(ctx: Ctx) -> bool:

@@ -29,6 +29,7 @@ from healer.core.model import (
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.rules import LabelSelector, Mode, Policy
+from healer.core.vocabulary import StepName
 
 #: At most this many rows apply in one step (the table has no ``auto`` cycles; tested).
 MAX_AUTO_STEPS = 12
@@ -228,8 +229,8 @@ def record_out_of_service(record: NodeRecord) -> bool:
     phase = Phase(record.phase)
     if phase in (Phase.DONE, Phase.CANCELLED):
         return False
-    took = record.step_ok("drain") or record.step_ok("cordon")
-    undone = record.step_ok("undo-drain") and record.step_ok("uncordon")
+    took = record.step_ok(StepName.DRAIN) or record.step_ok(StepName.CORDON)
+    undone = record.step_ok(StepName.UNDO_DRAIN) and record.step_ok(StepName.UNCORDON)
     if phase is Phase.REPAIR and record.spare:
         return False  # replaced: out of the fleet entirely
     return took and not undone
