@@ -390,6 +390,18 @@ class FakeSlurm(Faulty):
         base = "ALLOCATED" if self._busy(node) else n["base"]
         return SlurmNodeState(node, base, frozenset(n["flags"]), n["reason"])
 
+    async def node_states(self) -> dict[str, SlurmNodeState]:
+        """Every Slurm node's state keyed by the Kubernetes node its slurmd runs on (the
+        ``SlurmStates`` port the guardrails' Slurm feed reads)."""
+        self._enter("node_states")
+        self._sync()
+        out = {}
+        for name, n in self._state["nodes"].items():
+            base = "ALLOCATED" if self._busy(name) else n["base"]
+            out[n.get("host", name)] = SlurmNodeState(name, base, frozenset(n["flags"]),
+                                                      n["reason"])
+        return out
+
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         self._enter("jobs_on", node)
         self._sync()

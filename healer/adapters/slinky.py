@@ -195,9 +195,13 @@ class NodeSets:
         replicas = (await self.spec(name)).get("replicas")
         if not isinstance(replicas, int):
             return ""
-        others = [p for p in await pods.pods()
-                  if ((p.get("metadata") or {}).get("labels") or {}).get(NODESET_INSTANCE) == name
-                  and slurm_name(p) != slurm_node]
+        mine = [p for p in await pods.pods()
+                if ((p.get("metadata") or {}).get("labels") or {}).get(NODESET_INSTANCE) == name]
+        if any(not slurm_name(p) for p in mine):
+            # a hostNetwork pod not scheduled yet has no Slurm name: it may be the very pod
+            # the operator recreated for this one, on its way to the spare
+            return ""
+        others = [p for p in mine if slurm_name(p) != slurm_node]
         if len(others) < replicas:
             return ""
         return (f"NodeSet {self.namespace}/{name} was scaled in to {replicas} replicas: the "

@@ -504,6 +504,18 @@ class Flow:
     async def job_state(self, job: int) -> str:
         return await asyncio.to_thread(self.slurm.job_state, job)
 
+    async def job_completed(self, job: int, within: float = 60) -> None:
+        """Wait until Slurm reports the job COMPLETED (it passes through COMPLETING while
+        slurmctld hears back from the node: on a loaded machine, for a few seconds)."""
+        async def done() -> bool:
+            return await self.job_state(job) == "COMPLETED"
+
+        try:
+            await wait_for(done, timeout=within, description=f"job {job} COMPLETED")
+        except TimeoutError:
+            raise AssertionError(f"job {job} is {await self.job_state(job)}, "
+                                 f"not COMPLETED after {within:.0f}s") from None
+
     # -- Slurm -----------------------------------------------------------------------------
 
     async def slurm_state(self, node: str) -> SlurmNodeState | None:

@@ -127,7 +127,7 @@ async def test_slurmctld_restarted_mid_flow(flows: FlowFactory, mode: str, drive
     print(f"Slurm samples that failed during the restarts: {f.slurm_history.failures}")
     assert_ledger_once(rec, FLOW_STEPS)
     assert rec["status"]["spare"] == lay.spare_a
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     end = f.job_end(job)
     assert end is not None
     assert "released" in f.job_file("end", job)
@@ -193,7 +193,7 @@ async def test_apiserver_restarted_while_draining_and_while_swapping(
     print(f"pod list re-done {f.pods.relists} times")
     assert_ledger_once(rec, FLOW_STEPS)
     assert rec["status"]["spare"] == f.lay.spare_a
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     end = f.job_end(job)
     assert end is not None
     pods = f.pods.of(sn)
@@ -284,7 +284,7 @@ async def test_daemon_killed_at_every_step_boundary_finishes_exactly_once(
     assert_ledger_once(rec, ["checkpoint", *FLOW_STEPS, "return-to-pool"])
     # the job got exactly one USR1, acknowledged, ran to its end, never killed
     assert len(f.job_file("usr1", job).splitlines()) == 1, f.job_file("usr1", job)
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     end = f.job_end(job)
     assert end is not None
     pods = f.pods.of(sn)

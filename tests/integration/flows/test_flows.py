@@ -87,7 +87,7 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     print_timeline(f"{mode}/{driver}/{fault}", rec, t0)
 
     # the job: signalled once and checkpointed, or ran to its end; never killed
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     end = f.job_end(job)
     assert end is not None, "the job never wrote its end marker: it was killed"
     usr1 = f.job_file("usr1", job).splitlines()

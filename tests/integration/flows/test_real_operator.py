@@ -68,7 +68,7 @@ async def test_four_swaps_in_one_nodeset_each_land_on_their_own_spare(
                            what="idle and undrained on its spare")
         node = await f.core.read_node(spare)
         assert node.metadata.labels.get(DOMAIN) == domain[g]
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     assert f.job_end(job) is not None, "the job was killed"
     # the decoy (another domain) was never claimed
     assert not any(s.annotations.get("healer.io/claimed-by")
@@ -168,7 +168,7 @@ async def test_host_network_nodeset_swaps_to_a_slurm_node_named_after_the_spare(
     await f.wait_slurm(lay.spare_a, lambda s: s.base == "IDLE" and s.registered and not s.drain,
                        what="the new Slurm node idle and undrained")
     assert await f.slurm_state(sn) is None  # deleted by the preStop, never re-registered
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     assert f.job_end(job) is not None, "the job was killed"
     await f.finish_repair(bad)
     assert d.terminate() == 0
@@ -261,7 +261,7 @@ async def test_scale_in_while_a_remediation_waits_for_its_job(flows: FlowFactory
         _content_type="application/merge-patch+json")
     f.release(job)
     end = await f.wait_job_end(job, bad, ok=("Escalated", "Done", "Cancelled"))
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     assert "released" in f.job_file("end", job)
 
     async def settled() -> str | None:
@@ -312,7 +312,7 @@ async def test_rolling_update_while_a_remediation_waits_for_its_job(flows: FlowF
         _content_type="application/merge-patch+json")
     f.release(job)
     end = await f.wait_job_end(job, bad, ok=("Escalated",))
-    assert await f.job_state(job) == "COMPLETED"
+    await f.job_completed(job)
     assert "released" in f.job_file("end", job)
 
     async def settled() -> str | None:
