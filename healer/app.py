@@ -240,7 +240,7 @@ def _slurm_driver(settings: Settings, api: client.ApiClient, nodes: KubeNodes) -
             from healer.adapters.slurm.scontrol import ScontrolDriver
 
             jobs = ScontrolDriver(env={**os.environ, "SLURM_CONF": s.slurm_conf})
-        driver: SlurmDriver = SlinkyDriver(api, nodes=nodes, namespace=s.nodeset_namespace,
+        driver: SlurmDriver = SlinkyDriver(api, nodes, namespace=s.nodeset_namespace,
                                            jobs=jobs, nodeset=s.nodeset)
         return driver
     raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
@@ -277,11 +277,11 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm
 
 
 async def _close_slurm(driver: SlurmDriver) -> None:
-    """Close the Slurm driver's HTTP sessions (slurmrestd; the Slinky driver's job backend)."""
-    for d in (driver, getattr(driver, "jobs", None)):
-        close = getattr(d, "close", None)
-        if close is not None:
-            await close()
+    """Close the Slurm driver's HTTP sessions (slurmrestd's; the Slinky driver closes its job
+    backend's)."""
+    close = getattr(driver, "close", None)
+    if close is not None:
+        await close()
 
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,

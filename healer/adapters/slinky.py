@@ -368,6 +368,12 @@ class SlinkyDriver:
                 else pod_state(p)
         return out
 
+    async def close(self) -> None:
+        """Close the job backend's HTTP sessions (a slurmrestd driver has some; scontrol none)."""
+        close = getattr(self.jobs, "close", None)
+        if close is not None:
+            await close()
+
     def _need_jobs(self) -> SlurmDriver:
         if self.jobs is None:
             raise PermanentError("the slinky driver needs a Slurm job backend (slurmrestd) to "
