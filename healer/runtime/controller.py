@@ -1,9 +1,11 @@
-"""The controller: the daemon's driver of the engine. Signals and node events in, one serial
+"""The controller: the daemon's driver of the engine. Signals and node changes in, one serial
 worker per node, intent persisted before every action, outcomes fed back as triggers.
 
 Every decision is :class:`healer.core.engine.Engine`'s (the same engine ``healer simulate`` and
 ``healer backtest`` drive); this module adds the daemon's I/O: asyncio workers and timers, the
-state store, leadership, and the triggers that admins cause through node labels/annotations.
+state store and leadership. What a Node change means (its condition signals, the triggers an
+admin caused) is decided in :mod:`healer.core.node_events`; the node-events source
+(:mod:`healer.runtime.node_events`) hands it here as a ``NodeChange``.
 
 Per node, a trigger is handled like this (in the node's worker, never two at once)::
 
