@@ -260,6 +260,13 @@ class TelemetrySource(Protocol):
 
 
 class Clock(Protocol):
-    def now(self) -> float: ...
+    """healer's one notion of time: ``healer.adapters.clock.SystemClock`` in the daemon,
+    ``ManualClock`` in tests. The core never reads it: it is handed ``now`` as data."""
 
-    async def sleep(self, seconds: float) -> None: ...
+    def now(self) -> float:
+        """Wall time, seconds since the epoch."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Return after ``seconds`` of this clock's time."""
+        ...

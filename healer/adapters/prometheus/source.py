@@ -13,15 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential,
-)
 
 from healer.adapters.calls import timed
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.prometheus.access import check_url
 from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
@@ -43,20 +37,13 @@ from healer.adapters.prometheus.rounds import first_round, second_round
 from healer.adapters.prometheus.sanity import HEARTBEAT, XID, Drops
 from healer.adapters.prometheus.stats import Answer, PollStats
 from healer.adapters.prometheus.xid import XidEvent, XidTracker
+from healer.adapters.retry import QUICK
 from healer.core.model import Signal, SignalKind
 from healer.core.rules import PolicySet
 from healer.errors import ConfigError, HealerError, PermanentError, TransientError
 from healer.ports import Clock, SignalSink
 
 log = structlog.get_logger("healer.adapters.prometheus")
-
-class _WallClock:
-    def now(self) -> float:
-        return time.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
 
 class PrometheusSource:
     """The DCGM telemetry source (``TelemetrySource``) backed by Prometheus' HTTP API.
@@ -121,7 +108,9 @@ class PrometheusSource:
         self.xid_max_lookback = float(xid_max_lookback)
         self.timeout = float(timeout)
         self.retries = int(retries)
-        self._clock: Clock = clock if clock is not None else _WallClock()
+        self._clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self._retry = QUICK.but(attempts=self.retries + 1, jitter=0.0,
+                                budget=self.poll_interval)
         self._metric_by = group_labels(self.host_labels, self.extra_labels)
         self._fresh_by = group_labels(self.host_labels, self.extra_labels, jobs=True)
         #: per GPU (backtests: every GPU's scrape time, ``up == 0``)
@@ -200,17 +189,14 @@ class PrometheusSource:
     # -- HTTP -----------------------------------------------------------------------------
 
     async def _retrying(self, fn: Callable[[], Any], op: str = "query") -> Any:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.retries + 1) | stop_after_delay(self.poll_interval),
-            wait=wait_exponential(multiplier=0.1, max=1.0),
-            retry=retry_if_exception_type(TransientError),
-            reraise=True,
-        )
+        """``fn`` in the pool, retried (:data:`~healer.adapters.retry.QUICK` with ``retries``,
+        within one poll interval)."""
+        async def once() -> Any:
+            with timed("prometheus", op):
+                return await self._in_thread(fn)
+
         async with self._sem:
-            async for attempt in retrying:
-                with attempt, timed("prometheus", op):
-                    return await self._in_thread(fn)
-        raise AssertionError("unreachable")  # pragma: no cover
+            return await self._retry.run(op, once, clock=self._clock)
 
     async def query(self, expr: str, at: float, what: str = "") -> list[Any]:
         """One instant query evaluated at ``at``; the ``result`` list (decoded with orjson).
