@@ -30,12 +30,12 @@ from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.events import KubeEvents
-from healer.adapters.kube.hooks import KubeTopology
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
+from healer.adapters.kube.topology_step import KubeTopology
 from healer.core.rules import Mode, PolicySet
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog

@@ -30,6 +30,7 @@ from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.app import run as run_healer
+from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT, TAINT_EFFECT, TAINT_VALUE
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 from healer.settings import (
@@ -142,9 +143,9 @@ class DemoStack:
                 "fabric.topograph.run/tier-0": leaf, "fabric.topograph.run/tier-1": "spine-1"}))
         for n, dom, leaf in (("spare-a", "nvl-a", "leaf-1"), ("spare-b", "nvl-b", "leaf-2")):
             await core.create_node(fake_node(n, capacity=gpus, labels={  # type: ignore[arg-type]
-                "nvidia.com/gpu.present": "true", "healer.io/role": "spare", DOMAIN: dom,
+                "nvidia.com/gpu.present": "true", ROLE_LABEL: SPARE_ROLE, DOMAIN: dom,
                 "fabric.topograph.run/tier-0": leaf, "fabric.topograph.run/tier-1": "spine-1"},
-                taints=[{"key": "healer.io/spare", "value": "true", "effect": "NoSchedule"}]))
+                taints=[{"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT}]))
         await core.create_namespace({"metadata": {"name": "healer-system"}})  # type: ignore[arg-type]
         # healer's job backend (slurmrestd) authenticates with a JWT read from this Secret
         token = base64.b64encode(self.slinky.token().encode()).decode()

@@ -15,9 +15,9 @@ import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
-from healer.adapters.kube.hooks import NO_COPY_NOTE, TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
+from healer.adapters.kube.topology_step import NO_COPY_NOTE, TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slinky import CORDON_REASON, OperatorCapabilities, SlinkyDriver, SlinkyPods
 from healer.adapters.slinky_workload import SlinkyWorkload
 from healer.core import rules as cp

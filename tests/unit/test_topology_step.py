@@ -1,6 +1,6 @@
-"""The topology step's decisions (healer.adapters.kube.hooks.KubeTopology) with small fakes of
-its ports, the topograph client against a local HTTP server, and the slurmrestd ``topology``
-field."""
+"""The topology step's decisions (healer.adapters.kube.topology_step.KubeTopology) with small
+fakes of its ports, the topograph client against a local HTTP server, and the slurmrestd
+``topology`` field."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION, KubeTopology, same_topology
+from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology, same_topology
 from healer.adapters.slurm.parse import parse_node_json
 from healer.adapters.topograph import (
     RequestState,

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION
 from healer.adapters.kube.nodes import KubeNodes, node_view
+from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
 from healer.core.model import NodeView
 from healer.core.rules import LabelSelector
 from healer.core.topology import (

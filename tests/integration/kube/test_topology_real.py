@@ -23,8 +23,8 @@ import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
-from healer.adapters.kube.hooks import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slinky import OperatorCapabilities, SlinkyPods
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient

@@ -1,4 +1,4 @@
-"""Topology: the Slinky annotation on a replacement node, and the proof that Slurm got it.
+"""The topology step: the Slinky annotation on a replacement node, and the proof that Slurm got it.
 
 The step ends DONE only when the replacement is placed and annotated the way Slurm will see it:
 
