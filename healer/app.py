@@ -81,7 +81,6 @@ class Overrides:
     workload: Workload | None = None
     checkpoint: CheckpointHook | None = None
     validator: Validator | None = None
-    slurm_names: SlurmNames | None = None
     telemetry: list[TelemetrySource] | None = None
     runtime: RuntimeSettings | None = None
     wrap_store: Callable[[StateStore], StateStore] | None = None
@@ -289,7 +288,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     """Every port the executor acts through: the real adapters, or the caller's overrides."""
     workload = o.workload
     labels_provider = None
-    slurm_names = o.slurm_names
+    slurm_names: SlurmNames | None = None
     if workload is None:
         from healer.adapters.slinky import SlinkyPods
         from healer.adapters.slinky_workload import SlinkyWorkload
@@ -297,7 +296,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
                             nodeset=settings.slurm.nodeset)
         workload, labels_provider = sw, sw.node_selector
-        if slurm_names is None and (settings.slurm.driver == "slinky" or settings.slurm.nodeset):
+        if settings.slurm.driver == "slinky" or settings.slurm.nodeset:
             # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
             slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
     spares = KubeSparePool(nodes, policies.fleet.spare_selector,
