@@ -7,6 +7,7 @@ is stale, so the docs never drift from the transition table, the catalog or the 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from healer.core import vocabulary
 from healer.core.machine import IGNORED, TRANSITIONS
 from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.rules import MetricRule, Policy, XidRule
@@ -101,6 +103,32 @@ def xid_markdown() -> str:
             "(`xid: {groups: [fatal]}`) or by code, and may exclude codes. Severity `none` "
             "means the XID is not a node fault by itself.\n\n## Groups\n\n" + groups
             + "\n\n## Codes\n\n" + xid_table())
+
+
+def vocabulary_markdown() -> str:
+    """docs/vocabulary.md: every name in :mod:`healer.core.vocabulary`, with its comment."""
+    out = [GENERATED_NOTE.format(src="healer/core/vocabulary.py"), "# Vocabulary\n",
+           "Every label, annotation and taint healer writes or reads, the Slurm drain-reason "
+           "prefix that marks a drain as healer's, and the ledger's step names. The code uses "
+           "the names (`healer.core.vocabulary`), never the strings.\n"]
+    comment: list[str] = []
+    for line in inspect.getsource(vocabulary).splitlines():
+        text = line.strip()
+        if m := re.fullmatch(r"# --- (.+?) -+", text):
+            out += [f"## {m[1]}\n", "| name | value | meaning |", "|---|---|---|"]
+        elif text.startswith("class StepName"):
+            out += ["## Ledger steps (`StepName`)\n", "| name | value | meaning |",
+                    "|---|---|---|"]
+        elif text.startswith("#:"):
+            comment.append(text[2:].strip())
+        elif m := re.fullmatch(r'([A-Z_]+) = "([^"]*)"(?:\s+# (.*))?', text):
+            meaning = (" ".join(comment) or m[3] or "").replace("|", "\\|")
+            value = m[2] if m[2] == m[2].strip() else f'"{m[2]}"'
+            out.append(f"| `{m[1]}` | `{value}` | {meaning} |")
+            comment = []
+        elif not text and out[-1].startswith("| `"):
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
 
 
 def explain_xid(code: int, policy_paths: Sequence[str]) -> tuple[str, bool]:
@@ -390,6 +418,7 @@ def generated_files(build_parser: Callable[[], argparse.ArgumentParser]) -> dict
         ROOT / "deploy" / "prometheus" / "healer-recording-rules.yaml": recording_rules_yaml(),
         ROOT / "docs" / "workflow.md": workflow_markdown(),
         ROOT / "docs" / "xid-catalog.md": xid_markdown(),
+        ROOT / "docs" / "vocabulary.md": vocabulary_markdown(),
         ROOT / "docs" / "policy-reference.md": policy_reference(),
         ROOT / "policies" / "schema.json": json.dumps(json_schema(), indent=2,
                                                       sort_keys=True) + "\n",
