@@ -25,7 +25,7 @@ from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
 from healer.policy.yamlsrc import (
     LIMITS,
-    Budget,
+    ReadBudget,
     SourceDoc,
     SourceError,
     load_documents,
@@ -86,7 +86,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
                                 f"expected at most {MAX_FILES} policy files"))
         files = []
-    total = Budget(LIMITS.max_total_bytes, LIMITS.max_total_nodes)
+    total = ReadBudget(LIMITS.max_total_bytes, LIMITS.max_total_nodes)
     for f in files:
         found: list[Problem] = []
         try:
@@ -113,7 +113,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
 def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
                policies: list[tuple[core.Policy, SourceDoc]],
                fleets: list[tuple[core.FleetRules, SourceDoc]],
-               digest: Any, total: Budget) -> None:
+               digest: Any, total: ReadBudget) -> None:
     try:
         text = read_source(f, total=total)
     except SourceError as e:

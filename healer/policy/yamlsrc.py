@@ -50,7 +50,7 @@ LIMITS = Limits()
 
 
 @dataclass(slots=True)
-class Budget:
+class ReadBudget:
     """What is left for one policy set: bytes to read and values to build, over all files."""
 
     bytes_left: int = LIMITS.max_total_bytes
@@ -100,7 +100,7 @@ def _kind_of_file(mode: int) -> str:
 
 
 def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS,
-                total: Budget | None = None) -> str:
+                total: ReadBudget | None = None) -> str:
     """The text of the regular file ``path`` (symlinks followed), never more than the limit
     (nor more than ``total.bytes_left``, what is left for the whole policy set).
 
@@ -176,7 +176,7 @@ class _Frame:
 class _Composer:
     """Events → plain data for one document, iteratively, within :class:`Limits`."""
 
-    def __init__(self, loader: Any, limits: Limits, budget: list[int], total: Budget) -> None:
+    def __init__(self, loader: Any, limits: Limits, budget: list[int], total: ReadBudget) -> None:
         self.loader = loader
         self.limits = limits
         self.budget = budget  # [values left in this file], shared by its documents
@@ -331,10 +331,10 @@ class _Loader(_BaseLoader):  # type: ignore[misc]
 
 
 def load_documents(text: str, file: str, limits: Limits = LIMITS,
-                   total: Budget | None = None) -> Iterator[SourceDoc]:
+                   total: ReadBudget | None = None) -> Iterator[SourceDoc]:
     """Yield every non-empty document of ``text``. Raises ``yaml.YAMLError`` on bad YAML or a
     document over the :class:`Limits` (``total``: what is left for the whole policy set)."""
-    total = total if total is not None else Budget(nodes_left=limits.max_total_nodes)
+    total = total if total is not None else ReadBudget(nodes_left=limits.max_total_nodes)
     loader = _Loader(text)
     try:
         budget = [limits.max_nodes]

@@ -51,7 +51,7 @@ class NodeSpec(_M):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class FleetSpec(_M):
+class SimFleetSpec(_M):
     node_labels: dict[str, str] = Field(default_factory=lambda: {"nvidia.com/gpu.present": "true"})
     nodes: list[NodeSpec] = Field(min_length=1)
     spares: list[NodeSpec] = Field(default_factory=list)
@@ -88,7 +88,7 @@ class FaultSpec(_M):
     uncordon: bool = False  # an admin uncordons the node
 
 
-class RepairSpec(_M):
+class SimRepairSpec(_M):
     node: str
     after: Duration
     passed: bool = True
@@ -115,10 +115,10 @@ class Scenario(_M):
     policies: list[str] = Field(min_length=1)
     mode: Literal["observe", "dryRun", "act"] | None = None
     scrape_interval: Duration = 15.0
-    fleet: FleetSpec
+    fleet: SimFleetSpec
     jobs: list[JobSpec] = Field(default_factory=list)
     faults: list[FaultSpec] = Field(default_factory=list)
-    repairs: list[RepairSpec] = Field(default_factory=list)
+    repairs: list[SimRepairSpec] = Field(default_factory=list)
     failing_validation: list[str] = Field(default_factory=list)
     latencies: LatencySpec = Field(default_factory=LatencySpec)
     expect: list[ExpectSpec] = Field(default_factory=list)
