@@ -13,6 +13,8 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
+from healer.core.vocabulary import StepName
+
 
 class StepStatus(enum.Enum):
     DONE = "done"  # finished successfully
@@ -62,7 +64,7 @@ class Checkpoint(Action):
     url: str = ""
     secret_ref: str = ""
     job_template: str = ""
-    step: ClassVar[str] = "checkpoint"
+    step: ClassVar[str] = StepName.CHECKPOINT.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -72,7 +74,7 @@ class DrainSlurm(Action):
 
     slurm_node: str = ""
     reason: str = ""
-    step: ClassVar[str] = "drain"
+    step: ClassVar[str] = StepName.DRAIN.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -81,7 +83,7 @@ class ObserveSlurm(Action):
     """Read the Slurm node's state; answered by a ``SLURM`` trigger, not a ledger step."""
 
     slurm_node: str = ""
-    step: ClassVar[str] = "observe-slurm"
+    step: ClassVar[str] = StepName.OBSERVE_SLURM.value
     ledgered: ClassVar[bool] = False
 
 
@@ -90,7 +92,7 @@ class RequeueJobs(Action):
     """Requeue every job on the Slurm node (the drain deadline passed and the policy says so)."""
 
     slurm_node: str = ""
-    step: ClassVar[str] = "requeue"
+    step: ClassVar[str] = StepName.REQUEUE.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -99,7 +101,7 @@ class Cordon(Action):
     """Cordon and taint the Kubernetes node, with healer's provenance annotations."""
 
     reason: str = ""
-    step: ClassVar[str] = "cordon"
+    step: ClassVar[str] = StepName.CORDON.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -110,7 +112,7 @@ class ClaimSpare(Action):
     ``same_domain`` only a spare in the node's NVLink domain may be taken (else UNAVAILABLE)."""
 
     same_domain: bool = False
-    step: ClassVar[str] = "claim-spare"
+    step: ClassVar[str] = StepName.CLAIM_SPARE.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -120,7 +122,7 @@ class MoveWorkload(Action):
 
     spare: str = ""
     slurm_node: str = ""
-    step: ClassVar[str] = "move-workload"
+    step: ClassVar[str] = StepName.MOVE_WORKLOAD.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
@@ -130,7 +132,7 @@ class AwaitReplacement(Action):
 
     spare: str = ""
     slurm_node: str = ""
-    step: ClassVar[str] = "await-replacement"
+    step: ClassVar[str] = StepName.AWAIT_REPLACEMENT.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +141,7 @@ class AnnotateTopology(Action):
 
     target: str = ""
     slurm_node: str = ""
-    step: ClassVar[str] = "annotate-topology"
+    step: ClassVar[str] = StepName.ANNOTATE_TOPOLOGY.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +152,7 @@ class Validate(Action):
     image: str = ""
     command: tuple[str, ...] = ()
     purpose: str = "replacement"  # replacement | repaired
-    step: ClassVar[str] = "validate"
+    step: ClassVar[str] = StepName.VALIDATE.value
 
     @property
     def ledger_name(self) -> str:
@@ -164,19 +166,19 @@ class UndrainSlurm(Action):
     target: str = ""
     slurm_node: str = ""
     purpose: str = "serve"  # serve: return the (replacement) node to Slurm | undo: give back
-    step: ClassVar[str] = "undrain"
+    step: ClassVar[str] = StepName.UNDRAIN.value
     impact: ClassVar[Impact] = Impact.RECOVERY
 
     @property
     def ledger_name(self) -> str:
-        return "undrain" if self.purpose == "serve" else "undo-drain"
+        return StepName.UNDRAIN.value if self.purpose == "serve" else StepName.UNDO_DRAIN.value
 
 
 @dataclass(frozen=True, slots=True)
 class Uncordon(Action):
     """Uncordon and remove healer's taint and provenance, only where healer put them."""
 
-    step: ClassVar[str] = "uncordon"
+    step: ClassVar[str] = StepName.UNCORDON.value
     impact: ClassVar[Impact] = Impact.RECOVERY
 
 
@@ -185,7 +187,7 @@ class ReleaseSpare(Action):
     """Give back a claimed spare that never took over (cancel before the move)."""
 
     spare: str = ""
-    step: ClassVar[str] = "release-spare"
+    step: ClassVar[str] = StepName.RELEASE_SPARE.value
     impact: ClassVar[Impact] = Impact.RECOVERY
 
 
@@ -197,14 +199,14 @@ class MarkRepair(Action):
     url: str = ""
     secret_ref: str = ""
     job_template: str = ""
-    step: ClassVar[str] = "mark-repair"
+    step: ClassVar[str] = StepName.MARK_REPAIR.value
 
 
 @dataclass(frozen=True, slots=True)
 class ReturnToPool(Action):
     """A repaired, validated node joins the warm-spare pool."""
 
-    step: ClassVar[str] = "return-to-pool"
+    step: ClassVar[str] = StepName.RETURN_TO_POOL.value
     impact: ClassVar[Impact] = Impact.RECOVERY
 
 
@@ -213,7 +215,7 @@ class Escalate(Action):
     """A human is needed: mark the node and raise a Warning Event; the node stays as it is."""
 
     reason: str = ""
-    step: ClassVar[str] = "escalate"
+    step: ClassVar[str] = StepName.ESCALATE.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +226,7 @@ class EmitEvent(Action):
     note: str = ""
     type: str = "Normal"
     name: str = ""  # distinguishes events of one incident; part of the idempotency key
-    step: ClassVar[str] = "event"
+    step: ClassVar[str] = StepName.EVENT.value
     ledgered: ClassVar[bool] = False
 
     @property
