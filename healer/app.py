@@ -144,7 +144,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     slurm = o.slurm or _slurm_driver(settings, api, nodes)
     ports = _ports(settings, o, api, nodes, secrets, slurm, policies)
     clock = SYSTEM_CLOCK
-    executor: ActionRunner = Executor(ports, clock.now)
+    executor: ActionRunner = Executor(ports, clock)
     store: StateStore = CRStateStore(api)
     if o.wrap_actions is not None:
         executor = o.wrap_actions(executor)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -29,9 +28,10 @@ from typing import Any, Protocol
 
 import structlog
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT, REPAIR_RESULT
 from healer.errors import HealerError
-from healer.ports import NodeAPI
+from healer.ports import Clock, NodeAPI
 
 from .hooks import verify
 
@@ -129,7 +129,7 @@ class AckReceiver:
 
     def __init__(self, nodes: NodeAPI, secrets: KeySource,
                  target: Callable[[str], AckTarget | None], *,
-                 clock: Callable[[], float] = time.time, window: float = WINDOW,
+                 clock: Clock = SYSTEM_CLOCK, window: float = WINDOW,
                  max_nonces: int = MAX_NONCES) -> None:
         self.nodes = nodes
         self.secrets = secrets
@@ -178,7 +178,7 @@ class AckReceiver:
         if not isinstance(signature, str) or not verify(await self.secrets.key(ref), body,
                                                         signature):
             raise Reject(403, "bad or missing signature")
-        now = self.clock()
+        now = self.clock.now()
         if abs(now - ts) > self.window:
             raise Reject(403, f"timestamp outside ±{self.window:g}s of healer's clock")
         self.nonces.check(nonce, ts + self.window, now)

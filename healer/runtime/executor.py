@@ -10,13 +10,13 @@ a spare is chosen but not claimed), so the whole flow can be watched without tou
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
@@ -27,6 +27,7 @@ from healer.errors import HealerError, PermanentError, TransientError
 from healer.obs.logging import OnceLogger
 from healer.ports import (
     CheckpointHook,
+    Clock,
     EventRecorder,
     HookResult,
     HookSpec,
@@ -96,7 +97,7 @@ class ActionRunner(Protocol):
 
 
 class Executor:
-    def __init__(self, ports: Ports, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, ports: Ports, clock: Clock = SYSTEM_CLOCK) -> None:
         self.p = ports
         self.clock = clock
         self._retrying = OnceLogger("healer.executor")
@@ -131,7 +132,7 @@ class Executor:
                         step=action.ledger_name, error=out.error)
         else:
             self._retrying.ok(what)
-        now = self.clock()
+        now = self.clock.now()
         data = tuple(sorted((out.data or {}).items()))
         return [Trigger(TriggerKind.STEP, node, now, incident=action.incident,
                         result=StepResult(action.ledger_name, out.status, out.error, data))]
@@ -147,7 +148,7 @@ class Executor:
             log.warning("event not written", reason=act.reason, key=act.key, error=str(e))
 
     async def _observe(self, act: a.ObserveSlurm, dry: bool) -> Trigger:
-        now = self.clock()
+        now = self.clock.now()
         if dry:
             obs = SlurmObservation(drain=True, busy=False, reason="(dry run)", ours=True)
         else:

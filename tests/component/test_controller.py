@@ -70,7 +70,7 @@ async def make(ps: cp.PolicySet | None = None, store: FakeStore | None = None,
     store = store or FakeStore()
     ports = Ports(**fakes)  # type: ignore[arg-type]
     ctl = Controller(policies=ps or policies(policy(steps=cp.Steps(poll_interval=5))),
-                     executor=Executor(ports, clock.now), store=store, clock=clock)
+                     executor=Executor(ports, clock), store=store, clock=clock)
 
     task = asyncio.create_task(NodeEvents(fakes["nodes"], ctl).run())  # type: ignore[arg-type]
     await settle()

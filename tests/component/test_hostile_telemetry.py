@@ -89,7 +89,7 @@ async def test_hostile_telemetry_writes_nothing_and_real_telemetry_does() -> Non
     rules = (cp.XidRule("fatal", Severity.FAILED, frozenset({79, 48})),
              cp.MetricRule("hot", Severity.FAILED, TEMP, cp.Op.GE, 90.0))
     ps = policies(policy(rules=rules, steps=cp.Steps(poll_interval=5)))
-    ctl = Controller(policies=ps, executor=Executor(Ports(**fakes), clock.now), store=store,
+    ctl = Controller(policies=ps, executor=Executor(Ports(**fakes), clock), store=store,
                      clock=clock)
     src = PrometheusSource("http://127.0.0.1:1", ps, stale_after=60, forget_after=1e9)
     prom = Prom()

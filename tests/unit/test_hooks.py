@@ -27,7 +27,7 @@ from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT
 from healer.errors import PermanentError, TransientError
 from healer.obs.http import serve
 from healer.ports import HookSpec, StepOutcome
-from healer_dev.testing import FakeNodes
+from healer_dev.testing import FakeNodes, ManualClock
 
 KEY = b"s3cret"
 REPAIR_KEY = b"repair-s3cret"
@@ -209,18 +209,18 @@ async def test_an_ack_is_single_use_timestamped_and_bound_to_its_node() -> None:
 
 
 async def test_the_nonce_cache_is_bounded_and_forgets_expired_nonces() -> None:
-    now = [1_000_000.0]
+    clock = ManualClock(1_000_000.0)
     nodes = FakeNodes([NodeView("n1")])
     ack = AckReceiver(nodes, StaticSecrets(),
                       {"i": AckTarget("n1", {"checkpoint": "healer-system/hook-hmac"})}.get,
-                      clock=lambda: now[0], window=60, max_nonces=3)
+                      clock=clock, window=60, max_nonces=3)
     for i in range(3):
-        b = ack_body("i", "n1", "checkpoint", nonce=f"{i:016d}", ts=now[0])
+        b = ack_body("i", "n1", "checkpoint", nonce=f"{i:016d}", ts=clock.t)
         assert (await ack.handle(b, sign(KEY, b)))[0] == 200
-    full = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=now[0])
+    full = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=clock.t)
     assert (await ack.handle(full, sign(KEY, full)))[0] == 429
-    now[0] += 61  # every remembered nonce's timestamp is now out of the window
-    fresh = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=now[0])
+    clock.t += 61  # every remembered nonce's timestamp is now out of the window
+    fresh = ack_body("i", "n1", "checkpoint", nonce="x" * 16, ts=clock.t)
     assert (await ack.handle(fresh, sign(KEY, fresh)))[0] == 200
     assert len(ack.nonces) == 1
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
 from healer.errors import ConflictError
+from healer.ports import Clock
 
 NOTE_LIMIT = 1000
 
@@ -35,7 +35,7 @@ class KubeEvents:
     namespace = "default"
 
     def __init__(self, api: client.ApiClient, *, instance: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.events = client.EventsV1Api(api)
         self.instance = (instance or socket.gethostname())[:128]
         self._clock = clock
@@ -48,7 +48,7 @@ class KubeEvents:
             "metadata": {"name": event_name(key), "namespace": self.namespace,
                          "labels": {NODE_LABEL: node[:63]},
                          "annotations": {EVENT_KEY_ANNOTATION: key}},
-            "eventTime": _micro(self._clock()),
+            "eventTime": _micro(self._clock.now()),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,
             "action": (action or reason)[:128],

@@ -8,22 +8,22 @@ healer replica of one installation shares. healer's Role already allows Events t
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call
 from healer.adapters.kube.events import NOTE_LIMIT, _micro, event_name
 from healer.core.vocabulary import REPORTING_CONTROLLER
 from healer.errors import ConflictError
+from healer.ports import Clock
 
 
 class SelfEvents:
     def __init__(self, api: client.ApiClient, *, namespace: str, instance: str,
                  pod: str = "", lease: str = "healer-leader",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.events = client.EventsV1Api(api)
         self.namespace, self.instance = namespace, instance[:128]
         self.regarding = ({"apiVersion": "v1", "kind": "Pod", "name": pod,
@@ -34,7 +34,7 @@ class SelfEvents:
 
     async def emit(self, reason: str, note: str, *, type: str = "Warning") -> None:
         """One Event; the same (reason, note) at the same second is written once."""
-        now = self._clock()
+        now = self._clock.now()
         body: dict[str, Any] = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",

@@ -32,7 +32,7 @@ from healer.adapters.hooks import sign
 from healer.core.model import NodeView
 from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT
 from healer.obs.http import Health, make_app, serve
-from healer_dev.testing import FakeNodes
+from healer_dev.testing import FakeNodes, ManualClock
 
 CP_KEY, RP_KEY = b"checkpoint-key", b"repair-key"
 KEYS = {"ns/cp-hmac": CP_KEY, "ns/rp-hmac": RP_KEY}
@@ -53,7 +53,7 @@ class Keys:
 def world() -> tuple[FakeNodes, AckReceiver]:
     nodes = FakeNodes([NodeView("n1"), NodeView("n2", annotations={REPAIR_INCIDENT: "inc-rp"}),
                        NodeView("n3")])
-    return nodes, AckReceiver(nodes, Keys(), TARGETS.get, clock=lambda: NOW)
+    return nodes, AckReceiver(nodes, Keys(), TARGETS.get, clock=ManualClock(NOW))
 
 
 def body(**fields: Any) -> bytes:
