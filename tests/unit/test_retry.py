@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import structlog.testing
 
 from healer.adapters.retry import KUBERNETES, QUICK, WEBHOOK, Backoff, RetryPolicy
 from healer.errors import ConflictError, NotFoundError, PermanentError, TransientError
@@ -138,3 +139,14 @@ async def test_backoff_doubles_to_its_cap_and_resets() -> None:
     b.reset()
     await b.sleep()
     assert clock.slept == [0.2, 0.4, 0.8, 1.0, 1.0, 0.2]
+
+
+async def test_each_retry_is_logged_at_debug() -> None:
+    clock = StepClock()
+    fn = Script(TransientError("503"))
+    with structlog.testing.capture_logs() as logs:
+        assert await RetryPolicy(attempts=2, first=0.25, cap=1.0).run("GET nodes", fn,
+                                                                      clock=clock) == "ok"
+    (line,) = [e for e in logs if e["event"] == "retrying"]
+    assert line["log_level"] == "debug"
+    assert (line["what"], line["attempt"], line["wait"]) == ("GET nodes", 1, 0.25)
