@@ -52,6 +52,7 @@ from healer.core.model import GuardrailBlock, NodeView
 from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
 from healer.core.timefmt import rfc3339
+from healer.core.unavailability import CAUSES, claims_in_flight, replaced, unavailable_cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,60 +77,6 @@ class PastIncident:
     opened_at: float
     policy: str = ""
     serials: tuple[str, ...] = ()
-
-
-#: Why a node counts as unavailable (the ``cause`` label of ``healer_unavailable_nodes``), in
-#: the order one is named when several apply. Bounded: metrics label values.
-CAUSES = ("healer", "cordoned", "not-ready", "slurm-down", "slurm-not-responding",
-          "slurm-fail", "slurm-drain", "slurm-reboot", "slurm-power-down", "slurm-maintenance")
-SLURM_CAUSES = frozenset(c for c in CAUSES if c.startswith("slurm-"))
-
-
-def slurm_cause(base: str, flags: AbstractSet[str]) -> str:
-    """Why Slurm will not start jobs on a node in state ``base`` + ``flags`` ("" = it will).
-
-    POWERED_DOWN alone is *not* a cause: Slurm's power saving powers such a node up for the
-    next job that needs it. UNKNOWN alone (slurmctld just restarted, the node not yet heard
-    from) is not one either; UNKNOWN + NOT_RESPONDING is."""
-    base, flags = base.upper(), frozenset(f.upper() for f in flags)
-    if base in ("DOWN", "ERROR", "FUTURE"):
-        return "slurm-down"
-    if "NOT_RESPONDING" in flags:
-        return "slurm-not-responding"
-    if flags & {"FAIL", "FAILING"}:
-        return "slurm-fail"
-    if "DRAIN" in flags and "UNDRAIN" not in flags:
-        return "slurm-drain"
-    if "REBOOT_ISSUED" in flags:
-        return "slurm-reboot"
-    if flags & {"POWER_DOWN", "POWERING_DOWN"}:
-        return "slurm-power-down"
-    if "MAINTENANCE" in flags:
-        return "slurm-maintenance"
-    return ""
-
-
-def unavailable_cause(view: NodeView, rec: OpenRemediation | None, slurm: str = "") -> str:
-    """Why ``view`` cannot take jobs ("" = it can): healer's hold first, then Kubernetes, then
-    Slurm's ``slurm`` cause (:func:`slurm_cause`, as the runtime's feed last read it)."""
-    if rec is not None and (rec.active or rec.out_of_service):
-        return "healer"
-    if view.unschedulable:
-        return "cordoned"
-    if not view.ready:
-        return "not-ready"
-    return slurm
-
-
-def replaced(rec: OpenRemediation | None) -> bool:
-    """A node a spare has replaced: out of the population (its spare is counted instead)."""
-    return rec is not None and bool(rec.spare) and rec.phase is Phase.REPAIR
-
-
-def claims_in_flight(rec: OpenRemediation) -> str:
-    """The spare ``rec`` holds while it is not yet serving ("" if none): out of the population
-    (the node it replaces is counted)."""
-    return rec.spare if rec.spare and rec.phase is not Phase.REPAIR else ""
 
 
 class GuardrailFacts(Protocol):

@@ -10,7 +10,7 @@ Per scope (the fleet, and each policy) the index keeps the member set (the popul
 unavailable nodes with their causes and a count per cause, the replaced nodes, and per
 failure-domain label value the member and unavailable counts. Whether a node is a member, and
 why it is unavailable, is a function of its :class:`NodeView`, its open record and its Slurm
-cause alone (:func:`healer.core.budget.unavailable_cause`), so a change re-places that one
+cause alone (:func:`healer.core.unavailability.unavailable_cause`), so a change re-places that one
 node: O(#policies x #domains). Which policies select a node is matched only when its labels
 change.
 
@@ -30,18 +30,12 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from healer.core.budget import (
-    BudgetView,
-    OpenRemediation,
-    PastIncident,
-    claims_in_flight,
-    replaced,
-    unavailable_cause,
-)
+from healer.core.budget import BudgetView, OpenRemediation, PastIncident
 from healer.core.machine import counts_as_active, record_out_of_service, releases
 from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
+from healer.core.unavailability import claims_in_flight, replaced, unavailable_cause
 from healer.core.vocabulary import PAUSE_ANNOTATION
 
 _Entry = tuple[float, str, str]  # (opened_at, node, incident id), for the breaker
@@ -248,7 +242,7 @@ class FleetIndex:
 
     def set_slurm(self, node: str, cause: str) -> None:
         """Slurm's view of ``node`` changed: ``cause`` is why Slurm will not start jobs there
-        (:func:`healer.core.budget.slurm_cause`; "" = it will). O(#policies x #domains)."""
+        (:func:`healer.core.unavailability.slurm_cause`; "" = it will). O(#policies x #domains)."""
         if cause:
             if self._slurm.get(node) == cause:
                 return

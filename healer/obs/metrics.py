@@ -17,10 +17,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from healer.core.budget import CAUSES, usage
+from healer.core.budget import usage
 from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
 from healer.core.model import NodeRecord, StepOutcome
 from healer.core.phases import ACTIVE, Phase
+from healer.core.unavailability import CAUSES
 from healer.errors import (
     ConflictError,
     ForbiddenError,

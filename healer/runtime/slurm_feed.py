@@ -2,10 +2,10 @@
 into the guardrails as changes only (issue 12: guardrails count what Slurm counts).
 
 Each read (:class:`~healer.ports.SlurmStates`, one listing of the fleet) becomes a cause per
-Kubernetes node (:func:`healer.core.budget.slurm_cause`: DOWN, NOT_RESPONDING, FAIL, drained or
-draining by anyone, REBOOT_ISSUED, powering down, MAINT). Only the nodes whose cause changed
-since the previous read reach the controller, so the core's work follows change, not fleet
-size. The read itself runs as its own task with a timeout; the event loop only awaits it.
+Kubernetes node (:func:`healer.core.unavailability.slurm_cause`: DOWN, NOT_RESPONDING, FAIL,
+drained or draining by anyone, REBOOT_ISSUED, powering down, MAINT). Only the nodes whose cause
+changed since the previous read reach the controller, so the core's work follows change, not
+fleet size. The read itself runs as its own task with a timeout; the event loop only awaits it.
 
 Failing safe: when Slurm cannot be read (an error, a timeout, an answer that does not parse)
 for longer than ``grace`` (default: three intervals), Slurm's view is *unknown*: the
@@ -24,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from healer.core.budget import slurm_cause
+from healer.core.unavailability import slurm_cause
 from healer.errors import HealerError
 from healer.obs.logging import OnceLogger
 from healer.ports import Clock, SlurmNodeState, SlurmStates

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from healer.core import rules as cp
 from healer.core.budget import (
-    CAUSES,
     Admission,
     BreakerStatus,
     BudgetView,
@@ -45,6 +44,7 @@ from healer.core.model import (
 )
 from healer.core.phases import Phase
 from healer.core.timefmt import rfc3339
+from healer.core.unavailability import CAUSES
 from tests.builders import T0, done_step, open_step, record
 
 # ---------------------------------------------------------------------------------------------

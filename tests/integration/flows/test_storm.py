@@ -12,7 +12,7 @@ Then a fatal XID hits every GPU Node at once.
 Sampled continuously (about every 0.3 s) while the storm runs, and asserted over all samples:
 
 * Slurm's own count, independent of healer: at least 4 - 2 of the NodeSet's Slurm nodes can
-  take jobs (no DOWN, NOT_RESPONDING, DRAIN... : :func:`healer.core.budget.slurm_cause` is
+  take jobs (no DOWN, NOT_RESPONDING, DRAIN... : :func:`healer.core.unavailability.slurm_cause` is
   ""), wherever their pod runs;
 * healer's count: ``sum(healer_unavailable_nodes{scope="fleet"})`` never above 2, and it
   names the admin's drain and the DOWN node by cause before the storm.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from healer.adapters.slurm.parse import parse_nodes
-from healer.core.budget import slurm_cause
+from healer.core.unavailability import slurm_cause
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.conftest import TEST_LABEL, Flow, FlowFactory
 from tests.integration.waiting import wait_for
