@@ -65,7 +65,8 @@ for what a sample may be: finite, a possible XID code or count or temperature, s
 the query's window). The heartbeat counts finite samples only, so a ``+Inf`` reading is no
 sign of life; a body that is not an API answer is a :class:`~.http.BadAnswer`.
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx and 429 are
-``TransientError`` (retried with tenacity within the poll), other 4xx are ``PermanentError``
+``TransientError`` (retried within the poll by :data:`healer.adapters.retry.QUICK`, a
+Retry-After honoured), other 4xx are ``PermanentError``
 (a bad ``promql`` rule, bad credentials).
 
 Modules. Pure (no I/O, no clock: the time is an argument; an import-linter contract in
