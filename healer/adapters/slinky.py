@@ -185,7 +185,8 @@ class NodeSets:
                                                          self.namespace, NODESET_PLURAL, name)))
         return dict(raw.get("spec") or {})
 
-    async def scaled_in(self, name: str, slurm_node: str, pods: SlinkyPods) -> str:
+    async def scaled_in(self, name: str, slurm_node: str, pods: SlinkyPods,
+                        spare: str = "") -> str:
         """Why the pod of ``slurm_node`` will not come back ("" if it may): NodeSet ``name``
         already has as many live pods as it wants without it, i.e. it was scaled in and the
         operator removed this one on purpose (it picks cordoned pods first, drains such a pod
@@ -197,9 +198,11 @@ class NodeSets:
             return ""
         mine = [p for p in await pods.pods()
                 if ((p.get("metadata") or {}).get("labels") or {}).get(NODESET_INSTANCE) == name]
-        if any(not slurm_name(p) for p in mine):
-            # a hostNetwork pod not scheduled yet has no Slurm name: it may be the very pod
-            # the operator recreated for this one, on its way to the spare
+        if any(not slurm_name(p) or (spare and (p.get("spec") or {}).get("nodeName") == spare)
+               for p in mine):
+            # a hostNetwork pod not scheduled yet has no Slurm name, and one just bound to the
+            # spare is named after it: either may be the very pod the operator recreated for
+            # this one (the next look finds it on the spare)
             return ""
         others = [p for p in mine if slurm_name(p) != slurm_node]
         if len(others) < replicas:

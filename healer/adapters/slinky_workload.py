@@ -110,7 +110,8 @@ class SlinkyWorkload:
         try:
             pod = await self.pods.by_slurm_name(slurm_node)
         except NotFoundError:
-            scaled_in = await self.nodesets.scaled_in(self.nodeset, slurm_node, self.pods)
+            scaled_in = await self.nodesets.scaled_in(self.nodeset, slurm_node, self.pods,
+                                                      spare)
             if scaled_in:
                 await self._close(spare, incident)  # nothing will come: nothing may land there
                 return HookResult(StepOutcome.FAILED, f"{scaled_in}; the spare was closed again")
