@@ -82,7 +82,10 @@ class Daemon:
                 raise AssertionError(f"daemon exited {self.proc.returncode}:\n{self.tail()}")
             return (await self.get("/readyz"))[0] == 200
 
-        await wait_for(ok, timeout=within, interval=0.2, description="daemon /readyz")
+        try:
+            await wait_for(ok, timeout=within, interval=0.2, description="daemon /readyz")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; the daemon's log:\n{self.tail()}") from None
         return time.monotonic() - self.started
 
     async def metric(self, name: str, **labels: str) -> float | None:

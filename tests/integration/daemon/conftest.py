@@ -94,7 +94,7 @@ class Fleet:
         self.daemons.append(d)
         return d
 
-    async def ready(self, d: Daemon, deadline: float = 60) -> None:
+    async def ready(self, d: Daemon, deadline: float = 120) -> None:
         await d.ready(deadline)
 
     async def remediations(self, node: str) -> list[dict[str, Any]]:
