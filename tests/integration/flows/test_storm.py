@@ -9,6 +9,16 @@ one Slurm node (their own reason) and sets another DOWN: Kubernetes shows nothin
 every Node Ready), so a guardrail that counted only Kubernetes would see 0 of 4 unavailable.
 Then a fatal XID hits every GPU Node at once.
 
+The DOWN node's slurmd hangs first (SIGSTOP: it answers nothing; Kubernetes shows nothing of
+it). It has to: this Slurm runs ``ReturnToService=2``, under which slurmctld returns a DOWN node
+to service (reason cleared) at the next answer of its slurmd, a ping within a few seconds,
+whoever set it DOWN. An admin's ``state=down`` on a node whose slurmd answers lasted only until
+then, so healer (rightly) counted it only when it happened to read Slurm first. With its slurmd
+hung the node stays DOWN (and NOT_RESPONDING) while healer counts it and holds the healthy
+nodes. Once the storm has hit it too, its slurmd answers again (SIGCONT): Slurm returns it to
+service, the operator drains it on healer's cordon (the DOWN, with an admin's reason, is not
+the operator's to drain) and it is replaced.
+
 Sampled continuously (about every 0.3 s) while the storm runs, and asserted over all samples:
 
 * Slurm's own count, independent of healer: at least 4 - 2 of the NodeSet's Slurm nodes can
@@ -26,9 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +115,22 @@ async def sample(f: Flow, d: Daemon, out: Samples, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.3)
 
 
+def slurmd_pid(f: Flow, name: str) -> int:
+    """The pid of the slurmd that the pod runtime runs for Slurm node ``name``."""
+    conf = str(f.slurm.conf)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv[0].endswith("/slurmd") and conf in argv and "-Z" in argv and "-N" in argv \
+                and argv[argv.index("-N") + 1:argv.index("-N") + 2] == [name]:
+            return int(entry.name)
+    raise AssertionError(f"no slurmd runs for Slurm node {name}")
+
+
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize(("mode", "driver"), [
     pytest.param("StatefulSet", "slinky", id="StatefulSet-slinky"),
@@ -118,8 +147,19 @@ async def test_max_unavailable_holds_at_every_sample_counting_slurm(
     admin = "admin: bad DIMM, ticket 42"
     await asyncio.to_thread(f.slurm.run, ["scontrol", "update", f"nodename={sn[drained]}",
                                           "state=drain", f"reason={admin}"])
+    # the DOWN node's slurmd hangs (ReturnToService=2 would return the node to service at its
+    # next answer, see the module docstring), then the admin sets it DOWN
+    hung = slurmd_pid(f, sn[down])
+    os.kill(hung, signal.SIGSTOP)
     await asyncio.to_thread(f.slurm.run, ["scontrol", "update", f"nodename={sn[down]}",
                                           "state=down", "reason=admin: PSU fault"])
+    # Slurm itself knows nothing answers there: DOWN stays DOWN (no slurmd to return it)
+    await f.wait_slurm(sn[down], lambda s: s.down and "NOT_RESPONDING" in s.flags,
+                       within=60, what="DOWN and not responding")
+    st = await f.slurm_state(sn[drained])
+    assert st is not None
+    assert st.drain, st
+    assert st.reason == admin, st
     for node in gpus:  # Kubernetes shows nothing of it
         n = await f.core.read_node(node)
         assert not n.spec.unschedulable
@@ -162,6 +202,9 @@ async def test_max_unavailable_holds_at_every_sample_counting_slurm(
                        "causes")
         for node in (drained, down):  # then the nodes Slurm already lost
             f.xid(node)
+        # the hung slurmd answers again: Slurm returns the node to service, clearing the
+        # admin's DOWN, so the operator can drain it on healer's cordon
+        os.kill(hung, signal.SIGCONT)
         # the DOWN node is replaced: its Slurm name serves again, on a spare
         await f.wait_phase(down, "Repair", within=240)
         # then (one unit back) exactly one healthy node may go
