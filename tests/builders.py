@@ -22,11 +22,11 @@ from healer.core.model import (
     GpuRef,
     HealthState,
     Incident,
+    LedgerOutcome,
     NodeCondition,
     NodeRecord,
     NodeView,
     Severity,
-    StepOutcome,
     StepRecord,
 )
 from healer.core.phases import Phase
@@ -83,7 +83,7 @@ def open_step(name: str, at: float = T0, attempts: int = 1) -> StepRecord:
 
 
 def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
-    return StepRecord(name, at, 1, at + 1, StepOutcome.OK, "", detail)
+    return StepRecord(name, at, 1, at + 1, LedgerOutcome.OK, "", detail)
 
 
 def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,

@@ -222,7 +222,7 @@ class Incident:
         )
 
 
-class StepOutcome(enum.Enum):
+class LedgerOutcome(enum.Enum):
     """How a ledger step ended."""
 
     OK = "ok"
@@ -239,7 +239,7 @@ class StepRecord:
     started_at: float
     attempts: int = 1
     finished_at: float | None = None
-    outcome: StepOutcome | None = None
+    outcome: LedgerOutcome | None = None
     error: str = ""
     detail: str = ""
 
@@ -269,7 +269,7 @@ class StepRecord:
             started_at=float(d["startedAt"]),
             attempts=int(d.get("attempts", 1)),
             finished_at=None if fin is None else float(fin),
-            outcome=None if out is None else StepOutcome(out),
+            outcome=None if out is None else LedgerOutcome(out),
             error=str(d.get("error", "")),
             detail=str(d.get("detail", "")),
         )
@@ -415,7 +415,7 @@ class NodeRecord:
 
     def step_ok(self, name: str) -> bool:
         s = self.step(name)
-        return s is not None and s.outcome is StepOutcome.OK
+        return s is not None and s.outcome is LedgerOutcome.OK
 
     def with_step(self, entry: StepRecord) -> NodeRecord:
         """Replace the latest entry of the same step if it is still open, else append."""

@@ -158,10 +158,10 @@ def test_a_stale_node_wakes_on_its_next_heartbeat() -> None:
 
 def test_only_decisions_that_take_capacity_are_written_under_the_fleet_lock() -> None:
     from healer.core.engine import takes_capacity
-    from healer.core.model import StepOutcome, StepRecord
+    from healer.core.model import LedgerOutcome, StepRecord
 
     failed = record(Phase.FAILED)
-    drain = StepRecord("drain", T0, finished_at=T0 + 1, outcome=StepOutcome.OK)
+    drain = StepRecord("drain", T0, finished_at=T0 + 1, outcome=LedgerOutcome.OK)
     draining = record(Phase.DRAINING, ledger=(drain,))
     cordoned = record(Phase.CORDONED, ledger=(drain,))
     done = record(Phase.DONE)

@@ -13,11 +13,11 @@ from healer.core.model import (
     GpuRef,
     GuardrailBlock,
     Incident,
+    LedgerOutcome,
     NodeRecord,
     Severity,
     Signal,
     SignalKind,
-    StepOutcome,
     StepRecord,
     TransitionRecord,
 )
@@ -38,7 +38,7 @@ incidents = st.builds(Incident, id=names, node=st.just("n"), opened_at=times,
                       gpus=st.lists(gpus, max_size=3).map(tuple), summary=text,
                       evidence=st.lists(signals, max_size=3).map(tuple))
 steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers(1, 9),
-                  finished_at=st.none() | times, outcome=st.none() | st.sampled_from(StepOutcome),
+                  finished_at=st.none() | times, outcome=st.none() | st.sampled_from(LedgerOutcome),
                   error=text, detail=text)
 blocks = st.builds(GuardrailBlock, guardrail=names, message=text,
                    current=st.integers(0, 100).map(float), limit=st.integers(0, 100).map(float))
@@ -76,7 +76,7 @@ def test_with_step_replaces_open_entry_and_appends_after_finish() -> None:
     rec = rec.with_step(StepRecord("drain", 1.0, attempts=2))
     assert len(rec.ledger) == 1
     assert rec.ledger[0].attempts == 2
-    rec = rec.with_step(StepRecord("drain", 1.0, 2, 2.0, StepOutcome.OK))
+    rec = rec.with_step(StepRecord("drain", 1.0, 2, 2.0, LedgerOutcome.OK))
     rec = rec.with_step(StepRecord("drain", 3.0))
     assert [s.done for s in rec.ledger] == [True, False]
 

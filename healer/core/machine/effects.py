@@ -39,9 +39,9 @@ from healer.core.model import (
     EVIDENCE_LIMIT,
     GuardrailBlock,
     Incident,
+    LedgerOutcome,
     NodeRecord,
     Severity,
-    StepOutcome,
 )
 from healer.core.phases import Phase
 from healer.core.rules import Policy
@@ -292,7 +292,7 @@ def _undo_note(ctx: Ctx, reason: str, undo: bool) -> str:
     if undone:
         return f"{reason}; undoing healer's own changes: {', '.join(undone)}"
     if not undo:
-        taken = [s.step for s in ctx.rec.ledger if s.outcome is StepOutcome.OK]
+        taken = [s.step for s in ctx.rec.ledger if s.outcome is LedgerOutcome.OK]
         if taken:
             return f"{reason}; healer's changes left in place for the operator: {', '.join(taken)}"
     return f"{reason}; nothing to undo"
@@ -388,7 +388,7 @@ def _checkpoint_timeout(ctx: Ctx) -> None:
     rec = ctx.rec
     s = rec.step(StepName.CHECKPOINT)
     if s is not None and not s.done:
-        ctx.record = rec.with_step(replace(s, finished_at=ctx.now, outcome=StepOutcome.TIMEOUT,
+        ctx.record = rec.with_step(replace(s, finished_at=ctx.now, outcome=LedgerOutcome.TIMEOUT,
                                            error="no acknowledgement before the deadline"))
     ctx.event("checkpoint-timeout", "CheckpointTimeout",
               "jobs did not acknowledge the checkpoint request in time; draining anyway",

@@ -23,8 +23,8 @@ from healer.core.model import (
     HISTORY_LIMIT,
     EventRecord,
     HealthState,
+    LedgerOutcome,
     NodeRecord,
-    StepOutcome,
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
@@ -147,8 +147,8 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     if trigger.kind is TriggerKind.STEP and r is not None:
         s = record.step(r.step)
         if s is not None and not s.done and r.status is not StepStatus.PENDING:
-            outcome = {StepStatus.DONE: StepOutcome.OK, StepStatus.FAILED: StepOutcome.FAILED,
-                       StepStatus.UNAVAILABLE: StepOutcome.FAILED}.get(r.status)
+            outcome = {StepStatus.DONE: LedgerOutcome.OK, StepStatus.FAILED: LedgerOutcome.FAILED,
+                       StepStatus.UNAVAILABLE: LedgerOutcome.FAILED}.get(r.status)
             if outcome is not None:
                 record = record.with_step(replace(s, finished_at=now, outcome=outcome,
                                                   error=r.error, detail=_detail(r)))

@@ -19,7 +19,7 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
-from healer.core.model import GpuRef, Incident, NodeRecord, Severity, StepOutcome, StepRecord
+from healer.core.model import GpuRef, Incident, LedgerOutcome, NodeRecord, Severity, StepRecord
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import CLAIMED_BY, INCIDENT_ANNOTATION
 from healer.errors import ConflictError
@@ -176,7 +176,7 @@ async def test_noderemediation_round_trips_exactly(kube_api: client.ApiClient) -
     inc = Incident("rt-node-20260105-080000", "rt-node", 1767600000.123456, Severity.FAILED,
                    ("fatal-xid",), (GpuRef(3, "GPU-abc", "1650000003"),), "XID 79 x1")
     rec = NodeRecord("rt-node", inc, "gpu-fatal", "Draining", 1767600001.5, "act",
-                     (StepRecord("drain", 1767600001.5, 2, 1767600002.75, StepOutcome.OK, "",
+                     (StepRecord("drain", 1767600001.5, 2, 1767600002.75, LedgerOutcome.OK, "",
                                  "owner=healer"),),
                      slurm_node="rt-node", verdict="failed", verdict_at=1767600000.25)
     s1 = await store.save(rec, None)
