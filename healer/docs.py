@@ -19,7 +19,7 @@ from typing import Any
 from healer.core import vocabulary
 from healer.core.machine import IGNORED, TRANSITIONS
 from healer.core.phases import ACTIVE, TERMINAL, Phase
-from healer.core.rules import MetricRule, Policy, XidRule
+from healer.core.rules import MetricRule, Mode, Policy, XidRule
 from healer.errors import PolicyError
 from healer.policy.catalog import default_catalog
 from healer.policy.schema import json_schema
@@ -179,9 +179,9 @@ def _what_policy_does(p: Policy, code: int) -> str:
                 steps.append("validate")
             steps.append("undrain")
         action = " → ".join(steps)
-        if p.mode.value == "observe":
+        if p.mode is Mode.OBSERVE:
             action = f"would {action} (observe-only: it only reports)"
-        elif p.mode.value == "dryRun":
+        elif p.mode is Mode.DRY_RUN:
             action = f"would {action} (dry run: recorded as intent only)"
         parts.append(f"rule {r.name} ({r.severity.label}, seen {when}) → {action}")
     return "; ".join(parts)

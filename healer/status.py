@@ -56,7 +56,7 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
     print(header)
     for s in rows:
         r = s.record
-        print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase:16} "
+        print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase.value:16} "
               f"{_age(now - r.incident.opened_at):>5} {_age(now - r.phase_since):>8}  "
               f"{_spare(r):24} {reason_of(r)}")
     if not rows:

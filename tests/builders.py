@@ -73,8 +73,8 @@ def record(phase: Phase, *, nodename: str = "n1", at: float = T0,
            ledger: tuple[StepRecord, ...] = (), policy_name: str = "p",
            severity: Severity = Severity.FAILED, **kw: Any) -> NodeRecord:
     base = NodeRecord(node=nodename, incident=incident(nodename, at, severity), policy=policy_name,
-                      phase=phase.value, phase_since=at, mode="act", ledger=ledger,
-                      slurm_node=nodename, verdict=HealthState.FAILED.value, verdict_at=at)
+                      phase=phase, phase_since=at, mode=cp.Mode.ACT, ledger=ledger,
+                      slurm_node=nodename, verdict=HealthState.FAILED, verdict_at=at)
     return replace(base, **kw)
 
 
@@ -90,7 +90,7 @@ def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,
          records: list[NodeRecord] | None = None, incidents: list[PastIncident] | None = None,
          paused: bool = False, paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
     ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
-    open_ = {r.node: OpenRemediation(r.node, r.policy, Phase(r.phase), r.incident.opened_at,
+    open_ = {r.node: OpenRemediation(r.node, r.policy, r.phase, r.incident.opened_at,
                                      r.spare, record_out_of_service(r), counts_as_active(r))
              for r in (records or [])}
     return BudgetView(ps or policies(), {n.name: n for n in ns}, open_, tuple(incidents or ()),

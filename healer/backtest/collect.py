@@ -159,9 +159,9 @@ def _incident_report(inc: _Incident, world: BacktestWorld, end: float) -> Incide
     if inc.open_block is not None:
         blocks.append(inc.open_block)
     return IncidentReport(
-        id=inc.id, node=inc.node, policy=rec.policy, mode=rec.mode,
+        id=inc.id, node=inc.node, policy=rec.policy, mode=rec.mode.value,
         severity=rec.incident.severity.label, rules=rec.incident.rules, gpus=rec.incident.gpus,
-        summary=rec.incident.summary, opened_at=inc.opened_at, phase=rec.phase,
+        summary=rec.incident.summary, opened_at=inc.opened_at, phase=rec.phase.value,
         outcome=rec.outcome, admitted_at=admitted, drained_at=drained, cordoned_at=cordoned,
         spare=rec.spare, spare_match=spare_match, replaced_at=replaced, out_since=out_since,
         out_until=out_until, blocks=tuple(blocks), escalated_at=inc.escalated_at,

@@ -53,7 +53,7 @@ def past_incident(rec: NodeRecord) -> PastIncident:
 
 
 def open_remediation(rec: NodeRecord) -> OpenRemediation:
-    return OpenRemediation(rec.node, rec.policy, Phase(rec.phase), rec.incident.opened_at,
+    return OpenRemediation(rec.node, rec.policy, rec.phase, rec.incident.opened_at,
                            rec.spare, record_out_of_service(rec), counts_as_active(rec))
 
 
@@ -298,7 +298,7 @@ class FleetIndex:
         (:func:`~healer.core.machine.releases`) frees it if it held it. Either stays an
         incident (for the breaker and the retry budgets) until forgotten. A suspicion is
         neither: it drops the node's open record and the incident."""
-        if Phase(rec.phase) is Phase.SUSPECT:
+        if rec.phase is Phase.SUSPECT:
             self.drop_record(rec.node)
             self.forget_incident(rec.incident.id)
             return

@@ -66,9 +66,9 @@ def takes_capacity(before: NodeRecord | None, decision: Decision) -> bool:
     """Does ``decision`` open an incident or take capacity (a ``maxConcurrent`` slot, a node
     out of service)? Those are checked against the guardrails and recorded atomically."""
     new = decision.record
-    if new is None or Phase(new.phase) is Phase.SUSPECT:
+    if new is None or new.phase is Phase.SUSPECT:
         return False
-    if before is None or Phase(before.phase) is Phase.SUSPECT:
+    if before is None or before.phase is Phase.SUSPECT:
         return True
     return (counts_as_active(new) and not counts_as_active(before)) or (
         record_out_of_service(new) and not record_out_of_service(before))
@@ -77,7 +77,7 @@ def takes_capacity(before: NodeRecord | None, decision: Decision) -> bool:
 def observe_held(rec: NodeRecord) -> bool:
     """An incident held back only because its policy observes: only a new verdict or a policy
     change can move it."""
-    return Phase(rec.phase) in PENDING_ADMISSION and rec.blocked is not None \
+    return rec.phase in PENDING_ADMISSION and rec.blocked is not None \
         and rec.blocked.guardrail == "observe-only"
 
 
@@ -176,7 +176,7 @@ class Engine:
 
     def awaits_verdicts(self, node: str) -> bool:
         rec = self.records.get(node)
-        return rec is not None and Phase(rec.phase) in PENDING_ADMISSION \
+        return rec is not None and rec.phase in PENDING_ADMISSION \
             and not observe_held(rec)
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -228,7 +228,7 @@ class Engine:
             if self.records.pop(node, None) is not None:
                 self.fleet.drop_record(node)
             return
-        if Phase(new.phase) is Phase.SUSPECT:
+        if new.phase is Phase.SUSPECT:
             self.records[node] = new  # a suspicion is not an incident: guardrails ignore it
             return
         self.history[new.incident.id] = new
@@ -270,7 +270,7 @@ class Engine:
         t = now + max(decision.recheck_after, MIN_WAIT)
         if observe_held(rec):
             return None  # only a new verdict or a policy change moves it
-        if Phase(rec.phase) is Phase.REPAIR and all(s.done for s in rec.ledger) \
+        if rec.phase is Phase.REPAIR and all(s.done for s in rec.ledger) \
                 and not self.policies.fleet.paused and not self.paused:
             deadline = phase_deadline(rec, self.policies.get(rec.policy))
             if deadline is None:

@@ -38,10 +38,10 @@ def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
         index.set_slurm(node, cause)
     index.set_slurm_view(slurm_view)
     for rec in open_records:
-        if Phase(rec.phase) is not Phase.SUSPECT:
+        if rec.phase is not Phase.SUSPECT:
             index.set_open(open_remediation(rec), rec.incident.id)
     for rec in history:
-        if Phase(rec.phase) is not Phase.SUSPECT:
+        if rec.phase is not Phase.SUSPECT:
             index.add_incident(past_incident(rec))
     return replace(index.view(paused=paused), paused_nodes=paused_nodes)
 

@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from healer.core.modes import Mode
+from healer.core.phases import Phase
+
 #: Version of the serialised record format (``status.formatVersion``).
 RECORD_FORMAT_VERSION = 1
 
@@ -377,22 +380,22 @@ HISTORY_LIMIT = 50
 class NodeRecord:
     """The persisted state of one remediation of one node (one incident).
 
-    ``phase`` is a :class:`healer.core.machine.Phase` value stored as its string, so that this
-    module does not depend on the machine. ``ledger`` lists every step ever started, in order;
-    a step that is retried keeps one entry whose ``attempts`` grows.
+    ``phase``, ``mode`` and ``verdict`` are enums; they become their strings only in
+    :meth:`to_dict` / :meth:`from_dict` (the wire format). ``ledger`` lists every step ever
+    started, in order; a step that is retried keeps one entry whose ``attempts`` grows.
     """
 
     node: str
     incident: Incident
     policy: str
-    phase: str
+    phase: Phase
     phase_since: float
-    mode: str = "act"  # observe | dryRun | act
+    mode: Mode = Mode.ACT
     ledger: tuple[StepRecord, ...] = ()
     spare: str = ""
     spare_placement: Placement | None = None  # how far the spare is from the node
     slurm_node: str = ""
-    verdict: str = HealthState.HEALTHY.value
+    verdict: HealthState = HealthState.HEALTHY
     verdict_at: float = 0.0
     blocked: GuardrailBlock | None = None
     paused: bool = False
@@ -443,13 +446,13 @@ class NodeRecord:
             "node": self.node,
             "incident": self.incident.to_dict(),
             "policy": self.policy,
-            "phase": self.phase,
+            "phase": self.phase.value,
             "phaseSince": self.phase_since,
-            "mode": self.mode,
+            "mode": self.mode.value,
             "ledger": [s.to_dict() for s in self.ledger],
             "spare": self.spare,
             "slurmNode": self.slurm_node,
-            "verdict": self.verdict,
+            "verdict": self.verdict.value,
             "verdictAt": self.verdict_at,
             "paused": self.paused,
             "repaired": self.repaired,
@@ -477,14 +480,14 @@ class NodeRecord:
             node=str(d["node"]),
             incident=Incident.from_dict(d["incident"]),
             policy=str(d["policy"]),
-            phase=str(d["phase"]),
+            phase=Phase(str(d["phase"])),
             phase_since=float(d["phaseSince"]),
-            mode=str(d.get("mode", "act")),
+            mode=Mode(str(d.get("mode", Mode.ACT.value))),
             ledger=tuple(StepRecord.from_dict(s) for s in d.get("ledger", ())),
             spare=str(d.get("spare", "")),
             spare_placement=None if placed is None else Placement.from_dict(placed),
             slurm_node=str(d.get("slurmNode", "")),
-            verdict=str(d.get("verdict", HealthState.HEALTHY.value)),
+            verdict=HealthState(str(d.get("verdict", HealthState.HEALTHY.value))),
             verdict_at=float(d.get("verdictAt", 0.0)),
             blocked=None if blocked is None else GuardrailBlock.from_dict(blocked),
             paused=bool(d.get("paused", False)),

@@ -85,7 +85,7 @@ def admin_state(view: NodeView, record: NodeRecord | None) -> AdminState | None:
     ann = view.annotations
     return (view.unschedulable, ann.get(INCIDENT_ANNOTATION), ann.get(CORDONED_BY),
             view.labels.get(EXCLUDE_LABEL), ann.get(REPAIR_RESULT), record.incident.id,
-            Phase(record.phase))
+            record.phase)
 
 
 def admin_triggers(view: NodeView, record: NodeRecord | None,
@@ -99,7 +99,7 @@ def admin_triggers(view: NodeView, record: NodeRecord | None,
       node is in repair."""
     if record is None:
         return ()
-    ann, incident, phase = view.annotations, record.incident.id, Phase(record.phase)
+    ann, incident, phase = view.annotations, record.incident.id, record.phase
     out: list[Trigger] = []
     ours = (ann.get(INCIDENT_ANNOTATION) == incident
             and ann.get(CORDONED_BY) == CORDONED_BY_HEALER)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from healer.core.model import NodeView, Severity
+from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 
 
@@ -24,18 +25,6 @@ class TextPattern(Protocol):
     def pattern(self) -> Any: ...
 
     def search(self, text: str) -> Any: ...
-
-
-class Mode(enum.Enum):
-    """How far a policy may go. The safety ladder is observe → dryRun → act."""
-
-    OBSERVE = "observe"  # detect and report incidents; never plan or take a step
-    DRY_RUN = "dryRun"  # run the whole flow, record every step as intent, change nothing
-    ACT = "act"  # remediate
-
-    @property
-    def rank(self) -> int:
-        return {"observe": 0, "dryRun": 1, "act": 2}[self.value]
 
 
 class Op(enum.Enum):

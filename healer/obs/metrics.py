@@ -134,10 +134,10 @@ class _StateCollector(Collector):
                                 labels=["node", "phase", "incident"])
         view = src.view() if src.view is not None else None
         for rec in records.values():
-            key = (rec.phase, rec.policy)
+            key = (rec.phase.value, rec.policy)
             by_phase[key] = by_phase.get(key, 0) + 1
-            age.add_metric([rec.node, rec.phase, rec.incident.id], now - rec.phase_since)
-            if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY:
+            age.add_metric([rec.node, rec.phase.value, rec.incident.id], now - rec.phase_since)
+            if rec.phase is Phase.HELD_FOR_CAPACITY:
                 held += 1
             policy = view.policies.get(rec.policy) if view is not None else None
             deadline = phase_deadline(rec, policy)

@@ -239,7 +239,7 @@ class Controller:
         if freed or (known and was == "unknown"):
             now = self.clock.now()
             for node, rec in self.engine.records.items():
-                if Phase(rec.phase) in PENDING_ADMISSION and rec.blocked is not None and \
+                if rec.phase in PENDING_ADMISSION and rec.blocked is not None and \
                         rec.blocked.guardrail in CAPACITY_GUARDRAILS:
                     self._submit(node, Trigger(TriggerKind.TICK, node, now))
 
@@ -248,7 +248,7 @@ class Controller:
         domain, else the one held longest that may take a spare from another domain (not
         every held node: one spare serves one, and the others' backstop tick tries again)."""
         held = [r for r in self.engine.records.values()
-                if Phase(r.phase) is Phase.HELD_FOR_CAPACITY]
+                if r.phase is Phase.HELD_FOR_CAPACITY]
         dom = spare.labels.get(DOMAIN_LABEL)
         near = [r.node for r in held if dom and (v := self.nodes.get(r.node)) is not None
                 and v.labels.get(DOMAIN_LABEL) == dom]
@@ -297,7 +297,7 @@ class Controller:
         rec = self.engine.records.get(node)
         with structlog.contextvars.bound_contextvars(
                 node=node, incident=rec.incident.id if rec else None,
-                phase=rec.phase if rec else "Healthy"):
+                phase=rec.phase.value if rec else Phase.HEALTHY.value):
             if isinstance(item, Evaluate):
                 trigger = self._evaluate(node)
                 if trigger is None:
@@ -396,7 +396,7 @@ class Controller:
                        ) -> tuple[bool, StoredRecord | None]:
         """Write the decision's record (intent) if it changed; False when it could not be."""
         new = decision.record
-        if new is None or new == record or Phase(new.phase) is Phase.SUSPECT:
+        if new is None or new == record or new.phase is Phase.SUSPECT:
             return True, stored
         try:
             stored = await self.store.save(new, stored)
@@ -417,7 +417,7 @@ class Controller:
     def _commit(self, node: str, decision: Decision, stored: StoredRecord | None) -> None:
         self.engine.commit(node, decision)
         new = decision.record
-        if new is None or Phase(new.phase) is Phase.SUSPECT or releases(new):
+        if new is None or new.phase is Phase.SUSPECT or releases(new):
             self._stored.pop(node, None)
             return
         assert stored is not None
@@ -474,7 +474,7 @@ class Controller:
         return {
             "leading": self.leading,
             "workers": self._dispatcher.workers if self._dispatcher else {},
-            "open": {n: {"phase": s.record.phase, "incident": s.record.incident.id,
+            "open": {n: {"phase": s.record.phase.value, "incident": s.record.incident.id,
                          "blocked": s.record.blocked.to_dict() if s.record.blocked else None,
                          "spare": s.record.spare} for n, s in self.records.items()},
             "timers": len(self._timers),
@@ -492,4 +492,4 @@ class Controller:
 
     def open_phase(self, node: str) -> Phase:
         rec = self.engine.records.get(node)
-        return Phase(rec.phase) if rec is not None else Phase.HEALTHY
+        return rec.phase if rec is not None else Phase.HEALTHY

@@ -21,6 +21,7 @@ from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeRecord
+from healer.core.rules import Mode
 from healer.core.topology import DOMAIN_LABEL, placement, placement_data
 from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
 from healer.errors import HealerError, PermanentError, TransientError
@@ -104,7 +105,7 @@ class Executor:
 
     async def run(self, action: a.Action, record: NodeRecord | None) -> list[Trigger]:
         """Run one action; return the triggers that report its outcome (maybe none)."""
-        dry = record is not None and record.mode == "dryRun"
+        dry = record is not None and record.mode is Mode.DRY_RUN
         node = action.node
         try:
             if isinstance(action, a.EmitEvent):

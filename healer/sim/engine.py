@@ -190,7 +190,7 @@ class Replay:
                                                    src.value, dst.value))
         engine.commit(node, decision)
         new = decision.record
-        if new is not None and Phase(new.phase) is not Phase.SUSPECT and releases(new):
+        if new is not None and new.phase is not Phase.SUSPECT and releases(new):
             self.closed.append(new)
         for act in decision.actions:
             if self.keep_timeline:
@@ -218,9 +218,9 @@ class Replay:
 
     def final_phase(self, node: str) -> str:
         if node in self.records:
-            return self.records[node].phase
+            return self.records[node].phase.value
         done = [r for r in self.closed if r.node == node]
-        return done[-1].phase if done else Phase.HEALTHY.value
+        return done[-1].phase.value if done else Phase.HEALTHY.value
 
 
 def heartbeats(nodes: Iterable[str], start: float, until: float, every: float,

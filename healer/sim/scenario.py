@@ -265,7 +265,7 @@ def _schedule_repairs(replay: Replay, world: SimWorld) -> None:
         if world.capacity_changed_at:
             world.capacity_changed_at.clear()
             for rec in list(replay.records.values()):
-                if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY:
+                if rec.phase is Phase.HELD_FOR_CAPACITY:
                     replay.process(Trigger(TriggerKind.CAPACITY, rec.node, now))
         replay.add_callback(now + 30.0, deliver)
 

@@ -125,7 +125,7 @@ def run_engine(nodes: int, faults: int, seed: int, *, spread: float = 3600.0) ->
     c0 = time.process_time()
     replay.run(until)
     cpu = time.process_time() - c0
-    done = sum(1 for r in replay.closed if r.phase == Phase.DONE.value)
+    done = sum(1 for r in replay.closed if r.phase is Phase.DONE)
     return EngineResult(nodes, faults, count[0], cpu, world.cpu, done)
 
 

@@ -131,7 +131,7 @@ def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
             return
         opened.setdefault(rec.node, rec.incident.opened_at)
         policies_seen.add(rec.policy)
-        if rec.spare and Phase(rec.phase) is Phase.REPAIR:
+        if rec.spare and rec.phase is Phase.REPAIR:
             replaced.setdefault(rec.node, now)
         if rec.blocked is not None and rec.blocked.guardrail == "breaker":
             breaker_blocks.append(now)

@@ -44,4 +44,4 @@ def test_job_is_never_moved_while_busy() -> None:
     assert move is not None
     job_end = sc.start.timestamp() + 20 * 60
     assert move.started_at >= job_end
-    assert Phase(rec.phase) is Phase.DONE
+    assert rec.phase is Phase.DONE

@@ -153,7 +153,7 @@ def crash_hooks(crash_log: Path | None) -> dict[str, Any]:
     def after_write(record: NodeRecord) -> None:
         steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
                          for s in record.ledger)
-        crash_once(f"write {record.phase} {steps}")
+        crash_once(f"write {record.phase.value} {steps}")
 
     def after_action(action: Action) -> None:
         if action.ledgered:

@@ -215,7 +215,7 @@ def test_a_closed_record_frees_its_slot_but_stays_an_incident() -> None:
     rec = record(Phase.DRAINING, nodename="n2", policy_name="p")
     index.set_record(rec)
     assert blocked_by(index) == "max-concurrent"
-    index.set_record(replace(rec, phase=Phase.DONE.value))
+    index.set_record(replace(rec, phase=Phase.DONE))
     assert "n2" not in index.open
     assert blocked_by(index) is None
     assert blocked_by(index, "n2") == "retry-budget-node"  # its incident still counts
@@ -236,7 +236,7 @@ def test_a_suspicion_is_neither_open_nor_an_incident() -> None:
     index = small_index("n1", "n2")
     rec = record(Phase.DRAINING, nodename="n2")
     index.set_record(rec)
-    index.set_record(replace(rec, phase=Phase.SUSPECT.value))
+    index.set_record(replace(rec, phase=Phase.SUSPECT))
     assert not index.open
     assert not index.view().incidents
 
@@ -430,7 +430,7 @@ def test_one_replacement_is_counted_once_on_the_bad_node_then_on_its_spare() -> 
     assert (facts.population(pol), facts.unavailable(pol)) == (3, 1)
     assert facts.cause(pol, "n1") == "healer"
     assert not check_admission("n2", (), pol, v, T0).allowed
-    repair = replace(swapping, phase=Phase.REPAIR.value)
+    repair = replace(swapping, phase=Phase.REPAIR)
     v = slurm_view(pol, {"n1": "slurm-drain"}, nodes=nodes, records=[repair])
     facts = v.facts()
     assert (facts.population(pol), facts.unavailable(pol), facts.replaced(pol)) == (3, 0, 1)

@@ -263,7 +263,7 @@ class Fleet:
             held = self.open.get(op[1].node)
             if held is not None:
                 op = ("record", replace(held, phase=op[1].phase, ledger=op[1].ledger,
-                                        verdict=HealthState.HEALTHY.value))
+                                        verdict=HealthState.HEALTHY))
             else:
                 op = ("record", op[1])
             kind = "record"
@@ -283,7 +283,7 @@ class Fleet:
             index.remove_node(op[1])
         elif kind == "record":
             rec: NodeRecord = op[1]
-            if Phase(rec.phase) is Phase.SUSPECT:
+            if rec.phase is Phase.SUSPECT:
                 self.open.pop(rec.node, None)
                 self.history.pop(rec.incident.id, None)
             else:
@@ -399,8 +399,7 @@ def records(draw: st.DrawFn, closing: bool = False) -> NodeRecord:
     base = record(phase, nodename=nodename, at=at, ledger=draw(st.sampled_from(LEDGERS)),
                   policy_name=draw(st.sampled_from(["p0", "p1", "p2", "gone"])),
                   spare=draw(st.sampled_from(["", "", "s9", "n7"])), repaired=draw(st.booleans()),
-                  verdict=draw(st.sampled_from([HealthState.HEALTHY.value,
-                                                HealthState.FAILED.value])))
+                  verdict=draw(st.sampled_from([HealthState.HEALTHY, HealthState.FAILED])))
     serials = draw(st.lists(st.sampled_from([*SERIALS, ""]), max_size=2))
     gpus = tuple(GpuRef(i, f"GPU-{i}", s) for i, s in enumerate(serials))
     incident_id = f"{nodename}-{draw(st.integers(0, 2))}" if draw(st.integers(0, 3)) \

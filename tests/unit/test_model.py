@@ -12,6 +12,7 @@ from healer.core.model import (
     RECORD_FORMAT_VERSION,
     GpuRef,
     GuardrailBlock,
+    HealthState,
     Incident,
     LedgerOutcome,
     NodeRecord,
@@ -21,6 +22,7 @@ from healer.core.model import (
     StepRecord,
     TransitionRecord,
 )
+from healer.core.modes import Mode
 from healer.core.phases import Phase
 
 times = st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False)
@@ -46,11 +48,11 @@ history = st.builds(TransitionRecord, at=times, source=st.sampled_from([p.value 
                     target=st.sampled_from([p.value for p in Phase]), trigger=text)
 records = st.builds(
     NodeRecord, node=names, incident=incidents, policy=names,
-    phase=st.sampled_from([p.value for p in Phase]), phase_since=times,
-    mode=st.sampled_from(["observe", "dryRun", "act"]),
+    phase=st.sampled_from(Phase), phase_since=times,
+    mode=st.sampled_from(Mode),
     ledger=st.lists(steps, max_size=6).map(tuple),
     spare=names | st.just(""), slurm_node=names, verdict=st.sampled_from(
-        ["healthy", "suspect", "stale", "degrading", "failed"]), verdict_at=times,
+        HealthState), verdict_at=times,
     blocked=st.none() | blocks, paused=st.booleans(), repaired=st.booleans(), outcome=text,
     history=st.lists(history, max_size=5).map(tuple))
 
@@ -62,7 +64,8 @@ def test_record_round_trips_exactly_through_json(rec: NodeRecord) -> None:
 
 
 def test_format_version_is_written_and_checked() -> None:
-    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", Phase.DRAINING,
+                     1.0)
     d = rec.to_dict()
     assert d["formatVersion"] == RECORD_FORMAT_VERSION
     d["formatVersion"] = 99
@@ -71,7 +74,8 @@ def test_format_version_is_written_and_checked() -> None:
 
 
 def test_with_step_replaces_open_entry_and_appends_after_finish() -> None:
-    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", Phase.DRAINING,
+                     1.0)
     rec = rec.with_step(StepRecord("drain", 1.0))
     rec = rec.with_step(StepRecord("drain", 1.0, attempts=2))
     assert len(rec.ledger) == 1
@@ -92,7 +96,8 @@ def test_a_noderemediation_from_a_newer_healer_is_refused_by_name() -> None:
     from healer.adapters.kube.store import _stored
     from healer.errors import PermanentError
 
-    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", "Draining", 1.0)
+    rec = NodeRecord("n", Incident("i", "n", 1.0, Severity.FAILED, ("r",)), "p", Phase.DRAINING,
+                     1.0)
     obj = to_object(rec, "n-20261122-0101")
     obj["metadata"]["resourceVersion"] = "7"
     assert _stored(obj).record == rec

@@ -110,7 +110,7 @@ ADMIN = [
 @pytest.mark.parametrize(("phase", "view", "kinds"), [c[1:] for c in ADMIN],
                          ids=[c[0] for c in ADMIN])
 def test_admin_triggers(phase: Phase, view: NodeView, kinds: tuple[TriggerKind, ...]) -> None:
-    rec = replace(REC, phase=phase.value)
+    rec = replace(REC, phase=phase)
     got = admin_triggers(view, rec, T0 + 5)
     assert tuple(t.kind for t in got) == kinds
     assert all(t.node == "n1" and t.incident == INC and t.at == T0 + 5 for t in got)
@@ -121,7 +121,7 @@ def test_admin_triggers(phase: Phase, view: NodeView, kinds: tuple[TriggerKind, 
 
 
 def test_repair_trigger_says_whether_it_passed() -> None:
-    rec = replace(REC, phase=Phase.REPAIR.value)
+    rec = replace(REC, phase=Phase.REPAIR)
     (passed,) = admin_triggers(n(**{REPAIR_RESULT: "passed"}), rec, T0)
     (failed,) = admin_triggers(n(**{REPAIR_RESULT: "failed"}), rec, T0)
     assert passed.repair_passed is True
@@ -135,5 +135,5 @@ def test_admin_state_changes_with_what_it_reads() -> None:
     assert admin_state(n(**cordoned(INC)), REC) == base  # equal nodes, equal state
     assert admin_state(n(unschedulable=True, **cordoned(INC)), REC) != base
     assert admin_state(n(**cordoned(INC, **{REPAIR_RESULT: "passed"})), REC) != base
-    assert admin_state(view, replace(REC, phase=Phase.REPAIR.value)) != base
+    assert admin_state(view, replace(REC, phase=Phase.REPAIR)) != base
     assert admin_state(n(GPU, **cordoned(INC)), REC) == base  # conditions are not read

@@ -120,7 +120,7 @@ class Checker:
         # a slot is held from admission until the replacement serves; a node coming back
         # from an in-place repair gives capacity back and holds none
         active = {n for n, r in view.open.items() if r.active and n != trig.node}
-        if (d.record is not None and Phase(d.record.phase) in ACTIVE
+        if (d.record is not None and d.record.phase in ACTIVE
                 and not d.record.repaired):
             active.add(trig.node)
         for g in (self.policy.guardrails, self.fleet.guardrails):
@@ -162,7 +162,7 @@ class Checker:
     def _check_recovery(self, before: NodeRecord | None, trig: Trigger, d: Decision) -> None:
         if before is None:
             return
-        phase = Phase(before.phase)
+        phase = before.phase
         if (trig.kind is TriggerKind.VERDICT and trig.verdict is not None
                 and trig.verdict.state.value == "healthy"
                 and phase in (Phase.DEGRADING, Phase.FAILED, Phase.CHECKPOINTING,
@@ -177,7 +177,7 @@ class Checker:
 
     def _check_draining(self, now: float, before: NodeRecord | None, trig: Trigger,
                         d: Decision) -> None:
-        if before is None or Phase(before.phase) is not Phase.DRAINING:
+        if before is None or before.phase is not Phase.DRAINING:
             return
         for src, dst, _ in d.transitions:
             if src is not Phase.DRAINING:
@@ -249,7 +249,7 @@ def _run(fleet: Fleet, evs: list[Event], g: cp.Guardrails, fg: cp.Guardrails,
         if world.capacity_changed_at:
             world.capacity_changed_at.clear()
             for rec in list(replay.records.values()):
-                if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY:
+                if rec.phase is Phase.HELD_FOR_CAPACITY:
                     replay.process(Trigger(TriggerKind.CAPACITY, rec.node, now))
         if now < T0 + 5 * HOUR:
             replay.add_callback(now + 60, deliver)

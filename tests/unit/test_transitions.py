@@ -104,10 +104,10 @@ CASES: list[Case] = [
          P.HEALTHY),
     # -- Degrading / Failed (admission) --------------------------------------------------------
     Case("degrading/upgrade-to-failed", record(P.DEGRADING, severity=Severity.DEGRADING,
-                                               verdict="degrading"),
+                                               verdict=H.DEGRADING),
          v_trigger(H.FAILED), P.DRAINING, ("drain",), ("SeverityRaised",)),
     Case("degrading/checkpoint-first", record(P.DEGRADING, severity=Severity.DEGRADING,
-                                              verdict="degrading"),
+                                              verdict=H.DEGRADING),
          trigger(K.TICK), P.CHECKPOINTING, ("checkpoint",), view=_policy_view(steps=CHECKPOINT_ON)),
     Case("failed/checkpoint-first-when-policy-says", record(P.FAILED), trigger(K.TICK),
          P.CHECKPOINTING, ("checkpoint",), view=_policy_view(steps=CHECKPOINT_ON)),
@@ -294,7 +294,7 @@ CASES: list[Case] = [
              trigger(K.TICK), ph, ("uncordon",)),
         Case(f"{ph.value}/tick-idle", record(ph), trigger(K.TICK), ph),
         Case(f"{ph.value}/verdict-only-tracked", record(ph), v_trigger(H.HEALTHY), ph,
-             check=lambda d: d.record.verdict == "healthy"),
+             check=lambda d: d.record.verdict is H.HEALTHY),
     )],
 ]
 

@@ -143,7 +143,7 @@ def crd_manifest() -> dict[str, Any]:
 
 def reason_of(rec: NodeRecord) -> str:
     waiting = next((s for s in reversed(rec.ledger) if not s.done and s.error), None)
-    if Phase(rec.phase) is Phase.HELD_FOR_CAPACITY and not rec.blocked and waiting is None:
+    if rec.phase is Phase.HELD_FOR_CAPACITY and not rec.blocked and waiting is None:
         text = held_reason(rec)  # what the last claim said (e.g. requireSameDomain)
     elif rec.blocked is not None:
         text = f"held by {rec.blocked.guardrail}: {rec.blocked.message}"
@@ -167,17 +167,17 @@ def to_object(rec: NodeRecord, name: str, resource_version: str = "") -> dict[st
     if resource_version:
         meta["resourceVersion"] = resource_version
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta,
-            "spec": {"node": rec.node, "policy": rec.policy, "mode": rec.mode,
+            "spec": {"node": rec.node, "policy": rec.policy, "mode": rec.mode.value,
                      "incident": incident},
             "status": status}
 
 
 def _conditions(rec: NodeRecord) -> list[dict[str, Any]]:
-    phase = Phase(rec.phase)
+    phase = rec.phase
     done = phase in (Phase.DONE, Phase.CANCELLED, Phase.ESCALATED)
     return [
-        {"type": "Completed", "status": "True" if done else "False", "reason": rec.phase,
-         "message": rec.outcome or rec.phase, "lastTransitionTime": rfc3339(rec.phase_since)},
+        {"type": "Completed", "status": "True" if done else "False", "reason": rec.phase.value,
+         "message": rec.outcome or rec.phase.value, "lastTransitionTime": rfc3339(rec.phase_since)},
         {"type": "Blocked", "status": "True" if rec.blocked else "False",
          "reason": rec.blocked.guardrail if rec.blocked else "None",
          "message": rec.blocked.message if rec.blocked else "",

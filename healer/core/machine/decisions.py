@@ -21,4 +21,4 @@ class Decision:
 
     @property
     def phase(self) -> Phase:
-        return Phase(self.record.phase) if self.record is not None else Phase.HEALTHY
+        return self.record.phase if self.record is not None else Phase.HEALTHY

@@ -60,9 +60,9 @@ def new_record(node: str, policy: Policy, now: float, v: Verdict) -> NodeRecord:
     inc = Incident(id=incident_id(node, now), node=node, opened_at=now,
                    severity=v.severity or Severity.DEGRADING, rules=v.rules or tuple(
                        m.rule for m in v.matches), gpus=v.gpus, summary=v.summary())
-    return NodeRecord(node=node, incident=inc, policy=policy.name, phase=Phase.SUSPECT.value,
-                      phase_since=now, mode=policy.mode.value,
-                      verdict=v.state.value, verdict_at=v.at)
+    return NodeRecord(node=node, incident=inc, policy=policy.name, phase=Phase.SUSPECT,
+                      phase_since=now, mode=policy.mode,
+                      verdict=v.state, verdict_at=v.at)
 
 
 def _reason(rec: NodeRecord) -> str:
@@ -174,7 +174,7 @@ def _open_incident(ctx: Ctx) -> None:
     rec = ctx.rec
     inc = replace(rec.incident, opened_at=ctx.now, severity=v.severity, rules=v.rules,
                   gpus=v.gpus, summary=v.summary(), evidence=v.evidence)
-    ctx.record = replace(rec, incident=inc, policy=ctx.policy.name, mode=ctx.policy.mode.value)
+    ctx.record = replace(rec, incident=inc, policy=ctx.policy.name, mode=ctx.policy.mode)
     ctx.event("opened", "IncidentOpened",
               f"{inc.severity.label}: {inc.summary} (policy {ctx.policy.name}, "
               f"mode {ctx.policy.mode.value})", warning=True)
@@ -239,10 +239,10 @@ def admit(first: str) -> Effect:
     """Admit the remediation (clear the block, fix the mode) and issue its first step."""
     def apply(ctx: Ctx) -> None:
         assert ctx.policy is not None
-        ctx.record = replace(ctx.rec, blocked=None, mode=ctx.policy.mode.value)
+        ctx.record = replace(ctx.rec, blocked=None, mode=ctx.policy.mode)
         ctx.issue(build_action(ctx, first))
         ctx.event("admitted", "RemediationStarted",
-                  f"{ctx.rec.incident.summary}; first step {first} (mode {ctx.rec.mode})")
+                  f"{ctx.rec.incident.summary}; first step {first} (mode {ctx.rec.mode.value})")
     return Effect(f"admit, issue {first}", apply)
 
 
@@ -257,7 +257,7 @@ def escalate(why: str | None = None) -> Effect:
             elif ctx.admission_block_reason():
                 reason = ctx.admission_block_reason()
             else:
-                reason = f"deadline of phase {ctx.rec.phase} passed"
+                reason = f"deadline of phase {ctx.rec.phase.value} passed"
         ctx.close_open("superseded by escalation")
         ctx.record = replace(ctx.rec, outcome=reason)
         ctx.issue(build_action(ctx, StepName.ESCALATE))

@@ -18,7 +18,7 @@ from healer.core.vocabulary import EXCLUDE_LABEL, StepName
 def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
     """The absolute deadline of ``rec``'s current phase, if it has one."""
     st = policy.steps if policy is not None else Steps()
-    phase = Phase(rec.phase)
+    phase = rec.phase
 
     def since(step: str) -> float | None:
         s = rec.step(step)
@@ -176,7 +176,7 @@ def observe_only(ctx: Ctx) -> bool:
 
 def unconfirmed(ctx: Ctx) -> bool:
     """The record's latest verdict is neither degrading nor failed."""
-    return not HealthState(ctx.rec.verdict).is_confirmed
+    return not ctx.rec.verdict.is_confirmed
 
 
 def checkpoint_first(ctx: Ctx) -> bool:

@@ -28,7 +28,7 @@ from healer.core.model import (
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
-from healer.core.rules import LabelSelector, Mode, Policy
+from healer.core.rules import LabelSelector, Policy
 from healer.core.vocabulary import StepName
 
 #: At most this many rows apply in one step (the table has no ``auto`` cycles; tested).
@@ -39,7 +39,7 @@ def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetVi
     """Advance ``record`` by ``trigger`` at ``now``. Pure: the same inputs give the same output."""
     if record is not None and trigger.node != record.node:
         raise ValueError(f"trigger for {trigger.node} applied to the record of {record.node}")
-    phase = Phase(record.phase) if record is not None else Phase.HEALTHY
+    phase = record.phase if record is not None else Phase.HEALTHY
     policy = _policy_for(record, trigger.node, view, trigger.verdict)
     if record is not None:
         if trigger.at < record.last_transition:
@@ -79,7 +79,7 @@ def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetVi
     else:  # pragma: no cover - the table has no AUTO cycles (tested)
         raise RuntimeError(f"AUTO transitions did not settle for {trigger.node}")
 
-    if (ctx.record is not None and Phase(ctx.record.phase) is Phase.DONE
+    if (ctx.record is not None and ctx.record.phase is Phase.DONE
             and not ctx.record.outcome):
         ctx.record = replace(ctx.record, outcome="done")
     _keep_events(ctx, trigger)
@@ -123,11 +123,10 @@ def _policy_for(record: NodeRecord | None, node: str, view: BudgetView,
         p = view.policies.get(record.policy)
         if p is not None:
             return p
-        if Phase(record.phase) not in (Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED):
+        if record.phase not in (Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED):
             # an in-flight remediation keeps going under the defaults if its policy vanished
-            modes = {m.value: m for m in Mode}
             return Policy(name=record.policy, selector=LabelSelector(), rules=(),
-                          mode=modes.get(record.mode, Mode.DRY_RUN))
+                          mode=record.mode)
         return None
     v = trigger_verdict
     if v is not None and v.policy:
@@ -139,10 +138,10 @@ def _policy_for(record: NodeRecord | None, node: str, view: BudgetView,
 def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     """Book-keeping every trigger does before the table: verdicts and step outcomes."""
     if trigger.kind is TriggerKind.VERDICT and trigger.verdict is not None \
-            and trigger.verdict.state.value != record.verdict:
+            and trigger.verdict.state is not record.verdict:
         # verdictAt: since when the verdict holds (a repeated verdict changes nothing, so it
         # costs no write)
-        record = replace(record, verdict=trigger.verdict.state.value, verdict_at=trigger.verdict.at)
+        record = replace(record, verdict=trigger.verdict.state, verdict_at=trigger.verdict.at)
     r = trigger.result
     if trigger.kind is TriggerKind.STEP and r is not None:
         s = record.step(r.step)
@@ -172,14 +171,14 @@ def _enter(rec: NodeRecord, source: Phase, target: Phase, now: float, label: str
     hist = (*rec.history, TransitionRecord(now, source.value, target.value, label))
     if len(hist) > HISTORY_LIMIT:
         hist = hist[-HISTORY_LIMIT:]
-    return replace(rec, phase=target.value, phase_since=now, history=hist)
+    return replace(rec, phase=target, phase_since=now, history=hist)
 
 
 def _recheck(ctx: Ctx) -> float | None:
     rec = ctx.record
     if rec is None:
         return None
-    phase = Phase(rec.phase)
+    phase = rec.phase
     st = ctx.steps
     candidates: list[float] = []
     if phase in TERMINAL:
@@ -213,20 +212,20 @@ def releases(record: NodeRecord) -> bool:
     again: a human is handling it, and healer must not reopen (and re-cordon) a node an admin
     just took back. Open ledger steps (an undo in flight) always hold it.
     """
-    phase = Phase(record.phase)
+    phase = record.phase
     if phase not in TERMINAL or any(not s.done for s in record.ledger):
         return False
-    return phase is Phase.DONE or record.verdict == HealthState.HEALTHY.value
+    return phase is Phase.DONE or record.verdict is HealthState.HEALTHY
 
 
 def counts_as_active(record: NodeRecord) -> bool:
     """Does ``record`` hold a ``maxConcurrent`` slot? Admitted and not yet giving back."""
-    return Phase(record.phase) in ACTIVE and not record.repaired
+    return record.phase in ACTIVE and not record.repaired
 
 
 def record_out_of_service(record: NodeRecord) -> bool:
     """Does healer hold ``record``'s node out of service (for the guardrails)?"""
-    phase = Phase(record.phase)
+    phase = record.phase
     if phase in (Phase.DONE, Phase.CANCELLED):
         return False
     took = record.step_ok(StepName.DRAIN) or record.step_ok(StepName.CORDON)

@@ -19,7 +19,17 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.pods import Evicted, evict
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
-from healer.core.model import GpuRef, Incident, LedgerOutcome, NodeRecord, Severity, StepRecord
+from healer.core.model import (
+    GpuRef,
+    HealthState,
+    Incident,
+    LedgerOutcome,
+    NodeRecord,
+    Severity,
+    StepRecord,
+)
+from healer.core.modes import Mode
+from healer.core.phases import Phase
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import CLAIMED_BY, INCIDENT_ANNOTATION
 from healer.errors import ConflictError
@@ -175,10 +185,10 @@ async def test_noderemediation_round_trips_exactly(kube_api: client.ApiClient) -
     store = CRStateStore(kube_api)
     inc = Incident("rt-node-20260105-080000", "rt-node", 1767600000.123456, Severity.FAILED,
                    ("fatal-xid",), (GpuRef(3, "GPU-abc", "1650000003"),), "XID 79 x1")
-    rec = NodeRecord("rt-node", inc, "gpu-fatal", "Draining", 1767600001.5, "act",
+    rec = NodeRecord("rt-node", inc, "gpu-fatal", Phase.DRAINING, 1767600001.5, Mode.ACT,
                      (StepRecord("drain", 1767600001.5, 2, 1767600002.75, LedgerOutcome.OK, "",
                                  "owner=healer"),),
-                     slurm_node="rt-node", verdict="failed", verdict_at=1767600000.25)
+                     slurm_node="rt-node", verdict=HealthState.FAILED, verdict_at=1767600000.25)
     s1 = await store.save(rec, None)
     got = await store.get(s1.name)
     assert got.record == rec
