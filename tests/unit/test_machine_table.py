@@ -18,7 +18,7 @@ from healer.core.machine import (
 from healer.core.machine.guards import ALWAYS
 from healer.core.model import NodeRecord, Placement
 from healer.core.phases import TERMINAL, Phase
-from tests.builders import T0, open_step, policies, policy, record, s_trigger, view
+from tests.builders import T0, done_step, open_step, policies, policy, record, s_trigger, view
 
 
 def _edges() -> dict[Phase, set[Phase]]:
@@ -180,3 +180,18 @@ def test_default_claim_takes_any_domain() -> None:
     claims = [a for a in d.actions if isinstance(a, ClaimSpare)]
     assert claims
     assert not claims[0].same_domain
+
+
+def test_a_failed_read_of_slurm_while_draining_waits_for_the_next_poll() -> None:
+    """An API server or slurmctld restart makes one read of Slurm's view fail: that is not a
+    step of the remediation, so Draining carries on (the next poll reads it again, the drain
+    deadline bounds the wait); a failed step still escalates."""
+    v = view(policies(policy()))
+    rec = record(Phase.DRAINING, ledger=(done_step("drain"),))
+    d = step(rec, s_trigger("observe-slurm", StepStatus.RETRY, error="connection refused"),
+             T0 + 5, v)
+    assert d.record is None or d.record.phase is Phase.DRAINING, d.transitions
+    assert not d.transitions
+    d2 = step(rec, s_trigger("observe-slurm", StepStatus.FAILED, error="scaled in"), T0 + 6, v)
+    assert d2.record is not None
+    assert d2.record.phase is Phase.ESCALATED

@@ -324,6 +324,8 @@ def _generic(phase: Phase, st: str) -> list[Case]:
             open_step(st, attempts=5),)), s_trigger(st, S.RETRY), P.ESCALATED, ("escalate",)),
         Case(f"{phase.value}/other-step-stays", record(phase, spare=spare, ledger=ledger),
              s_trigger("something-else", S.DONE), phase),
+        Case(f"{phase.value}/failed-slurm-read-waits", record(phase, spare=spare, ledger=ledger),
+             s_trigger("observe-slurm", S.RETRY, error="connection refused"), phase),
         Case(f"{phase.value}/tick-polls", record(phase, spare=spare, ledger=ledger),
              trigger(K.TICK), phase, (st,),
              check=lambda d, st=st: d.record.step(st).attempts == 1),

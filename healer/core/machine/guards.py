@@ -125,6 +125,14 @@ def retry_attempts_left(ctx: Ctx) -> bool:
     return s is not None and not s.done and s.attempts < ctx.steps.max_attempts
 
 
+def observation_failed_transiently(ctx: Ctx) -> bool:
+    """Reading Slurm's view of the node failed for now (the API server or Slurm restarting):
+    not a step of the remediation, so nothing to escalate; the next poll reads it again, and
+    the drain deadline bounds the wait."""
+    r = ctx.result
+    return r is not None and r.status is StepStatus.RETRY and r.step == StepName.OBSERVE_SLURM
+
+
 def step_gave_up(ctx: Ctx) -> bool:
     """The step failed for good: retries exhausted, failed, or the target unavailable."""
     r = ctx.result
@@ -291,6 +299,7 @@ SERIAL_BUDGET_EXHAUSTED = Guard("GPU serial over its retry budget", serial_over_
 UNDO_FINISHED = Guard("undo finished", undo_finished)
 STEP_PENDING = Guard("pending", step_pending)
 RETRY_ATTEMPTS_LEFT = Guard("retry, attempts left", retry_attempts_left)
+OBSERVATION_RETRY = Guard("reading Slurm failed for now", observation_failed_transiently)
 STEP_GAVE_UP = Guard("retries exhausted or failed", step_gave_up)
 
 

@@ -43,18 +43,24 @@ def assert_ledger_once(rec: dict[str, Any], expected: list[str]) -> None:
     assert all(n == 1 for n in counts.values()), counts
 
 
-def assert_no_busy_pod_deleted(f: Flow, job_end: float) -> None:
-    """Every slurmd pod deletion happened after the job ended, and no Slurm sample of that
-    pod's node taken between the job's end and the deletion shows it busy. (A sample taken
-    before the job ended says nothing about the deletion: the sampler and healer read Slurm
-    on their own schedules, and healer may delete the pod within one sampling interval.)"""
+async def assert_no_busy_pod_deleted(f: Flow, job_end: float) -> None:
+    """Every slurmd pod deletion happened after the job ended, and once healer had seen the
+    node drained and not busy (its Draining → Cordoned transition, a read of Slurm itself) no
+    Slurm sample showed it busy before the pod was deleted. (The sampler reads Slurm on its own
+    schedule: a sample taken while the job was completing, before healer's read, says nothing
+    about the deletion; the job's own end marker and COMPLETED state prove it was not killed.)"""
     for p in f.pods.deleted():
         assert p.deleted_at is not None
         assert p.deleted_at > job_end, (p, job_end)
         samples = f.slurm_history.of(p.slurm)
         assert any(at <= p.deleted_at for at, _ in samples), \
             f"no Slurm sample of {p.slurm} before its pod was deleted"
-        busy = [(at, st) for at, st in samples if job_end <= at <= p.deleted_at and st.busy]
+        history = ((await f.record(p.host)).get("status") or {}).get("history") or []
+        idle = [h["at"] for h in history if (h.get("from"), h.get("to")) == ("Draining",
+                                                                              "Cordoned")]
+        assert idle, (p, history)
+        assert idle[0] <= p.deleted_at, (p, history)
+        busy = [(at, st) for at, st in samples if idle[0] <= at <= p.deleted_at and st.busy]
         assert not busy, (p, busy)
 
 

@@ -422,8 +422,9 @@ class Flow:
         return None
 
     async def wait_pod(self, slurm_node: str, check: Callable[[SlurmNodeState], bool],
-                       within: float = 60) -> None:
-        """Wait until the Slurm state the operator mirrored into the pod passes ``check``."""
+                       within: float = 120) -> None:
+        """Wait until the Slurm state the operator mirrored into the pod passes ``check`` (it
+        mirrors on its 30 s re-list of Slurm; on a loaded machine a sync can take as long)."""
         async def probe() -> bool:
             pod = await self.pod_of(slurm_node)
             return pod is not None and check(pod_state(pod))

@@ -131,7 +131,7 @@ async def test_slurmctld_restarted_mid_flow(flows: FlowFactory, mode: str, drive
     end = f.job_end(job)
     assert end is not None
     assert "released" in f.job_file("end", job)
-    assert_no_busy_pod_deleted(f, end)
+    await assert_no_busy_pod_deleted(f, end)
     if mode == "StatefulSet":
         pods = f.pods.of(sn)
         assert [p.host for p in pods] == [bad, lay.spare_a], pods  # evicted exactly once
@@ -198,7 +198,7 @@ async def test_apiserver_restarted_while_draining_and_while_swapping(
     assert end is not None
     pods = f.pods.of(sn)
     assert [p.host for p in pods] == [bad, f.lay.spare_a], pods  # evicted exactly once
-    assert_no_busy_pod_deleted(f, end)
+    await assert_no_busy_pod_deleted(f, end)
     assert await f.sinfo(sn) == f"{sn} idle"
     await _exactly_once(f, bad, sn, rec)
     await f.finish_repair(bad)
@@ -289,7 +289,7 @@ async def test_daemon_killed_at_every_step_boundary_finishes_exactly_once(
     assert end is not None
     pods = f.pods.of(sn)
     assert [p.host for p in pods] == [bad, f.lay.spare_a], pods  # evicted exactly once
-    assert_no_busy_pod_deleted(f, end)
+    await assert_no_busy_pod_deleted(f, end)
     # Events: every one exactly once, also those of a transition whose daemon died right after
     # persisting it (they ride with the intent and are re-emitted on resume)
     await _exactly_once(f, bad, sn, rec)

@@ -148,7 +148,7 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
         assert old.reason_is_ours or old.reason.startswith("slurm-operator: healer: ")
         assert inc in old.reason
         assert f.pods.deleted() == []
-    assert_no_busy_pod_deleted(f, end)
+    await assert_no_busy_pod_deleted(f, end)
 
     # healer drained Slurm once (whoever carried it out: healer, the operator, the bridge),
     # and it went back to service at most once
