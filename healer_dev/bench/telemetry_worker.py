@@ -52,8 +52,10 @@ def rss_mb() -> float:
 
 def fetch(url: str, expr: str, at: float) -> bytes:
     """One raw answer of the synthetic Prometheus (outside the timed window)."""
-    q = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"})
-    with urllib.request.urlopen(f"{url}/api/v1/query?{q}", timeout=600) as r:
+    # POST: the heartbeat query of a large fleet (finite samples only, since issue 12)
+    # outgrows a request line, which the synthetic server (aiohttp) caps at 8 KiB
+    q = urllib.parse.urlencode({"query": expr, "time": f"{at:.3f}"}).encode()
+    with urllib.request.urlopen(f"{url}/api/v1/query", data=q, timeout=600) as r:
         body: bytes = r.read()
         return body
 
