@@ -1,7 +1,8 @@
 """The node agent (``healer agent``, a DaemonSet): NVML readings and events → GPU health.
 
-:mod:`healer.agent.nvml` reads NVML (pynvml); :mod:`healer.agent.findings` is the pure
-classification of what it read into the ``GPUHealthy`` condition's status, reason and message.
+:mod:`healer.agent.nvml` reads NVML (pynvml; its helpers are ``nvml_calls``, ``nvml_counters``
+and ``nvml_events``); :mod:`healer.agent.findings` is the pure classification of what it read
+into the ``GPUHealthy`` condition's status, reason and message.
 """
 
 from healer.agent.findings import (
