@@ -20,7 +20,8 @@ from prometheus_client.registry import Collector
 from healer.core.budget import usage
 from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
 from healer.core.model import LedgerOutcome, NodeRecord
-from healer.core.phases import ACTIVE, Phase
+from healer.core.outcomes import Closing, FoundNothing, incident_outcome, node_gpus
+from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.unavailability import CAUSES
 from healer.errors import (
     ConflictError,
@@ -31,6 +32,8 @@ from healer.errors import (
 )
 
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
+#: Time to detect and to replacement: seconds to days.
+OUTCOME_BUCKETS = (10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400, 259200)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -46,6 +49,24 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_step_duration_seconds": ("histogram", "Ledger step durations by step and outcome."),
     "healer_signal_to_action_seconds": ("histogram", "First signal to first disruptive "
                                         "action, by policy and severity."),
+    "healer_time_to_detect_seconds": ("histogram", "First sign of the fault (first suspicion "
+                                      "or kept evidence) to the incident opened, observed "
+                                      "when an incident finishes, by severity."),
+    "healer_time_to_replacement_seconds": ("histogram", "Incident opened to the replacement "
+                                           "spare undrained in Slurm, observed when an "
+                                           "incident finishes."),
+    "healer_remediations_finished_total": ("counter", "Incidents finished, by closing "
+                                           "(replaced, repaired, recovered, escalated, "
+                                           "cancelled)."),
+    "healer_remediations_found_nothing_total": ("counter", "Finished incidents whose signal "
+                                                "cleared on its own (why: recovered-before-"
+                                                "disruption, recovered-after-drain): healer's "
+                                                "false positives."),
+    "healer_capacity_lost_gpu_hours_total": ("counter", "GPU-hours healer held nodes out of "
+                                             "service (first drain or cordon to undrain or "
+                                             "undo; the node's nvidia.com/gpu.count label, "
+                                             "else 8 GPUs), counted when an incident "
+                                             "finishes, by closing."),
     "healer_actions_total": ("counter", "Actions run, by action and result status."),
     "healer_guardrail_blocks_total": ("counter", "Admissions held by a guardrail."),
     "healer_breaker_tripped": ("gauge", "1 while a breaker is tripped (scope)."),
@@ -238,6 +259,27 @@ class Metrics:
                                           METRICS["healer_signal_to_action_seconds"][1],
                                           ["policy", "severity"], buckets=LATENCY_BUCKETS,
                                           registry=r)
+        self.detect = Histogram("healer_time_to_detect_seconds",
+                                METRICS["healer_time_to_detect_seconds"][1], ["severity"],
+                                buckets=OUTCOME_BUCKETS, registry=r)
+        self.to_replacement = Histogram("healer_time_to_replacement_seconds",
+                                        METRICS["healer_time_to_replacement_seconds"][1],
+                                        buckets=OUTCOME_BUCKETS, registry=r)
+        self.finished = Counter("healer_remediations_finished",
+                                METRICS["healer_remediations_finished_total"][1], ["closing"],
+                                registry=r)
+        self.found_nothing = Counter("healer_remediations_found_nothing",
+                                     METRICS["healer_remediations_found_nothing_total"][1],
+                                     ["why"], registry=r)
+        self.gpu_hours_lost = Counter("healer_capacity_lost_gpu_hours",
+                                      METRICS["healer_capacity_lost_gpu_hours_total"][1],
+                                      ["closing"], registry=r)
+        for closing in Closing:  # every series from 0, so ratios and rates see them at once
+            if closing is not Closing.OPEN:
+                self.finished.labels(closing.value)
+                self.gpu_hours_lost.labels(closing.value)
+        for why in FoundNothing:
+            self.found_nothing.labels(why.value)
         self.actions = Counter("healer_actions", METRICS["healer_actions_total"][1],
                                ["action", "status"], registry=r)
         self.blocks = Counter("healer_guardrail_blocks",
@@ -306,6 +348,8 @@ class Metrics:
                 self.escalations.labels(after.policy).inc()
         if after is None:
             return
+        if after.phase in TERMINAL and (before is None or before.phase not in TERMINAL):
+            self._finished(after, trigger.at)
         opened = [t for t in decision.transitions if t[1] in (Phase.DEGRADING, Phase.FAILED)
                   and t[0] in (Phase.HEALTHY, Phase.SUSPECT)]
         if opened:
@@ -333,3 +377,18 @@ class Metrics:
                 outcome = new.outcome.value if new.outcome is not None else LedgerOutcome.OK.value
                 self.step_duration.labels(new.step, outcome).observe(
                     new.finished_at - new.started_at)
+
+    def _finished(self, record: NodeRecord, now: float) -> None:
+        """An incident just finished: observe what it cost (core.outcomes)."""
+        view = self._state.src.view() if self._state and self._state.src.view else None
+        nodes = getattr(view, "nodes", None) or {}
+        out = incident_outcome(record, now, node_gpus(nodes.get(record.node)))
+        closing = out.closing.value
+        self.finished.labels(closing).inc()
+        if out.detect is not None:
+            self.detect.labels(out.severity).observe(out.detect)
+        if out.to_replacement is not None:
+            self.to_replacement.observe(out.to_replacement)
+        if out.found_nothing is not None:
+            self.found_nothing.labels(out.found_nothing.value).inc()
+        self.gpu_hours_lost.labels(closing).inc(out.gpu_hours_lost)

@@ -50,6 +50,10 @@ REQUIRED: dict[str, set[str]] = {
     "healer-latency": {
         "healer_step_duration_seconds_bucket", "healer_signal_to_action_seconds_bucket"},
     "healer-capacity": {"healer_spare_pool_free", "healer_held_for_capacity"},
+    "healer-outcomes": {
+        "healer_time_to_detect_seconds_bucket", "healer_time_to_replacement_seconds_bucket",
+        "healer_step_duration_seconds_bucket", "healer_remediations_finished_total",
+        "healer_remediations_found_nothing_total", "healer_capacity_lost_gpu_hours_total"},
     "healer-guardrails": {
         "healer_breaker_tripped", "healer_breaker_utilisation", "healer_unavailable_nodes",
         "healer_max_unavailable", "healer_active_remediations", "healer_max_concurrent",
