@@ -281,6 +281,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return asyncio.run(status(args.kubeconfig, show_all=args.all, as_json=args.json))
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    from healer.report import report
+
+    return asyncio.run(report(args.kubeconfig, since=args.since, fmt=args.format,
+                              nodes=tuple(args.nodes or ()), gpus_per_node=args.gpus_per_node))
+
+
 def _cmd_backtest(args: argparse.Namespace) -> int:
     from healer.backtest.cli import cmd_backtest
 
@@ -394,6 +401,24 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--all", action="store_true", help="include closed remediations")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=_cmd_status)
+
+    rp = sub.add_parser("report", help="outcomes, measured: time to detect, per step and to "
+                                       "replacement (p50/p90/p99), GPU-hours lost, time "
+                                       "between incidents, false-positive rate")
+    rp.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"))
+    rp.add_argument("--since", type=flags.duration(1, 400 * 86400), default=7 * 86400.0,
+                    metavar="DURATION",
+                    help="incidents opened this long ago or later: 12h, 7d, 2w (default 7d)")
+    rp.add_argument("--format", choices=["text", "json"], default="text",
+                    help="text: tables; json: every figure and every incident, sorted keys")
+    rp.add_argument("--node", action="append", dest="nodes", type=flags.dns_subdomain,
+                    metavar="NODE", help="only this node's incidents; repeat for several "
+                                         "(NodeRemediations are cluster-scoped: there is no "
+                                         "namespace to choose)")
+    rp.add_argument("--gpus-per-node", type=flags.integer(1, 1024), default=8, metavar="N",
+                    help="GPUs of a node whose Node has no nvidia.com/gpu capacity or "
+                         "nvidia.com/gpu.count label, or no longer exists (default 8)")
+    rp.set_defaults(fn=_cmd_report)
 
     bt = sub.add_parser("backtest", help="replay historical telemetry from Prometheus through "
                                          "the engine: what healer would have done, and when",

@@ -48,6 +48,30 @@ def seconds(lo: float = 0.0, hi: float = 86400.0, *, zero: bool = False
     return parse
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
+                   "w": 7 * 86400.0}
+
+
+def duration(lo: float, hi: float) -> Callable[[str], float]:
+    """A duration as people write it (``90s``, ``5m``, ``1h30m``, ``7d``, ``2w``; a bare
+    number is seconds), ``lo`` ≤ x ≤ ``hi`` seconds."""
+    def parse(text: str) -> float:
+        t = text.strip()
+        if re.fullmatch(r"\d+(\.\d+)?", t):
+            v = float(t)
+        elif len(t) <= 64 and re.fullmatch(f"(?:{_DURATION_PART.pattern})+", t):
+            v = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_PART.findall(t))
+        else:
+            raise _fail(f"expected a duration such as 90s, 5m, 12h, 7d or 2w, got {_show(text)}")
+        if not lo <= v <= hi:
+            raise _fail(f"expected a duration from {lo:g}s to {hi / 86400:g}d, got {_show(text)}")
+        return v
+
+    parse.__name__ = "duration"
+    return parse
+
+
 def integer(lo: int, hi: int) -> Callable[[str], int]:
     """A whole number with ``lo`` ≤ n ≤ ``hi``."""
     def parse(text: str) -> int:
