@@ -156,7 +156,11 @@ def at(rec: NodeRecord, opened: float, nodename: str = "n1",
     inc = rec.incident
     gpus = tuple(replace(g, serial=s) for g, s in zip(inc.gpus * 4, serials, strict=False))
     inc = replace(inc, id=f"{nodename}-{opened:.0f}", node=nodename,
-                  opened_at=inc.opened_at + shift, gpus=gpus or inc.gpus)
+                  opened_at=inc.opened_at + shift, gpus=gpus or inc.gpus,
+                  evidence=tuple(replace(
+                      e, node=nodename, observed_at=e.observed_at + shift,
+                      value=e.value + shift if e.kind is SignalKind.CONDITION else e.value)
+                      for e in inc.evidence))
     return replace(rec, node=nodename, incident=inc, phase_since=rec.phase_since + shift,
                    ledger=tuple(mv(s) for s in rec.ledger),
                    history=tuple(replace(h, at=h.at + shift) for h in rec.history))
@@ -239,7 +243,7 @@ def test_percentiles_are_monotone_values_of_the_input(values: list[float]) -> No
 
 
 TEMPLATES = [REPLACED, REPAIRED, RECOVERED_EARLY, RECOVERED_LATE, ESCALATED, CANCELLED_UNDONE,
-             HELD, DRY_RUN, record(Phase.SUSPECT)]
+             HELD, DRY_RUN, CONDITION, record(Phase.SUSPECT)]
 
 
 @given(st.lists(st.tuples(st.sampled_from(range(len(TEMPLATES))),
@@ -258,6 +262,7 @@ def test_fleet_totals_add_up(spec: list[tuple[int, float, str, list[str]]], gpus
     assert fleet.gpu_hours_lost == pytest.approx(fleet.node_hours_lost * gpus)
     assert all(o.out_of_service >= 0 and o.opened_at >= T0 - 7 * 86400
                for o in fleet.incidents)
+    assert {o.detect for o in fleet.incidents} <= {None, 60.0, 500.0}  # as in the table
     rate = fleet.false_positive_rate
     assert rate is None or 0 <= rate <= 1
     for p in (fleet.detect, fleet.to_service, fleet.between_per_node, *fleet.steps.values()):

@@ -1,0 +1,108 @@
+"""``healer report`` as a subprocess against the real kube-apiserver.
+
+NodeRemediations are written through healer's own store adapter (``CRStateStore``, as the
+daemon writes them): a replaced, a recovered-after-drain and an escalated incident in the last
+week, an older one on the same node (outside the window, but the gap to it counts), and one of
+a node the report is not asked about. One node has a Node with ``nvidia.com/gpu: 4``; the other
+has none any more, so ``--gpus-per-node`` stands for it. The JSON and text outputs are checked
+against the figures the records imply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.store import CRStateStore, ensure_crd
+from healer.core.model import NodeRecord
+from healer_dev.devstack.kube import KubeStack, fake_node
+from tests.unit.test_outcomes import ESCALATED, RECOVERED_LATE, REPLACED, T0, at
+
+ROOT = Path(__file__).resolve().parents[3]
+DAY = 86400.0
+
+
+def run_report(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "healer", "report", "--kubeconfig",
+                           str(kubeconfig), *args], capture_output=True, text=True,
+                          timeout=120, check=False, env=env, cwd=ROOT)
+
+
+async def test_report_counts_what_the_stored_records_cost(
+        kube_stack: KubeStack, kube_api: client.ApiClient) -> None:
+    await ensure_crd(kube_api, install=True)
+    tag = secrets.token_hex(3)
+    a, b, other = f"rpt-{tag}-a", f"rpt-{tag}-b", f"rpt-{tag}-c"
+    now = time.time()
+
+    def days_ago(template: NodeRecord, days: float, node: str, serial: str) -> NodeRecord:
+        return at(template, now - days * DAY - T0, node, (serial,) if serial else ())
+
+    records = [days_ago(REPLACED, 2, a, "SER-X"),  # out 609 s, replacement after 610 s
+               days_ago(RECOVERED_LATE, 1, a, "SER-X"),  # drained for 54 s, found nothing
+               days_ago(ESCALATED, 3, b, "SER-Y"),  # out 299 s when handed to a human
+               days_ago(REPLACED, 9, a, "SER-X"),  # before the window
+               days_ago(REPLACED, 1, other, "")]  # not asked about
+    core = client.CoreV1Api(kube_api)
+    await core.create_node(fake_node(a, capacity={"nvidia.com/gpu": "4"}))  # type: ignore[arg-type]
+    store = CRStateStore(kube_api)
+    saved = [await store.save(r, None) for r in records]
+    try:
+        out = await asyncio.to_thread(run_report, kube_stack.kubeconfig, "--since", "7d",
+                                      "--format", "json", "--node", a, "--node", b,
+                                      "--gpus-per-node", "2")
+        assert out.returncode == 0, out.stderr
+        d = json.loads(out.stdout)
+        assert d["window"]["nodes"] == [a, b]
+        assert d["recordsRead"] == 4
+        assert d["incidents"] == 3
+        assert d["finished"] == 3
+        assert d["closings"] == {"replaced": 1, "repaired": 0, "recovered": 1, "escalated": 1,
+                                 "cancelled": 0, "open": 0}
+        assert d["foundNothing"] == {"recovered-before-disruption": 0,
+                                     "recovered-after-drain": 1}
+        assert d["falsePositiveRate"] == 0.3333
+        assert [(i["node"], i["nodeGpus"]) for i in d["perIncident"]] == [(b, 2), (a, 4), (a, 4)]
+        assert d["gpuHoursLost"] == pytest.approx((609 * 4 + 54 * 4 + 299 * 2) / 3600, abs=1e-3)
+        assert d["nodeHoursLost"] == pytest.approx((609 + 54 + 299) / 3600, abs=1e-3)
+        assert d["timeToReplacementSeconds"]["count"] == 1
+        assert d["timeToReplacementSeconds"]["p50"] == pytest.approx(610.0)
+        assert d["timeToDetectSeconds"]["p50"] == pytest.approx(60.0)  # suspected 60 s before
+        assert d["stepSeconds"]["drain"]["count"] == 3
+        between = d["secondsBetweenIncidentsPerNode"]  # a: 9 → 2 → 1 days ago
+        assert between["count"] == 2
+        assert between["p50"] == pytest.approx(DAY, abs=1e-3)
+        assert between["max"] == pytest.approx(7 * DAY, abs=1e-3)
+        assert d["repeatNodes"] == [{"key": a, "incidents": 3, "shortestGapSeconds": DAY}]
+        assert [r["key"] for r in d["repeatGpuSerials"]] == ["SER-X"]
+        assert "no incident of the window was pruned" in d["window"]["coverage"]
+
+        text = await asyncio.to_thread(run_report, kube_stack.kubeconfig, "--node", a,
+                                       "--node", b, "--gpus-per-node", "2")
+        assert text.returncode == 0, text.stderr
+        assert "incidents 3 (finished 3, open 0)" in text.stdout
+        assert "false-positive rate 33.3% (1 of 3 finished found nothing" in text.stdout
+        assert f"capacity lost {(609 * 4 + 54 * 4 + 299 * 2) / 3600:.1f} GPU-hours" in \
+            text.stdout
+        assert f"repeat nodes: {a} (3 incidents, shortest gap 24h00m)" in text.stdout
+        assert other not in text.stdout
+
+        bad = await asyncio.to_thread(run_report, kube_stack.kubeconfig, "--since", "a week")
+        assert bad.returncode == 2
+        assert bad.stderr.strip().splitlines() == [
+            "healer report: error: argument --since: expected a duration such as 90s, 5m, "
+            "12h, 7d or 2w, got 'a week' (see healer report --help)"]
+    finally:
+        for s in saved:
+            await store.delete(s.name)
+        await core.delete_node(a)
