@@ -4,8 +4,10 @@ The pure half decides *what* to write:
 
 * :func:`build_condition` turns an :class:`~healer.agent.findings.Assessment` into the condition
   (status ``True`` when healthy, else ``False`` with the worst finding's reason and a message
-  naming each affected GPU's index, UUID and XID). ``lastTransitionTime`` carries over from the
-  previous condition unless the status or the reason changed; ``lastHeartbeatTime`` is now.
+  naming each affected GPU's index, UUID and XID, ending in the machine-readable block of
+  every GPU's index, UUID and serial, affected ones marked: :mod:`healer.core.gpu_identity`).
+  ``lastTransitionTime`` carries over from the previous condition unless the status or the
+  reason changed; ``lastHeartbeatTime`` is now.
 * :func:`should_write` says when: at once when status, reason or message changed, else when the
   heartbeat is due (``--heartbeat``, :data:`DEFAULT_HEARTBEAT` = 30 s): an unchanged condition
   is re-published with only ``lastHeartbeatTime`` moved, so the controller can tell a live
@@ -37,6 +39,7 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.events import KubeEvents
 from healer.agent.findings import Assessment, EventKind, GpuEvent
+from healer.core.gpu_identity import GpuIdentity, with_block
 from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.core.vocabulary import GPU_CONDITION
 from healer.core.xid import XidCatalog
@@ -129,12 +132,22 @@ def build_condition(assessment: Assessment, previous: Condition | None,
     message alone is no transition), else ``now``; ``lastHeartbeatTime`` is always ``now``.
     """
     status, reason = assessment.status, assessment.reason.value
-    cond = Condition(status=status, reason=reason, message=assessment.message, heartbeat=now,
+    message = condition_message(assessment)
+    cond = Condition(status=status, reason=reason, message=message, heartbeat=now,
                      transition=now)
     if previous is not None and cond.same_state(previous):
-        cond = Condition(status=status, reason=reason, message=assessment.message,
+        cond = Condition(status=status, reason=reason, message=message,
                          heartbeat=now, transition=previous.transition)
     return cond
+
+
+def condition_message(assessment: Assessment) -> str:
+    """The assessment's message, then the machine-readable block naming every GPU read (index,
+    UUID, serial; those with a finding marked): :mod:`healer.core.gpu_identity`."""
+    if not assessment.gpus:
+        return assessment.message
+    return with_block(assessment.message,
+                      (GpuIdentity(g.gpu, affected=not g.healthy) for g in assessment.gpus))
 
 
 def should_write(cond: Condition, last: Condition | None, heartbeat: float) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from healer.core.budget import BudgetView
 from healer.core.capacity import FleetIndex
+from healer.core.gpu_identity import with_gpu_identity
 from healer.core.health import Verdict, evaluate_node
 from healer.core.machine import (
     Decision,
@@ -184,8 +185,9 @@ class Engine:
     def verdict(self, node: str, now: float) -> Verdict:
         self.evaluations += 1
         store = self.signals.get(node)
-        return evaluate_node(node, store.signals(now) if store is not None else [],
-                             self.policies_for(node), now)
+        signals = store.signals(now) if store is not None else []
+        return with_gpu_identity(evaluate_node(node, signals, self.policies_for(node), now),
+                                 signals)
 
     def evaluate(self, node: str, now: float, *, hold_healthy: bool = False) -> Evaluation:
         """Evaluate ``node``; a VERDICT trigger when the state machine has to see it.

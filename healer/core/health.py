@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from healer.core.model import EVIDENCE_LIMIT, GpuRef, HealthState, Severity, Signal, SignalKind
+from healer.core.parts import PartRef
 from healer.core.rules import (
     ConditionRule,
     MetricRule,
@@ -195,16 +196,20 @@ def _xid(
                       f"{detail} (needs {rule.count})"), expires)
 
 
+#: What a metric rule is judged per: a GPU, a part of the node (an HCA port), or the node.
+Entity = tuple[GpuRef | None, PartRef | None]
+
+
 def _metric(
     rule: MetricRule, samples: Iterable[Signal], now: float, max_age: float
 ) -> tuple[RuleMatch | None, float | None]:
-    per_entity: dict[GpuRef | None, list[Signal]] = defaultdict(list)
+    per_entity: dict[Entity, list[Signal]] = defaultdict(list)
     key = rule.key
     for s in samples:
         if s.key == key:
-            per_entity[s.gpu].append(s)
-    confirmed: list[tuple[GpuRef | None, float, float]] = []
-    pending: list[tuple[GpuRef | None, float, float]] = []
+            per_entity[(s.gpu, s.part)].append(s)
+    confirmed: list[tuple[Entity, float, float]] = []
+    pending: list[tuple[Entity, float, float]] = []
     evidence: list[Signal] = []
     rechecks: list[float] = []
     for entity, series in per_entity.items():
@@ -231,7 +236,8 @@ def _metric(
     chosen = confirmed or pending
     if not chosen:
         return None, recheck
-    gpus = tuple(sorted(e for e, _, _ in chosen if e is not None))
+    gpus = tuple(sorted({g for (g, _), _, _ in chosen if g is not None}))
+    parts = sorted({p for (_, p), _, _ in chosen if p is not None})
     since = min(t for _, t, _ in chosen)
     values = [v for _, _, v in chosen]
     worst = min(values) if rule.op in (Op.LT, Op.LE) else max(values)
@@ -240,8 +246,9 @@ def _metric(
     detail = f"{agg}{what} {rule.op.value} {rule.threshold:g} (value {worst:g})"
     if rule.hold_for:
         detail += f" for {format_duration(rule.hold_for)}"
-    if gpus:
-        detail += " on " + ", ".join(g.describe() for g in gpus)
+    if gpus or parts:
+        detail += " on " + ", ".join([*(g.describe() for g in gpus),
+                                      *(p.describe() for p in parts)])
     if confirmed:
         state = _state_of(rule.severity)
         return RuleMatch(rule.name, state, rule.severity, since, gpus, detail,

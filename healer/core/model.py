@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from healer.core.modes import Mode
+from healer.core.parts import PartRef
 from healer.core.phases import Phase
 
 #: Version of the serialised record format (``status.formatVersion``).
@@ -94,6 +95,8 @@ class Signal:
     ``key`` names what was observed: the telemetry field for metrics, the condition type for
     conditions, the source for staleness. ``detail`` carries extra labels (condition status and
     reason, PromQL labels) as a sorted tuple of pairs so that the signal stays hashable.
+    ``part``: the part of the node a metric sample is about when it is not a GPU (an HCA
+    port: a rule with ``per`` labels).
     """
 
     node: str
@@ -104,6 +107,7 @@ class Signal:
     observed_at: float
     gpu: GpuRef | None = None
     detail: tuple[tuple[str, str], ...] = ()
+    part: PartRef | None = None
 
     def get(self, name: str, default: str = "") -> str:
         for k, v in self.detail:
@@ -122,15 +126,18 @@ class Signal:
             d["gpu"] = self.gpu.to_dict()
         if self.detail:
             d["detail"] = dict(self.detail)
+        if self.part is not None:
+            d["part"] = dict(self.part.labels)
         return d
 
     @classmethod
     def from_dict(cls, node: str, d: Mapping[str, Any]) -> Signal:
-        gpu = d.get("gpu")
+        gpu, part = d.get("gpu"), d.get("part")
         return cls(node, str(d["source"]), SignalKind(d["kind"]), str(d["key"]),
                    float(d["value"]), float(d["observedAt"]),
                    None if gpu is None else GpuRef.from_dict(gpu),
-                   tuple(sorted((str(k), str(v)) for k, v in (d.get("detail") or {}).items())))
+                   tuple(sorted((str(k), str(v)) for k, v in (d.get("detail") or {}).items())),
+                   None if part is None else PartRef.of(part))
 
 
 @dataclass(frozen=True, slots=True)

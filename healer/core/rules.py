@@ -27,6 +27,11 @@ class TextPattern(Protocol):
     def search(self, text: str) -> Any: ...
 
 
+#: The labels that name a series' node by default (dcgm-exporter's ``Hostname``, newer builds'
+#: ``hostname``); a telemetry source may be configured with others.
+HOST_LABELS = ("Hostname", "hostname")
+
+
 class Op(enum.Enum):
     GT = ">"
     GE = ">="
@@ -59,6 +64,7 @@ class Aggregation(enum.Enum):
     INCREASE = "increase"  # counter increase over ``window``
     RATE = "rate"  # per-second counter rate over ``window``
     MAX_OVER_TIME = "max_over_time"
+    CHANGES = "changes"  # how often the value changed within ``window`` (a link's flaps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,28 +114,43 @@ class XidRule:
 
 @dataclass(frozen=True, slots=True)
 class MetricRule:
-    """A threshold on a telemetry field (or a raw PromQL expression), per GPU, held ``for``."""
+    """A threshold on a telemetry series, held ``for``: a DCGM field per GPU, any Prometheus
+    series (``series`` with label ``matchers``) or a raw PromQL expression, per node or, with
+    ``per`` labels, per part of the node (an HCA port: ``device``, ``port``).
+
+    ``node_label``: the label naming the node of the series ("": the source's host labels).
+    """
 
     name: str
     severity: Severity
-    field: str  # the DCGM field name, or the rule name when ``promql`` is set
+    field: str  # the DCGM field or series name, or the rule name when ``promql`` is set
     op: Op
     threshold: float
     hold_for: float = 0.0
     aggregation: Aggregation = Aggregation.VALUE
     window: float = 300.0
     promql: str = ""
+    series: bool = False  # ``field`` names any series: no DCGM labels, the rule's matchers
+    matchers: tuple[tuple[str, str], ...] = ()  # (label, value): equality matchers of series
+    per: tuple[str, ...] = ()  # the labels telling the node's parts apart
+    node_label: str = ""
 
     @property
     def key(self) -> str:
         """The signal key a telemetry source uses for this rule's samples: the field for a
         plain gauge, ``increase(FIELD[600s])``-style for an aggregation (so two rules on one
-        field with different windows never mix their samples), ``rule:NAME`` for PromQL."""
+        field with different windows never mix their samples), ``rule:NAME`` for PromQL; a
+        series' matchers and ``per`` labels are part of it."""
         if self.promql:
             return f"rule:{self.name}"
-        if self.aggregation is Aggregation.VALUE:
-            return self.field
-        return f"{self.aggregation.value}({self.field}[{self.window:g}s])"
+        name = self.field
+        if self.matchers:
+            name += "{" + ",".join(f'{k}="{v}"' for k, v in self.matchers) + "}"
+        if self.aggregation is not Aggregation.VALUE:
+            name = f"{self.aggregation.value}({name}[{self.window:g}s])"
+        if self.per:
+            name += f" per {','.join(self.per)}"
+        return name
 
 
 @dataclass(frozen=True, slots=True)

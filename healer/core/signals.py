@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from healer.core.gpu_identity import DETAIL_KEY as IDENTITY_DETAIL
+from healer.core.gpu_identity import split_message
 from healer.core.model import GpuRef, NodeView, Signal, SignalKind
 from healer.core.rules import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
 
@@ -249,10 +251,13 @@ def condition_signals(n: NodeView, now: float) -> list[Signal]:
     out = []
     for c in n.conditions:
         extra = {LIVENESS: "heartbeat"} if c.last_heartbeat > 0 else {}
+        message, gpus = split_message(c.message)  # healer's agent names its GPUs
+        if gpus:
+            extra[IDENTITY_DETAIL] = gpus
         out.append(Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
                           min(c.last_heartbeat, now) if c.last_heartbeat > 0 else now, None,
                           Signal.details(status=c.status, reason=c.reason,
-                                         message=c.message[:200], **extra)))
+                                         message=message[:200], **extra)))
     return out
 
 

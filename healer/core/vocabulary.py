@@ -89,6 +89,9 @@ SLURM_REASON_PREFIX = "healer: "
 CHECKPOINT_ACK_COMMENT_PREFIX = "healer-ack:"
 #: Node condition the agent publishes (and the default health policy reads).
 GPU_CONDITION = "GPUHealthy"
+#: Tag of the machine-readable GPU identity block the agent appends to its condition's
+#: message (``[healer.io/gpus v1 *2:GPU-…:1650…]``; :mod:`healer.core.gpu_identity`).
+GPU_IDENTITY_TAG = "healer.io/gpus"
 
 
 class StepName(enum.StrEnum):

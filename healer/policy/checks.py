@@ -69,6 +69,17 @@ def check_label_value(value: Any) -> str:
     return value
 
 
+_PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
+
+
+def check_prom_label(value: Any) -> str:
+    """A Prometheus label name: letters, digits and ``_``, not starting with a digit."""
+    if not isinstance(value, str) or _PROM_LABEL.fullmatch(value) is None:
+        raise ValueError("expected a Prometheus label name (at most 128 letters, digits, '_'; "
+                         f"not starting with a digit), got {_shown(value)}")
+    return value
+
+
 def check_http_url(value: Any) -> str:
     """An absolute ``http(s)://host[:port][/path]`` URL with a host, no credentials in it and no
     whitespace or control character anywhere."""

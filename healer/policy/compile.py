@@ -19,6 +19,7 @@ from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
 from healer.policy.checks import check_promql, compile_regex
+from healer.policy.promql_labels import check_keeps
 
 Path = tuple[str | int, ...]
 
@@ -124,22 +125,7 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
             issues.append(Issue(p, "the groups and codes select no XID at all"))
         return core.XidRule(r.name, sev, codes, x.count, x.within)
     if r.metric is not None:
-        m, p = r.metric, (*path, "metric")
-        if (m.field is None) == (m.promql is None):
-            issues.append(Issue(p, "expected exactly one of field or promql"))
-            return None
-        if m.promql is not None:
-            try:
-                check_promql(m.promql)
-            except ValueError as e:
-                issues.append(Issue((*p, "promql"), str(e)))
-        if m.promql is not None and m.aggregation != "value":
-            issues.append(Issue((*p, "aggregation"), "aggregation applies to field, not promql "
-                                                     "(write the function into the expression)"))
-        return core.MetricRule(r.name, sev, field=m.field or r.name, op=core.Op(m.op),
-                               threshold=m.threshold, hold_for=m.hold_for,
-                               aggregation=core.Aggregation(m.aggregation), window=m.window,
-                               promql=m.promql or "")
+        return _metric(r.name, sev, r.metric, (*path, "metric"), issues)
     if r.condition is not None:
         cond, cp = r.condition, (*path, "condition")
         pattern = None
@@ -158,6 +144,42 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
     assert r.not_ready is not None
     return core.ConditionRule(r.name, sev, "Ready", frozenset({"False", "Unknown"}), None,
                               r.not_ready.hold_for)
+
+
+def _metric(name: str, sev: Severity, m: s.MetricMatch, p: Path,
+            issues: list[Issue]) -> core.MetricRule | None:
+    given = [k for k, v in (("field", m.field), ("series", m.series), ("promql", m.promql))
+             if v is not None]
+    if len(given) != 1:
+        issues.append(Issue(p, "expected exactly one of field, series or promql; got "
+                               f"{', '.join(given) or 'none'}"))
+        return None
+    if m.matchers and m.series is None:
+        issues.append(Issue((*p, "matchers"), "matchers go with series (write them into a "
+                                              "promql expression; a field is per GPU)"))
+    for what, value in (("per", m.per), ("nodeLabel", m.node_label)):
+        if value and m.field is not None:
+            issues.append(Issue((*p, what), f"{what} goes with series or promql (a field is "
+                                            "judged per GPU, named by the exporter's labels)"))
+    if len(set(m.per)) != len(m.per):
+        issues.append(Issue((*p, "per"), "expected distinct labels"))
+    if m.promql is not None:
+        try:
+            check_promql(m.promql)
+            node_labels = (m.node_label,) if m.node_label else core.HOST_LABELS
+            check_keeps(m.promql, node_labels, m.per)
+        except ValueError as e:
+            issues.append(Issue((*p, "promql"), str(e)))
+        if m.aggregation != "value":
+            issues.append(Issue((*p, "aggregation"), "aggregation applies to field or series, "
+                                                     "not promql (write the function into "
+                                                     "the expression)"))
+    return core.MetricRule(name, sev, field=m.field or m.series or name, op=core.Op(m.op),
+                           threshold=m.threshold, hold_for=m.hold_for,
+                           aggregation=core.Aggregation(m.aggregation), window=m.window,
+                           promql=m.promql or "", series=m.series is not None,
+                           matchers=tuple(sorted(m.matchers.items())), per=tuple(m.per),
+                           node_label=m.node_label or "")
 
 
 def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> None:

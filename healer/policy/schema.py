@@ -28,6 +28,7 @@ from healer.policy.checks import (
     check_http_url,
     check_label_key,
     check_label_value,
+    check_prom_label,
     check_signal,
 )
 
@@ -97,6 +98,11 @@ LabelKey = Annotated[str, BeforeValidator(check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(check_label_value)]
 HttpUrl = Annotated[str, BeforeValidator(check_http_url)]
 SignalName = Annotated[str, BeforeValidator(check_signal)]
+_METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
+PromLabel = Annotated[str, BeforeValidator(check_prom_label),
+                      WithJsonSchema({"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$",
+                                      "maxLength": 128,
+                                      "description": "a Prometheus label name"})]
 
 
 class Model(BaseModel):
@@ -134,14 +140,28 @@ class XidMatch(Model):
 
 
 class MetricMatch(Model):
-    field: str | None = Field(default=None, pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", max_length=256,
-                              description="a dcgm-exporter metric name")
+    field: str | None = Field(default=None, pattern=_METRIC_NAME, max_length=256,
+                              description="a dcgm-exporter metric name (judged per GPU)")
+    series: str | None = Field(default=None, pattern=_METRIC_NAME, max_length=256, description=(
+        "any Prometheus metric name (node-exporter's node_infiniband_state_id, ...): judged "
+        "per node, or per part with per"))
+    matchers: dict[PromLabel, Annotated[str, Field(max_length=256)]] = Field(
+        default_factory=dict, max_length=16,
+        description="series: equality label matchers added to its selector")
     promql: str | None = Field(default=None, min_length=1, max_length=4096,
-                               description="a PromQL expression; its series need the host "
+                               description="a PromQL expression; its series need the node "
                                            "label and, for per-GPU rules, gpu/UUID labels")
-    aggregation: Literal["value", "increase", "rate", "max_over_time"] = "value"
+    per: list[PromLabel] = Field(default_factory=list, max_length=8, description=(
+        "series or promql: the labels that tell the node's parts apart (device, port: per "
+        "HCA port); the rule is judged per part and its evidence names the part"))
+    node_label: PromLabel | None = Field(default=None, description=(
+        "series or promql: the label naming the Kubernetes node (default: the source's host "
+        "labels, Hostname or hostname)"))
+    aggregation: Literal["value", "increase", "rate", "max_over_time", "changes"] = Field(
+        default="value", description="field or series: value (the last sample), increase or "
+        "rate of a counter, max_over_time, changes (how often it changed: flaps) in window")
     window: Duration = Field(default=300.0, ge=1, description=(
-        "the range of increase/rate/max_over_time: 1s to 366d"))
+        "the range of increase/rate/max_over_time/changes: 1s to 366d"))
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")

@@ -398,6 +398,8 @@ class DcgmSim:
         self._seq = 0
         self._listeners: list[Callable[[], None]] = []
         self._xid_text = {c: e.meaning for c, e in default_catalog().entries.items()}
+        #: more of the node's series, (node, t) → exposition text (healer_dev.sim.infiniband)
+        self.collectors: list[Callable[[str, float], str]] = []
         for f in faults:
             self.inject(f)
 
@@ -621,7 +623,8 @@ class DcgmSim:
                 out.append(f"# HELP {name} {help_text}")
                 out.append(f"# TYPE {name} {typ}")
                 out.extend(lines)
-        return "\n".join(out) + "\n" if out else ""
+        extra = "".join(collect(node, t) for collect in self.collectors)
+        return ("\n".join(out) + "\n" if out else "") + extra
 
     @staticmethod
     def _series(name: str, node: NodeSpec, gpu: GpuSpec, attrs: Mapping[str, str],

@@ -45,6 +45,8 @@ from healer.agent.publish import (
     should_write,
     status_patch,
 )
+from healer.core.gpu_identity import parse_entries, split_message
+from healer.core.model import GpuRef
 from healer.core.timefmt import parse_rfc3339, rfc3339
 from healer.core.vocabulary import GPU_CONDITION
 from healer.errors import ConfigError, ForbiddenError, TransientError
@@ -101,7 +103,8 @@ def test_times_are_rfc3339_seconds_and_parse_back() -> None:
 def test_healthy_node_is_true_healthy() -> None:
     cond = build_condition(healthy(), None, NOW)
     assert (cond.type, cond.status, cond.reason) == (GPU_CONDITION, "True", "Healthy")
-    assert cond.message == "4 GPUs healthy"
+    assert cond.message == ("4 GPUs healthy [healer.io/gpus v1 0:GPU-0000:S0 1:GPU-0001:S1 "
+                            "2:GPU-0002:S2 3:GPU-0003:S3]")
     assert cond.heartbeat == cond.transition == NOW
 
 
@@ -111,7 +114,14 @@ def test_fault_is_false_with_the_worst_reason_and_gpu_index_uuid_xid() -> None:
     cond = build_condition(a, None, NOW)
     assert (cond.status, cond.reason) == ("False", "XidFatal")
     assert cond.message == ("GPU 2 GPU-0002: XID 79 GPU_HAS_FALLEN_OFF_THE_BUS; "
-                            "GPU 1 GPU-0001: row remap pending (a GPU reset applies it)")
+                            "GPU 1 GPU-0001: row remap pending (a GPU reset applies it) "
+                            "[healer.io/gpus v1 *1:GPU-0001:S1 *2:GPU-0002:S2 0:GPU-0000:S0 "
+                            "3:GPU-0003:S3]")
+    # what the controller reads back: the human message, and the affected GPUs' identity
+    text, entries = split_message(cond.message)
+    assert text.endswith("(a GPU reset applies it)")
+    assert [(g.gpu, g.affected) for g in parse_entries(entries) if g.affected] == [
+        (GpuRef(1, "GPU-0001", "S1"), True), (GpuRef(2, "GPU-0002", "S2"), True)]
 
 
 @pytest.mark.parametrize(("reading_kw", "reason"), [
@@ -187,7 +197,8 @@ def test_status_patch_touches_only_this_condition() -> None:
     patch = status_patch(cond)
     assert patch == {"status": {"conditions": [{
         "type": "GPUHealthy", "status": "False", "reason": "XidFatal",
-        "message": "GPU 2 GPU-0002: XID 79 GPU_HAS_FALLEN_OFF_THE_BUS",
+        "message": "GPU 2 GPU-0002: XID 79 GPU_HAS_FALLEN_OFF_THE_BUS [healer.io/gpus v1 "
+                   "*2:GPU-0002:S2 0:GPU-0000:S0 1:GPU-0001:S1 3:GPU-0003:S3]",
         "lastHeartbeatTime": "2023-11-14T22:13:20Z",
         "lastTransitionTime": "2023-11-14T22:13:20Z"}]}}
 

@@ -51,7 +51,10 @@ _INCIDENT = {
                          "source": _s(), "kind": _s(), "key": _s(), "value": _n(),
                          "observedAt": _n(), "gpu": _GPU,
                          "detail": {"type": "object",
-                                    "additionalProperties": {"type": "string"}}}}},
+                                    "additionalProperties": {"type": "string"}},
+                         "part": {"type": "object", "description": "the part of the node "
+                                  "(an HCA port: device, port) when not a GPU",
+                                  "additionalProperties": {"type": "string"}}}}},
     },
 }
 _STEP = {

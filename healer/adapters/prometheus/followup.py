@@ -12,7 +12,8 @@ At most three kinds, all restricted to a few hosts with a regex matcher on the h
   answer of its metric query while its GPU is fresh: the unfiltered expression of each such
   query restricted to those hosts, tagged ``healer_q=<index of the query in the plan>``
   (``label_replace``) and joined with ``or``. A ``promql`` rule's expression cannot be
-  restricted: it is sent unfiltered (whole fleet) when one of its series is owed a recovery.
+  restricted, nor a ``series`` rule's (its node label is not the DCGM host label): it is sent
+  unfiltered (whole fleet) when one of its series is owed a recovery.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def recovery_queries(queries: Sequence[PlannedQuery], owed: Mapping[int, set[Slo
         q = queries[i]
         hosts = [host_of.get(node) for node, _ in owed[i]]
         exprs: list[str]
-        if q.rule is None or q.rule.promql or any(h is None for h in hosts):
+        if q.rule is None or q.rule.promql or q.rule.series or any(h is None for h in hosts):
             exprs = [q.unfiltered]
         else:
             exprs = [metric_expr(q.rule, by=by, matchers=matchers, join=join, regex=rx)

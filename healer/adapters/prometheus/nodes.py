@@ -25,6 +25,7 @@ from healer.adapters.prometheus.freshness import NodeRows, NodeSummary
 from healer.adapters.prometheus.promql import FRESH_MARK, JOB_LABEL, UP_MARK
 from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, MAX_GPUS, value_reason
 from healer.core.model import GpuRef
+from healer.core.parts import PartRef
 
 if TYPE_CHECKING:
     from healer.adapters.prometheus.parse import PollParser
@@ -162,20 +163,21 @@ class PollView:
         """Whether this node's metric signals wait for its per-GPU rows (the follow-up)."""
         return self.defer and node not in self.rows and node in self.nodes
 
-    def stamp(self, node: str, gpu: GpuRef | None) -> float | None:
+    def stamp(self, node: str, gpu: GpuRef | PartRef | None) -> float | None:
         """When this GPU (or node) was last scraped: the stamp of its metric samples.
 
         With per-GPU rows: a GPU is matched by its full identity, else by its index (a
-        ``promql`` rule's result may lack the UUID); a node-level sample takes the node's
-        newest scrape. Without: the node's newest scrape. None: no heartbeat now (exporter
-        down, GPU missing), so the sample is not fresh data.
+        ``promql`` rule's result may lack the UUID); a node-level sample, or one of a part
+        of the node (an HCA port), takes the node's newest scrape. Without: the node's
+        newest scrape. None: no heartbeat now (exporter down, GPU missing), so the sample is
+        not fresh data.
         """
         row = self.rows.get(node)
         if row is None:
             summary = self.nodes.get(node)
             return None if summary is None else float(summary[1])
         newest = row[1]
-        if gpu is None or (gpu.index < 0 and not gpu.uuid):
+        if not isinstance(gpu, GpuRef) or (gpu.index < 0 and not gpu.uuid):
             return max(newest.values())
         exact = newest.get(gpu)
         if exact is not None:

@@ -36,12 +36,16 @@ from healer.adapters.prometheus.sanity import (
 )
 from healer.adapters.prometheus.xid import XidCursor, XidEvent, XidSeries, XidTracker
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer.core.rules import Op
+from healer.core.parts import PartRef
+from healer.core.rules import MetricRule, Op
 
 NodeMap = Callable[[dict[str, Any]], str | None]
-Slot = tuple[str, GpuRef | None]
-#: (node, GPU, value, violates): one series a metric answer emits
-Emission = tuple[str, GpuRef | None, float, bool]
+#: What a metric series is about: a GPU, a part of the node (a rule's ``per`` labels: an HCA
+#: port), or the node itself (None)
+Entity = GpuRef | PartRef | None
+Slot = tuple[str, Entity]
+#: (node, GPU or part, value, violates): one series a metric answer emits
+Emission = tuple[str, Entity, float, bool]
 _INF = math.inf
 _MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError)
 
@@ -58,7 +62,7 @@ class PollParser:
         self.node_map = node_map
         self.gpu = GpuCache()
         #: signal key → node → the GPUs whose last emitted sample violated a predicate
-        self.violating: dict[str, dict[str, set[GpuRef | None]]] = {}
+        self.violating: dict[str, dict[str, set[Entity]]] = {}
         #: node → GPU → its ``hpc_job`` labels, as of the node's last per-GPU rows
         self.jobs: dict[str, dict[GpuRef, tuple[str, ...]]] = {}
         self.malformed = 0  # since the last reset, by the caller
@@ -88,8 +92,31 @@ class PollParser:
                 return lb, v
         return None
 
-    def detail(self, node: str, gpu: GpuRef | None, name: str, value: str
+    def mappers(self, rule: MetricRule | None
+                ) -> tuple[Callable[[dict[str, Any]], str | None],
+                           Callable[[dict[str, Any]], Entity], bool]:
+        """(labels → node, labels → entity, whether its labels select a node's DCGM series)
+        for one rule's series: a rule's ``node_label`` names the node, its ``per`` labels the
+        part (:class:`PartRef`); else the host labels and the GPU."""
+        node_of: Callable[[dict[str, Any]], str | None] = self.node_of
+        entity_of: Callable[[dict[str, Any]], Entity] = self.gpu
+        own = rule is not None and bool(rule.node_label)
+        if rule is not None and rule.node_label:
+            node_label = (rule.node_label,)
+
+            def node_of(labels: dict[str, Any]) -> str | None:
+                return node_name(labels, node_label)
+        if rule is not None and rule.per:
+            per = rule.per
+
+            def entity_of(labels: dict[str, Any]) -> Entity:
+                return PartRef(tuple((lb, str(labels.get(lb, ""))) for lb in per))
+        return node_of, entity_of, not own
+
+    def detail(self, node: str, gpu: Entity, name: str, value: str
                ) -> tuple[tuple[str, str], ...]:
+        if not isinstance(gpu, GpuRef):
+            gpu = None
         of_node = self.jobs.get(node) if gpu is not None else None
         jobs = of_node.get(gpu) if of_node is not None and gpu is not None else None
         key = (name, value, jobs)
@@ -136,7 +163,7 @@ class PollParser:
         lower = q.op in (Op.LT, Op.LE)
         best: dict[Slot, tuple[float, bool]] = {}
         unmapped = malformed = 0
-        node_of, gpu_of = self.node_of, self.gpu
+        node_of, gpu_of, hosts = self.mappers(q.rule)
         lo, hi = rule_range(q.rule)
         drop = self.drops.add
         for entry in result:
@@ -176,7 +203,7 @@ class PollParser:
             slot = (node, gpu)
             if only is not None and slot not in only:
                 continue
-            if bad and node not in self.host_of:
+            if bad and hosts and node not in self.host_of:
                 host = self.host_matcher(labels)
                 if host is not None:
                     self.host_of[node] = host
@@ -225,8 +252,12 @@ class PollParser:
                     gpus.discard(gpu)
                     if not gpus:
                         del viol[node]
-            signals.append(Signal(node, source, kind, key, v, scraped, gpu,
-                                  self.detail(node, gpu, "rule", rule)))
+            if isinstance(gpu, PartRef):
+                signals.append(Signal(node, source, kind, key, v, scraped, None,
+                                      self.detail(node, None, "rule", rule), gpu))
+            else:
+                signals.append(Signal(node, source, kind, key, v, scraped, gpu,
+                                      self.detail(node, gpu, "rule", rule)))
         return signals, stale
 
     def recovery(self, queries: Sequence[PlannedQuery], result: Sequence[Any],
@@ -285,28 +316,31 @@ class PollParser:
         best: dict[Slot, dict[float, float]] = {}
         lower = q.op in (Op.LT, Op.LE)
         lo, hi = rule_range(q.rule)
+        node_of, entity_of, _ = self.mappers(q.rule)
         for entry in result:
             labels = labels_of(entry)
             if labels is None:
                 self.drops.add(q.key, "malformed")
                 continue
-            node = self.node_of(labels)
+            node = node_of(labels)
             if node is None:
                 continue
             points = self.points(entry, q.key, lo_t, hi_t, lo, hi)
             if not points:
                 continue
-            slots = best.setdefault((node, self.gpu(labels)), {})
+            slots = best.setdefault((node, entity_of(labels)), {})
             for t, v in points:
                 old = slots.get(t)
                 if old is None or (v < old if lower else v > old):
                     slots[t] = v
         rule = ",".join(q.rules)
         signals: list[Signal] = []
-        for (node, gpu), slots in best.items():
-            detail = self.detail(node, gpu, "rule", rule)  # once per series, not per point
+        for (node, entity), slots in best.items():
+            detail = self.detail(node, entity, "rule", rule)  # once per series, not per point
+            gpu = entity if isinstance(entity, GpuRef) else None
+            part = entity if isinstance(entity, PartRef) else None
             signals.extend(Signal(node, self.source, SignalKind.METRIC, q.key, v, t, gpu,
-                                  detail) for t, v in slots.items())
+                                  detail, part) for t, v in slots.items())
         return signals
 
     # -- XIDs -----------------------------------------------------------------------------

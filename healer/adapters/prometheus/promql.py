@@ -122,6 +122,8 @@ def metric_expr(rule: MetricRule, *, by: Sequence[str],
     ``regex`` restricts a generated one to some hosts, see :func:`host_regexes`)."""
     if rule.promql:
         return rule.promql.strip()
+    if rule.series:  # ``by`` starts with the host labels (group_labels)
+        return series_expr(rule, by[:by.index("instance")] if "instance" in by else by)
     sel = selector(rule.field, matchers, regex)
     match rule.aggregation:
         case Aggregation.VALUE:
@@ -132,10 +134,28 @@ def metric_expr(rule: MetricRule, *, by: Sequence[str],
             inner = f"rate({sel}[{duration(rule.window)}])"
         case Aggregation.MAX_OVER_TIME:
             inner = f"max_over_time({sel}[{duration(rule.window)}])"
+        case Aggregation.CHANGES:
+            inner = f"changes({sel}[{duration(rule.window)}])"
     if join:
         inner = f"({inner}) {join.strip()}"
     agg = "min" if rule.op in (Op.LT, Op.LE) else "max"
     return f"{agg} by ({', '.join(by)}) ({inner})"
+
+
+def series_expr(rule: MetricRule, host_labels: Sequence[str] = DEFAULT_HOST_LABELS) -> str:
+    """The fleet-wide PromQL of a ``series`` rule (any exporter's metric): its own matchers
+    (not the source's DCGM ones, nor its join), ``max by`` (``min by`` for ``<``/``<=``) the
+    node label (``node_label``, else ``host_labels``) and the ``per`` labels: one series per
+    node and part, e.g. ``max by (node, device, port) (changes(node_infiniband_state_id[10m]))``.
+    """
+    sel = selector(rule.field, dict(rule.matchers))
+    if rule.aggregation is not Aggregation.VALUE:
+        sel = f"{rule.aggregation.value}({sel}[{duration(rule.window)}])"
+    by = group_labels((rule.node_label,) if rule.node_label else host_labels, rule.per)
+    by = tuple(lb for lb in by if lb not in ("instance", *GPU_LABELS) or lb in rule.per
+               or lb == rule.node_label)
+    agg = "min" if rule.op in (Op.LT, Op.LE) else "max"
+    return f"{agg} by ({', '.join(by)}) ({sel})"
 
 
 def xid_expr(window: float, matchers: Mapping[str, str] | None = None,

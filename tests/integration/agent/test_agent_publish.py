@@ -26,6 +26,7 @@ import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from healer.core.gpu_identity import parse_entries, split_message
 from healer_dev.devstack.kube import KubeStack
 from tests.integration.agent.agent_harness import (
     N_GPUS,
@@ -46,6 +47,12 @@ from tests.integration.agent.conftest import FakeNvml
 from tests.integration.conftest import api_client_for
 from tests.integration.kube_tokens import pod_bound_kubeconfig
 from tests.integration.waiting import wait_for
+
+
+def human(message: str) -> str:
+    """The condition message without its GPU identity block."""
+    return split_message(message)[0]
+
 
 #: Events about a Node (cluster-scoped) must live in "default": kube-apiserver refuses them in
 #: any other namespace ("involvedObject.namespace ... does not match event.namespace").
@@ -152,7 +159,7 @@ async def test_xid79_sets_gpuhealthy_false_at_once_with_an_event(
     fake_nvml.write(scenario())
     agent = agents.start(gpu_node)
     healthy = await wait_condition(kube_api, gpu_node, agent, status="True", reason="Healthy")
-    assert healthy["message"] == f"{N_GPUS} GPUs healthy"
+    assert human(healthy["message"]) == f"{N_GPUS} GPUs healthy"
     await agent.ready()
     status, body = await agent.get("/healthz")
     assert status == 200, body
@@ -162,7 +169,11 @@ async def test_xid79_sets_gpuhealthy_false_at_once_with_an_event(
     fatal = await wait_condition(kube_api, gpu_node, agent, status="False", reason="XidFatal",
                                  interval=0.01)
     latency_ms = (time.time() - t0) * 1e3
-    assert fatal["message"] == f"GPU 2 {uuid(2)}: XID 79 GPU_HAS_FALLEN_OFF_THE_BUS"
+    assert human(fatal["message"]) == f"GPU 2 {uuid(2)}: XID 79 GPU_HAS_FALLEN_OFF_THE_BUS"
+    # the machine-readable block: every GPU's index, UUID and serial (from NVML), GPU 2 marked
+    named = parse_entries(split_message(fatal["message"])[1])
+    assert {(g.gpu.index, g.gpu.uuid, g.gpu.serial, g.affected) for g in named} == {
+        (i, uuid(i), f"165123{i:07d}", i == 2) for i in range(N_GPUS)}
     text = await agent.metrics()
     (internal,) = metric_lines(text, "healer_agent_event_to_condition_seconds_sum")
     print(f"\nXID 79 appended to the scenario -> GPUHealthy=False visible in the API: "
@@ -245,7 +256,7 @@ async def test_gpu_lost_is_gpu_lost(kube_api: client.ApiClient, fake_nvml: FakeN
     lost = await wait_condition(kube_api, gpu_node, agent, status="False", reason="GpuLost",
                                 interval=0.02)
     print(f"\nGPU_IS_LOST -> GpuLost visible in the API: {(time.time() - t0) * 1e3:.0f} ms")
-    assert lost["message"] == f"GPU 1 {uuid(1)}: GPU is lost (NVML_ERROR_GPU_IS_LOST)"
+    assert human(lost["message"]) == f"GPU 1 {uuid(1)}: GPU is lost (NVML_ERROR_GPU_IS_LOST)"
 
     async def lost_event() -> list[dict[str, Any]]:
         return await node_events(kube_api, EVENTS, gpu_node, "GPULost")
@@ -268,8 +279,9 @@ async def test_counters_over_thresholds_are_reported_per_gpu(
                              g3={"pcie": {"replay": 250}}))
     pending = await wait_condition(kube_api, gpu_node, agent, status="False",
                                    reason="RowRemapPending")
-    assert pending["message"] == (f"GPU 2 {uuid(2)}: row remap pending (a GPU reset applies "
-                                  f"it); GPU 3 {uuid(3)}: 250 PCIe replays (> 100)")
+    assert human(pending["message"]) == (f"GPU 2 {uuid(2)}: row remap pending (a GPU reset "
+                                         f"applies it); GPU 3 {uuid(3)}: 250 PCIe replays "
+                                         "(> 100)")
     text = await agent.metrics()
     for line in (f'healer_agent_gpu_row_remap_pending{{gpu="2",uuid="{uuid(2)}"}} 1.0',
                  f'healer_agent_gpu_row_remap_pending{{gpu="1",uuid="{uuid(1)}"}} 0.0',
@@ -358,7 +370,7 @@ async def test_api_server_outage_is_logged_once_and_nothing_is_lost(
         await proxy.start()  # back, on the same port
         fatal = await wait_condition(kube_api, gpu_node, agent, status="False",
                                      reason="XidFatal", deadline=60)
-        assert fatal["message"] == f"GPU 0 {uuid(0)}: XID 48 GPU_ECC_DBE"
+        assert human(fatal["message"]) == f"GPU 0 {uuid(0)}: XID 48 GPU_ECC_DBE"
 
         async def the_event() -> list[dict[str, Any]]:
             return await node_events(kube_api, EVENTS, gpu_node, "GPUXid")
