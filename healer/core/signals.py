@@ -4,9 +4,10 @@ A telemetry source sends every fresh GPU's samples every poll; keeping them all 
 memory and evaluation cost grow with uptime. :class:`NodeSignals` keeps, per node, only what a
 rule of the policy set can still look at, pre-indexed by rule (:class:`RuleIndex`):
 
-* **metrics**: per (key, GPU) the latest sample and, for every distinct threshold test of that
-  key, the first sample of the current run of samples passing it plus the sample before that
-  run (``for:`` walks back from the latest sample while the test holds and stops there);
+* **metrics**: per (key, GPU or part) the latest sample and, for every distinct threshold
+  test of that key, the first sample of the current run of samples passing it plus the sample
+  before that run (``for:`` walks back from the latest sample while the test holds and stops
+  there);
 * **XIDs**: the occurrences younger than the longest XID window, plus the newest per source (it
   is still fresh data after its window passed), at most :data:`XID_LIMIT`; an occurrence that a
   source reports again (a restart, re-seeding from a record's evidence) is kept once;
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from healer.core.gpu_identity import DETAIL_KEY as IDENTITY_DETAIL
 from healer.core.gpu_identity import split_message
 from healer.core.model import GpuRef, NodeView, Signal, SignalKind
+from healer.core.parts import PartRef
 from healer.core.rules import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
 
 #: At most this many XID occurrences are kept per node (a storm keeps the newest).
@@ -120,7 +122,7 @@ class NodeSignals:
         self.index = index
         # a same-value sample after a gap longer than this may end an untrusted stretch
         self.gap = index.sample_max_age if gap is None else min(gap, index.sample_max_age)
-        self.series: dict[tuple[str, GpuRef | None], _Series] = {}
+        self.series: dict[tuple[str, GpuRef | None, PartRef | None], _Series] = {}
         self.xids: list[Signal] = []
         self.last_xid: dict[str, Signal] = {}
         self.newest: dict[tuple[SignalKind, str], Signal] = {}
@@ -157,7 +159,7 @@ class NodeSignals:
             self.newest[k] = s
 
     def _metric(self, s: Signal) -> bool:
-        key = (s.key, s.gpu)
+        key = (s.key, s.gpu, s.part)
         ser = self.series.get(key)
         tests = self.index.tests.get(s.key, ())
         if ser is None:
