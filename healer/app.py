@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
@@ -36,6 +36,7 @@ from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.adapters.kube.topology_step import KubeTopology
+from healer.adapters.slinky import OperatorCapabilities
 from healer.core.rules import Mode, PolicySet
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
@@ -113,7 +114,7 @@ async def _start(settings: Settings, o: Overrides,
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
-    slurm: SlurmDriver | None = None
+    side: SlurmSide | None = None
     try:
         try:
             policies = await load_policies(settings)
@@ -124,25 +125,24 @@ async def _start(settings: Settings, o: Overrides,
             return 2
         await ensure_crd(api, settings.kube.install_crd)
         nodes = KubeNodes(api)
-        slurm = o.slurm or _slurm_driver(settings, api, nodes)
-        return await _run(settings, replace(o, slurm=slurm), api, nodes, policies, metrics,
-                          ready)
+        side = _slurm_side(settings, api, nodes, o.slurm)
+        return await _run(settings, o, api, nodes, side, policies, metrics, ready)
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
     finally:
-        if slurm is not None and o.slurm is None:  # built here: its HTTP sessions close here
-            await _close_slurm(slurm)
+        if side is not None and o.slurm is None:  # built here: its HTTP sessions close here
+            await side.driver.close()
         await api.close()
 
 
 async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
-               policies: PolicySet, metrics: Metrics,
+               side: SlurmSide, policies: PolicySet, metrics: Metrics,
                ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
-    slurm = o.slurm or _slurm_driver(settings, api, nodes)
-    ports = _ports(settings, o, api, nodes, secrets, slurm, policies)
+    slurm = side.driver
+    ports = _ports(settings, o, api, nodes, secrets, side, policies)
     clock = SYSTEM_CLOCK
     executor: ActionRunner = Executor(ports, clock)
     store: StateStore = CRStateStore(api)
@@ -176,7 +176,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     if slurm_feed is not None:
         loops["slurm-feed"] = slurm_feed.run()
     for src in sources:
-        max_age = max(SOURCE_MAX_AGE, 3 * float(getattr(src, "poll_interval", 0.0) or 0.0))
+        max_age = max(SOURCE_MAX_AGE, 3 * src.poll_interval)
         loops[f"source:{src.name}"] = src.run(source_sink(health, src.name, ctl, max_age))
 
     async def started() -> None:
@@ -210,47 +210,66 @@ async def load_policies(settings: Settings) -> PolicySet:
                                budget=_budget(settings))
 
 
-def _slurm_driver(settings: Settings, api: client.ApiClient, nodes: KubeNodes) -> SlurmDriver:
-    """The Slurm driver the settings name (``--slurm-driver``)."""
+@dataclass(frozen=True, slots=True)
+class SlurmSide:
+    """The Slurm driver and what the topology step reads beside it."""
+
+    driver: SlurmDriver
+    view: SlurmDriver | None
+    """Slurm's own API, for a node's topology (on Slinky the job backend, if any)."""
+    operator: OperatorCapabilities
+    """What the running slurm-operator supports (read lazily, only on Slinky)."""
+
+
+def _slurm_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                given: SlurmDriver | None) -> SlurmSide:
+    """The Slurm driver the settings name (``--slurm-driver``), or the caller's."""
+    operator = OperatorCapabilities(api)
+    if given is not None:
+        return SlurmSide(given, given, operator)
     s = settings.slurm
     if s.driver == "scontrol":
-        from healer.adapters.slurm.scontrol import ScontrolDriver
-
-        env = {**os.environ, "SLURM_CONF": s.slurm_conf} if s.slurm_conf else None
-        return ScontrolDriver(env=env)
-    if s.driver == "slurmrestd":
-        from healer.adapters.kube.secrets import SecretToken
-        from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
-
+        driver = _scontrol(settings)
+    elif s.driver == "slurmrestd":
         if not s.slurmrestd_url or not s.token_secret:
             raise ConfigError("--slurm-driver slurmrestd needs --slurmrestd-url and "
                               "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]")
-        return SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
-    if s.driver == "slinky":
+        driver = _slurmrestd(settings, api)
+    elif s.driver == "slinky":
         from healer.adapters.slinky import SlinkyDriver
 
-        jobs: SlurmDriver | None = None  # job listing and signals need Slurm's own API
-        if s.slurmrestd_url and s.token_secret:
-            from healer.adapters.kube.secrets import SecretToken
-            from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
-
-            jobs = SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
-        elif s.slurm_conf:
-            from healer.adapters.slurm.scontrol import ScontrolDriver
-
-            jobs = ScontrolDriver(env={**os.environ, "SLURM_CONF": s.slurm_conf})
-        driver: SlurmDriver = SlinkyDriver(api, nodes, namespace=s.nodeset_namespace,
-                                           jobs=jobs, nodeset=s.nodeset)
-        return driver
-    raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
-                      "slurmrestd)")
+        # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
+        jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
+            _scontrol(settings) if s.slurm_conf else None
+        return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
+                                      nodeset=s.nodeset, capabilities=operator),
+                         jobs, operator)
+    else:
+        raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
+                          "slurmrestd)")
+    return SlurmSide(driver, driver, operator)
 
 
-def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm: SlurmDriver,
+def _scontrol(settings: Settings) -> SlurmDriver:
+    from healer.adapters.slurm.scontrol import ScontrolDriver
+
+    conf = settings.slurm.slurm_conf
+    return ScontrolDriver(env={**os.environ, "SLURM_CONF": conf} if conf else None)
+
+
+def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmDriver:
+    from healer.adapters.kube.secrets import SecretToken
+    from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
+
+    s = settings.slurm
+    return SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+
+
+def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side: SlurmSide,
               *, slinky_pods: bool) -> KubeTopology:
     """The topology step: the annotation from labels or from topograph, verified against the
     slurmd pod (Slinky) and against Slurm where it reports a node's topology."""
-    from healer.adapters.slinky import OperatorCapabilities, SlinkyDriver, SlinkyPods
+    from healer.adapters.slinky import SlinkyPods
 
     t = settings.topology
     topograph = None
@@ -264,28 +283,16 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, slurm
     elif t.source != "labels":
         raise ConfigError(f"unknown topology source {t.source!r} (expected labels or "
                           "topograph)")
-    # Slurm's own view of the node's topology: on Slinky the pod conditions do not carry it,
-    # the job backend (slurmrestd) does
-    reader = slurm.jobs if isinstance(slurm, SlinkyDriver) else slurm
     pods = SlinkyPods(api, settings.slurm.nodeset_namespace) if slinky_pods else None
     # slurm-operator <v1.1 never copies the Node's topology annotation to the slurmd pod
-    caps = (slurm.capabilities if isinstance(slurm, SlinkyDriver)
-            else OperatorCapabilities(api)) if slinky_pods else None
-    return KubeTopology(nodes, pods=pods, slurm=reader, topograph=topograph,
-                        copies_topology=caps.copies_topology if caps is not None else None)
-
-
-async def _close_slurm(driver: SlurmDriver) -> None:
-    """Close the Slurm driver's HTTP sessions (slurmrestd's; the Slinky driver closes its job
-    backend's)."""
-    close = getattr(driver, "close", None)
-    if close is not None:
-        await close()
+    return KubeTopology(nodes, pods=pods, slurm=side.view, topograph=topograph,
+                        copies_topology=side.operator.copies_topology if slinky_pods else None)
 
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
-           secrets: Secrets, slurm: SlurmDriver, policies: PolicySet) -> Ports:
+           secrets: Secrets, side: SlurmSide, policies: PolicySet) -> Ports:
     """Every port the executor acts through: the real adapters, or the caller's overrides."""
+    slurm = side.driver
     workload = o.workload
     labels_provider = None
     slurm_names: SlurmNames | None = None
@@ -314,7 +321,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
                                              "webhook": webhook, "job": jobhook})
     return Ports(nodes=nodes, events=KubeEvents(api, instance=settings.leader.identity),
                  slurm=slurm, spares=spares, workload=workload,
-                 topology=_topology(settings, api, nodes, slurm,
+                 topology=_topology(settings, api, nodes, side,
                                     slinky_pods=o.workload is None),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),

@@ -72,6 +72,14 @@ class SlurmJob:
     requeue: bool = False
 
 
+class Undrain(enum.Enum):
+    """What :meth:`SlurmDriver.undrain` did."""
+
+    CLEARED = "cleared"  # healer's drain of this incident is gone from Slurm
+    NOT_OURS = "not-ours"  # nothing of this incident's to clear (no drain, or someone else's)
+    SETTLING = "settling"  # asked for; the backend clears it on its own schedule: ask again
+
+
 class SlurmDriver(Protocol):
     """One contract, three drivers (slinky, scontrol, slurmrestd).
 
@@ -79,13 +87,18 @@ class SlurmDriver(Protocol):
     with a reason healer did not set, the driver keeps that reason and returns False (healer
     then does not own the drain and will never clear it). ``undrain`` clears only a reason that
     starts with ``healer: `` *and* contains ``incident`` (when given); otherwise it does nothing
-    and returns False. ``incident`` is the remediation's id, as data: a driver that needs it
-    (Slinky: the cordon's provenance) takes it from here, never from the reason's text.
+    and says :attr:`Undrain.NOT_OURS`. A driver whose backend clears the drain later (Slinky:
+    the operator, on its next reconcile) says :attr:`Undrain.SETTLING` until Slurm agrees, so
+    the caller asks again. ``incident`` is the remediation's id, as data: a driver that needs
+    it (Slinky: the cordon's provenance) takes it from here, never from the reason's text.
+    ``close`` releases the driver's connections (idempotent; nothing to do for scontrol).
     """
 
     async def drain(self, node: str, reason: str, incident: str = "") -> bool: ...
 
-    async def undrain(self, node: str, incident: str = "") -> bool: ...
+    async def undrain(self, node: str, incident: str = "") -> Undrain: ...
+
+    async def close(self) -> None: ...
 
     async def state(self, node: str) -> SlurmNodeState: ...
 
@@ -252,7 +265,12 @@ SignalSink = Callable[[Sequence[Signal]], Awaitable[None]]
 
 
 class TelemetrySource(Protocol):
+    """Delivers signals, every poll (an empty delivery too: each one is the source's
+    heartbeat on ``/healthz``)."""
+
     name: str
+    poll_interval: float
+    """Seconds between deliveries: the source counts as stalled after a few of them."""
 
     async def run(self, sink: SignalSink) -> None:
         """Produce signals until cancelled (polling or watching)."""

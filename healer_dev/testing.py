@@ -50,6 +50,7 @@ from healer.ports import (
     SlurmNodeState,
     StepOutcome,
     StoredRecord,
+    Undrain,
 )
 
 
@@ -368,20 +369,23 @@ class FakeSlurm(Faulty):
             self._save()
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> bool:
+    async def undrain(self, node: str, incident: str = "") -> Undrain:
         self._enter("undrain", node)
         self._sync()
         n = self._state["nodes"].get(node)
         if n is None or "DRAIN" not in n["flags"]:
-            return False
+            return Undrain.NOT_OURS
         if not n["reason"].startswith(SLURM_REASON_PREFIX) or (incident and
                                                                 incident not in n["reason"]):
-            return False
+            return Undrain.NOT_OURS
         n["flags"] = [f for f in n["flags"] if f != "DRAIN"]
         n["reason"] = ""
         self._state["log"].append(["undrain", node])
         self._save()
-        return True
+        return Undrain.CLEARED
+
+    async def close(self) -> None:
+        """Nothing to release (state lives in a file)."""
 
     async def state(self, node: str) -> SlurmNodeState:
         self._enter("state", node)
@@ -575,7 +579,7 @@ class FileSignals:
 
     def __init__(self, path: Path, poll: float = 0.2) -> None:
         self.path = path
-        self.poll = poll
+        self.poll_interval = poll
 
     def _read(self, offset: int) -> tuple[list[str], int]:
         if not self.path.exists():
@@ -591,7 +595,7 @@ class FileSignals:
             sigs = [Signal.from_dict(d["node"], d) for d in map(json.loads, lines)
                     if d.get("node")]
             await sink(sigs)  # every poll, like a real source (its heartbeat)
-            await asyncio.sleep(self.poll)
+            await asyncio.sleep(self.poll_interval)
 
 
 def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = None,

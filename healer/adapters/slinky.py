@@ -51,6 +51,7 @@ from healer.ports import (
     SlurmDriver,
     SlurmJob,
     SlurmNodeState,
+    Undrain,
 )
 
 NODESET_GROUP, NODESET_VERSION, NODESET_PLURAL = "slinky.slurm.net", "v1beta1", "nodesets"
@@ -341,7 +342,10 @@ class SlinkyDriver:
         # the operator drains on cordon; False: someone cordoned it in between (theirs)
         return await self.nodes.cordon(host, incident or reason, reason)
 
-    async def undrain(self, node: str, incident: str = "") -> bool:
+    async def undrain(self, node: str, incident: str = "") -> Undrain:
+        """Take healer's cordon reason and cordon off the slurmd pod's Node; the operator
+        undrains on its next reconcile, so this says SETTLING until Slurm (read fresh, see
+        :meth:`state`) shows no drain of healer's for ``incident``."""
         pod = await self.pods.by_slurm_name(node)
         host = str((pod.get("spec") or {}).get("nodeName") or "")
         if host:
@@ -351,8 +355,10 @@ class SlinkyDriver:
                 await self.nodes.patch_metadata(host, annotations={CORDON_REASON: None})
             if incident:
                 await self.nodes.uncordon(host, incident)
-        st = pod_state(await self.pods.by_slurm_name(node))
-        return not st.drain  # the operator undrains on its next reconcile; the caller polls
+        st = await self.state(node)
+        if st.drained_by_healer(incident):
+            return Undrain.SETTLING
+        return Undrain.CLEARED if not st.drain else Undrain.NOT_OURS
 
     async def node_states(self) -> dict[str, SlurmNodeState]:
         """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed): from
@@ -373,9 +379,8 @@ class SlinkyDriver:
 
     async def close(self) -> None:
         """Close the job backend's HTTP sessions (a slurmrestd driver has some; scontrol none)."""
-        close = getattr(self.jobs, "close", None)
-        if close is not None:
-            await close()
+        if self.jobs is not None:
+            await self.jobs.close()
 
     def _need_jobs(self) -> SlurmDriver:
         if self.jobs is None:

@@ -38,6 +38,7 @@ from healer.ports import (
     SparePool,
     StepOutcome,
     Topology,
+    Undrain,
     Validator,
     Workload,
 )
@@ -210,13 +211,10 @@ class Executor:
                                                         act.command, act.purpose))
             case a.UndrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.target)
-                await p.slurm.undrain(sn, act.incident)
-                st = await p.slurm.state(sn)
-                if st.drained_by_healer(act.incident):
-                    # e.g. Slinky undrains on its next reconcile: poll until Slurm agrees
+                undrain = await p.slurm.undrain(sn, act.incident)
+                if undrain is Undrain.SETTLING:
                     return Outcome(StepStatus.PENDING, f"{sn} still drained by healer")
-                return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
-                                                     "drained": str(st.drain).lower()})
+                return Outcome(StepStatus.DONE, "", {"slurmNode": sn, "undrain": undrain.value})
             case a.Uncordon():
                 done = await p.nodes.uncordon(act.node, act.incident)
                 return Outcome(StepStatus.DONE, "", {"uncordoned": str(done).lower()})

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from healer.app import Overrides, run
 from healer.core.vocabulary import SLURM_REASON_PREFIX
-from healer.ports import HookResult, SlurmJob, SlurmNodeState, StepOutcome
+from healer.ports import HookResult, SlurmJob, SlurmNodeState, StepOutcome, Undrain
 from healer.runtime.controller import RuntimeSettings
 from healer.settings import (
     HttpSettings,
@@ -42,12 +42,15 @@ class MemorySlurm:
         self.reasons[node] = reason
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> bool:
+    async def undrain(self, node: str, incident: str = "") -> Undrain:
         reason = self.reasons.get(node, "")
         if reason.startswith(SLURM_REASON_PREFIX) and (not incident or incident in reason):
             del self.reasons[node]
-            return True
-        return False
+            return Undrain.CLEARED
+        return Undrain.NOT_OURS
+
+    async def close(self) -> None:
+        """Nothing to release."""
 
     async def state(self, node: str) -> SlurmNodeState:
         reason = self.reasons.get(node)

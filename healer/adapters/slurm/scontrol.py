@@ -41,7 +41,7 @@ from healer.adapters.slurm.parse import (
 )
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.errors import NotFoundError, PermanentError, TransientError
-from healer.ports import SlurmJob, SlurmNodeState
+from healer.ports import SlurmJob, SlurmNodeState, Undrain
 
 __all__ = ["CommandResult", "ScontrolDriver", "normalize_signal"]
 
@@ -118,13 +118,16 @@ class ScontrolDriver:
                          f"reason={_one_line(reason)}"])
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> bool:
+    async def undrain(self, node: str, incident: str = "") -> Undrain:
         st = await self.state(node)
         if not st.drained_by_healer(incident):
-            return False
+            return Undrain.NOT_OURS
         # undrain, not resume: a DOWN node stays DOWN (see the module docstring)
         await self._run(["scontrol", "update", f"nodename={node}", "state=undrain"])
-        return True
+        return Undrain.CLEARED
+
+    async def close(self) -> None:
+        """Nothing to release: every call is its own ``scontrol`` process."""
 
     async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
         try:

@@ -61,7 +61,7 @@ from healer.errors import (
     PermanentError,
     TransientError,
 )
-from healer.ports import SlurmJob, SlurmNodeState
+from healer.ports import SlurmJob, SlurmNodeState, Undrain
 
 __all__ = [
     "READ_ONLY_VERSIONS",
@@ -293,14 +293,14 @@ class SlurmrestdDriver:
                             json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> bool:
+    async def undrain(self, node: str, incident: str = "") -> Undrain:
         api = await self._writable_api("undrain a node")
         st = await self.state(node)
         if not st.drained_by_healer(incident):
-            return False
+            return Undrain.NOT_OURS
         await self._request("POST", api.node + _quote(node), write=True,
                             json={"state": ["UNDRAIN"]})
-        return True
+        return Undrain.CLEARED
 
     async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
         try:

@@ -624,6 +624,8 @@ class Flow:
         with contextlib.suppress(Exception):
             parts += [f"  event {e.get('reason')}: {e.get('note')}"
                       for e in await self.events(node)]
+        with contextlib.suppress(Exception):
+            parts += await self._describe_placement()
         if self.sstack.runtime is not None and self.sstack.runtime.errors:
             parts.append("pod runtime errors: " + " | ".join(
                 list(self.sstack.runtime.errors)[-5:]))
@@ -633,6 +635,25 @@ class Flow:
         for d in self.daemons[-1:]:
             parts.append(f"--- daemon log ({d.log.name}) ---\n{d.tail(25)}")
         return "\n".join(parts)
+
+    async def _describe_placement(self) -> list[str]:
+        """Where the NodeSet's pods are and what this test's Nodes offer them (taints, the
+        pool label, Ready): what the operator decides a pod's placement on."""
+        out = ["slurmd pods: " + ", ".join(
+            f"{(p.get('metadata') or {}).get('name')}@{(p.get('spec') or {}).get('nodeName')}"
+            f"/{(p.get('status') or {}).get('phase')}"
+            f"{'/deleting' if (p.get('metadata') or {}).get('deletionTimestamp') else ''}"
+            for p in await self.live_pods())]
+        for name in self.nodes:
+            n = await self.core.read_node(name)
+            ready = {c.type: c.status for c in n.status.conditions or []}.get("Ready")
+            taints = [f"{t.key}:{t.effect}" for t in n.spec.taints or []]
+            out.append(f"  node {name}: ready={ready} unschedulable={bool(n.spec.unschedulable)}"
+                       f" pool={(n.metadata.labels or {}).get(POOL)!r} taints={taints}")
+        if self.sstack.runtime is not None:
+            out += [f"  runtime {h.event} {h.slurm_name} {h.pod} on {h.node}"
+                    for h in self.sstack.runtime.events()[-12:]]
+        return out
 
     def step_done(self, node: str, step: str) -> Callable[[], Awaitable[bool]]:
         """A predicate: ``step`` of ``node``'s remediation has its outcome persisted."""

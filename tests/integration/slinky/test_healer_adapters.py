@@ -24,7 +24,7 @@ from healer.adapters.slinky import CORDON_REASON, SlinkyDriver, pod_state
 from healer.adapters.slinky_workload import SlinkyWorkload
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import INCIDENT_ANNOTATION, SPARE_TAINT
-from healer.ports import SlurmNodeState, StepOutcome
+from healer.ports import SlurmNodeState, StepOutcome, Undrain
 from tests.integration.slinky.conftest import OPERATOR, Rig, host_of, serving, until
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
 from tests.integration.waiting import wait_for
@@ -117,7 +117,7 @@ async def test_driver_drains_through_the_node_and_undrains_through_the_uncordon(
     assert await driver.drain(w0, reason, "inc-7") is True  # idempotent
 
     async def undrained() -> bool:
-        return await driver.undrain(w0, "inc-7")
+        return await driver.undrain(w0, "inc-7") is Undrain.CLEARED
 
     await until(undrained, within=90, description=f"driver.undrain({w0}) done")
     node = await rig.read_node(host0)
@@ -142,7 +142,7 @@ async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
     node = await rig.read_node(host1)
     assert not node["spec"].get("unschedulable")
     assert CORDON_REASON not in (node["metadata"].get("annotations") or {})
-    assert await driver.undrain(w1, "inc-8") is False
+    assert await driver.undrain(w1, "inc-8") is Undrain.NOT_OURS
     slurm = await rig.slurm_state(w1)
     assert slurm is not None
     assert slurm.drain
@@ -216,7 +216,7 @@ async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: R
     assert dict(r.data)["slurmNode"] == w0
     st = await rig.wait_slurm(w0, lambda s: s.base == "IDLE" and s.registered)
     assert not st.drain
-    assert await driver.undrain(w0, "inc-9") is True  # nothing left drained
+    assert await driver.undrain(w0, "inc-9") is Undrain.CLEARED  # nothing left drained
     job2 = await asyncio.to_thread(slurm.submit, "true", w0)
     assert await asyncio.to_thread(slurm.wait_job, job2, ["COMPLETED"], 60) == "COMPLETED"
     assert (await rig.read_node(host0))["spec"]["unschedulable"] is True  # off to repair

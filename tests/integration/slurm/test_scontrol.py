@@ -11,7 +11,7 @@ import pytest
 
 from healer.adapters.slurm import ScontrolDriver
 from healer.errors import ConfigError, NotFoundError, PermanentError, TransientError
-from healer.ports import SlurmNodeState
+from healer.ports import SlurmNodeState, Undrain
 from healer_dev.devstack.slurm import LocalSlurm, SlurmStartupError
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release, wait_for_file
 
@@ -63,13 +63,15 @@ async def test_drain_busy_node_is_draining_then_drained_then_undrained(
     assert st.reason == REASON
     assert drained_after < 10
 
-    assert await driver.undrain("gpu-1", incident="inc-other") is False  # not this incident
+    # not this incident
+    assert await driver.undrain("gpu-1", incident="inc-other") is Undrain.NOT_OURS
     assert (await driver.state("gpu-1")).drained
-    assert await driver.undrain("gpu-1", incident="inc-7f3a") is True
+    assert await driver.undrain("gpu-1", incident="inc-7f3a") is Undrain.CLEARED
     st = await poll(lambda: driver.state("gpu-1"), lambda s: not s.drain and s.registered)
     assert st.base == "IDLE"
     assert st.reason == ""
-    assert await driver.undrain("gpu-1", incident="inc-7f3a") is False  # nothing left to undo
+    # nothing left to undo
+    assert await driver.undrain("gpu-1", incident="inc-7f3a") is Undrain.NOT_OURS
 
 
 async def test_usr1_reaches_the_batch_script_trap(slurm: LocalSlurm,
@@ -112,8 +114,8 @@ async def test_someone_elses_drain_is_never_overwritten_or_cleared(
     assert st.reason == admin
     assert not st.reason_is_ours
 
-    assert await driver.undrain("gpu-3") is False
-    assert await driver.undrain("gpu-3", incident="inc-7f3a") is False
+    assert await driver.undrain("gpu-3") is Undrain.NOT_OURS
+    assert await driver.undrain("gpu-3", incident="inc-7f3a") is Undrain.NOT_OURS
     st = await driver.state("gpu-3")
     assert st.drained
     assert st.reason == admin
@@ -126,7 +128,7 @@ async def test_undrain_keeps_a_down_node_down(slurm: LocalSlurm, driver: Scontro
     assert st.down
     assert st.drain
     assert st.reason == REASON
-    assert await driver.undrain("gpu-0", incident="inc-7f3a") is True
+    assert await driver.undrain("gpu-0", incident="inc-7f3a") is Undrain.CLEARED
     st = await driver.state("gpu-0")
     assert st.down
     assert not st.drain  # UNDRAIN, not RESUME: still out of service
@@ -187,7 +189,7 @@ async def test_slurmctld_down_is_transient_then_recovers(slurm: LocalSlurm,
     assert [j.id for j in await driver.jobs_on("gpu-2")] == [job]
     release(slurm, job)
     await poll(lambda: driver.state("gpu-2"), lambda s: s.drained)
-    assert await driver.undrain("gpu-2", incident="inc-7f3a") is True
+    assert await driver.undrain("gpu-2", incident="inc-7f3a") is Undrain.CLEARED
 
 
 # ---------------------------------------------------------------------------------------------

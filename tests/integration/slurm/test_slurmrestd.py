@@ -11,6 +11,7 @@ import pytest
 
 from healer.adapters.slurm import CallableToken, SlurmrestdDriver, StaticToken
 from healer.errors import ForbiddenError, NotFoundError, PermanentError, TransientError
+from healer.ports import Undrain
 from healer_dev.devstack.slurm import LocalSlurm
 from tests.integration.slurm.fake_slurmrestd import FakeSlurmrestd
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release
@@ -182,8 +183,8 @@ async def test_drain_and_undrain_send_the_documented_bodies(
 
     fake.nodes["gpu-1"]["state"] = ["IDLE", "DRAIN"]
     assert (await rest.state("gpu-1")).drained
-    assert await rest.undrain("gpu-1", incident="inc-other") is False
-    assert await rest.undrain("gpu-1", incident="inc-7f3a") is True
+    assert await rest.undrain("gpu-1", incident="inc-other") is Undrain.NOT_OURS
+    assert await rest.undrain("gpu-1", incident="inc-7f3a") is Undrain.CLEARED
     assert fake.calls("POST")[-1].body == {"state": ["UNDRAIN"]}
     assert not (await rest.state("gpu-1")).drain
 
@@ -192,7 +193,7 @@ async def test_a_foreign_drain_is_kept_and_never_cleared(
         fake: FakeSlurmrestd, rest: SlurmrestdDriver) -> None:
     fake.add_node("gpu-3", ["IDLE", "DRAIN"], reason="slurm-operator: cordoned", user="slurm")
     assert await rest.drain("gpu-3", REASON) is False
-    assert await rest.undrain("gpu-3") is False
+    assert await rest.undrain("gpu-3") is Undrain.NOT_OURS
     assert fake.calls("POST") == []
     assert fake.nodes["gpu-3"]["reason"] == "slurm-operator: cordoned"
 
