@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from healer.core.model import NodeRecord, NodeView, Signal
 from healer.core.vocabulary import SLURM_REASON_PREFIX
@@ -111,6 +111,7 @@ class SlurmDriver(Protocol):
     async def requeue_jobs(self, node: str) -> list[int]: ...
 
 
+@runtime_checkable
 class SlurmStates(Protocol):
     """Slurm's view of the whole fleet, for the guardrails (issue 12): every Slurm node's
     state, keyed by the Kubernetes node it runs on. Slurm nodes that run on no Kubernetes
@@ -118,6 +119,14 @@ class SlurmStates(Protocol):
     the runtime then treats Slurm's view as unknown."""
 
     async def node_states(self) -> Mapping[str, SlurmNodeState]: ...
+
+
+@runtime_checkable
+class SlurmNodeLister(Protocol):
+    """A driver on Slurm's own API that lists every Slurm node in one read (scontrol,
+    slurmrestd), by Slurm name."""
+
+    async def nodes(self) -> list[SlurmNodeState]: ...
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,7 @@ from healer.errors import HealerError, NotFoundError, PermanentError, TransientE
 from healer.ports import (
     SlurmDriver,
     SlurmJob,
+    SlurmNodeLister,
     SlurmNodeState,
     Undrain,
 )
@@ -366,9 +367,8 @@ class SlinkyDriver:
         the pods' conditions (up to its 30 s re-list late)."""
         pods = [p for p in await self.pods.pods() if (p.get("spec") or {}).get("nodeName")]
         fresh: dict[str, SlurmNodeState] = {}
-        lister = getattr(self.jobs, "nodes", None)
-        if lister is not None:
-            fresh = {s.name: s for s in await lister()}
+        if isinstance(self.jobs, SlurmNodeLister):
+            fresh = {s.name: s for s in await self.jobs.nodes()}
         out: dict[str, SlurmNodeState] = {}
         for p in pods:
             host, name = str(p["spec"]["nodeName"]), slurm_name(p)

@@ -16,9 +16,8 @@ nodes whose cause changed (:mod:`healer.runtime.slurm_feed`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
 
-from healer.ports import SlurmNodeState, SlurmStates
+from healer.ports import SlurmNodeLister, SlurmNodeState, SlurmStates
 
 __all__ = ["NodeLister", "SlurmNodeFeed", "slurm_states"]
 
@@ -41,13 +40,11 @@ class SlurmNodeFeed:
         return {hosts[s.name]: s for s in states if s.name in hosts}
 
 
-def slurm_states(driver: Any, hosts: Hosts | None = None) -> SlurmStates | None:
+def slurm_states(driver: object, hosts: Hosts | None = None) -> SlurmStates | None:
     """The Slurm feed a driver offers: its own ``node_states`` (Slinky), or its ``nodes``
     listing (scontrol, slurmrestd) mapped through ``hosts``; None if it offers neither."""
-    own = getattr(driver, "node_states", None)
-    if own is not None:
-        return driver  # type: ignore[no-any-return]
-    lister = getattr(driver, "nodes", None)
-    if lister is not None and callable(lister):
-        return SlurmNodeFeed(lister, hosts)
+    if isinstance(driver, SlurmStates):
+        return driver
+    if isinstance(driver, SlurmNodeLister):
+        return SlurmNodeFeed(driver.nodes, hosts)
     return None
