@@ -4,7 +4,8 @@ The contract (docs/checkpoint-hooks.md):
 
 * ``Content-Type: application/json``, a body of at most :data:`MAX_BODY` bytes;
 * the body is one JSON object ``{"incident", "node", "kind", "timestamp", "nonce"}`` (plus
-  ``"result": "passed"|"failed"`` for ``kind: repair``); ``timestamp`` is Unix seconds and must
+  ``"result": "passed"|"failed"|"no-fault"`` for ``kind: repair``; ``no-fault``: passed, and
+  the repair found nothing to fix); ``timestamp`` is Unix seconds and must
   be within :data:`WINDOW` of healer's clock; ``nonce`` is 16 to 128 characters, never reused;
 * ``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`` with the key of *that kind's*
   webhook in the incident's policy (the checkpoint hook's ``secretRef`` for a checkpoint ack,
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import structlog
 
 from healer.adapters.clock import SYSTEM_CLOCK
+from healer.core.machine.triggers import REPAIR_NO_FAULT
 from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT, REPAIR_RESULT
 from healer.errors import HealerError
 from healer.ports import Clock, NodeAPI
@@ -167,8 +169,8 @@ class AckReceiver:
         result = ""
         if kind == "repair":
             result = msg.get("result")  # type: ignore[assignment]
-            if result not in ("passed", "failed"):
-                raise Reject(400, "result: expected passed or failed")
+            if result not in ("passed", "failed", REPAIR_NO_FAULT):
+                raise Reject(400, f"result: expected passed, failed or {REPAIR_NO_FAULT}")
         tgt = self.target(incident)
         if tgt is None:
             raise Reject(404, f"unknown incident {incident!r}")

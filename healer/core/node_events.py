@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from healer.core.machine import Trigger, TriggerKind
+from healer.core.machine.triggers import REPAIR_NO_FAULT
 from healer.core.model import NodeRecord, NodeView, Signal
 from healer.core.phases import MAY_BE_CORDONED, Phase
 from healer.core.rules import LabelSelector
@@ -95,8 +96,8 @@ def admin_triggers(view: NodeView, record: NodeRecord | None,
     * ADMIN_UNCORDON: the node is uncordoned while healer's cordon of this incident should be
       on it (provenance annotations still name it);
     * OPT_OUT: ``healer.io/exclude`` is ``true`` (any case);
-    * REPAIR: ``healer.io/repair-result`` is ``passed`` or ``failed`` (any case) while the
-      node is in repair."""
+    * REPAIR: ``healer.io/repair-result`` is ``passed``, ``failed`` or ``no-fault`` (passed,
+      nothing found to fix; any case) while the node is in repair."""
     if record is None:
         return ()
     ann, incident, phase = view.annotations, record.incident.id, record.phase
@@ -108,7 +109,8 @@ def admin_triggers(view: NodeView, record: NodeRecord | None,
     if view.labels.get(EXCLUDE_LABEL, "").lower() == "true":
         out.append(Trigger(TriggerKind.OPT_OUT, view.name, now, incident=incident))
     result = ann.get(REPAIR_RESULT, "").lower()  # a repair system's (or human's) verdict
-    if phase is Phase.REPAIR and result in ("passed", "failed"):
+    if phase is Phase.REPAIR and result in ("passed", "failed", REPAIR_NO_FAULT):
         out.append(Trigger(TriggerKind.REPAIR, view.name, now, incident=incident,
-                           repair_passed=result == "passed"))
+                           repair_passed=result != "failed",
+                           repair_no_fault=result == REPAIR_NO_FAULT))
     return tuple(out)

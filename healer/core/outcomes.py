@@ -22,7 +22,8 @@ What each figure means (and where it comes from):
   while open); **GPU-hours lost** = that times the node's GPUs. Only ``act`` records take a node
   out (``dryRun`` and ``observe`` change nothing).
 * **found nothing**: the signal cleared on its own (Recovered), before any disruptive step
-  or after the drain; ``found_nothing / finished`` is the false-positive rate.
+  or after the drain; or the repair reported no fault (``healer.io/repair-result: no-fault``,
+  kept on the mark-repair step); ``found_nothing / finished`` is the false-positive rate.
 
 Pure: no clock, no I/O; ``now`` and each node's GPU count are passed in.
 """
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from healer.core.machine.effects import NO_FAULT_DETAIL
 from healer.core.model import LedgerOutcome, NodeRecord, NodeView, SignalKind
 from healer.core.modes import Mode
 from healer.core.phases import TERMINAL, Phase
@@ -66,6 +68,7 @@ class FoundNothing(enum.Enum):
 
     RECOVERED_BEFORE_DISRUPTION = "recovered-before-disruption"
     RECOVERED_AFTER_DRAIN = "recovered-after-drain"
+    REPAIR_FOUND_NO_FAULT = "repair-found-no-fault"  # healer.io/repair-result: no-fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +211,13 @@ def incident_outcome(record: NodeRecord, now: float,
     to_service = None if back is None else max(back - inc.opened_at, 0.0)
     out, still_out = _out_of_service(record, closing, now)
     found: FoundNothing | None = None
+    repair = record.step(StepName.MARK_REPAIR)
     if closing is Closing.RECOVERED:
         found = (FoundNothing.RECOVERED_AFTER_DRAIN if _took_out(record) is not None
                  else FoundNothing.RECOVERED_BEFORE_DISRUPTION)
+    elif closing is not Closing.OPEN and repair is not None and \
+            NO_FAULT_DETAIL in repair.detail.split(","):
+        found = FoundNothing.REPAIR_FOUND_NO_FAULT
     return IncidentOutcome(
         incident=inc.id, node=record.node, policy=record.policy, severity=inc.severity.label,
         mode=record.mode, phase=record.phase, closing=closing, opened_at=inc.opened_at,

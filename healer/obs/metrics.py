@@ -58,10 +58,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_remediations_finished_total": ("counter", "Incidents finished, by closing "
                                            "(replaced, repaired, recovered, escalated, "
                                            "cancelled)."),
-    "healer_remediations_found_nothing_total": ("counter", "Finished incidents whose signal "
-                                                "cleared on its own (why: recovered-before-"
-                                                "disruption, recovered-after-drain): healer's "
-                                                "false positives."),
+    "healer_remediations_found_nothing_total": ("counter", "Finished incidents that found "
+                                                "nothing, by why: the signal cleared on its "
+                                                "own (recovered-before-disruption, recovered-"
+                                                "after-drain) or the repair reported no fault "
+                                                "(repair-found-no-fault): healer's false "
+                                                "positives."),
     "healer_capacity_lost_gpu_hours_total": ("counter", "GPU-hours healer held nodes out of "
                                              "service (first drain or cordon to undrain or "
                                              "undo; the node's nvidia.com/gpu.count label, "

@@ -30,7 +30,10 @@ def sample(reg: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-async def test_a_replaced_incident_is_observed_when_it_finishes() -> None:
+@pytest.mark.parametrize(("result", "found"), [("passed", 0), ("no-fault", 1)])
+async def test_a_replaced_incident_is_observed_when_it_finishes(result: str, found: int) -> None:
+    """The node is replaced, then its repair reports ``result``: ``no-fault`` returns it like
+    ``passed`` and counts as a remediation that found nothing."""
     clock = ManualClock()
     nodes = [replace(n, labels={**n.labels, GPU_COUNT_LABEL: "4"}) for n in fleet()]
     fakes = fake_ports(nodes)
@@ -54,7 +57,7 @@ async def test_a_replaced_incident_is_observed_when_it_finishes() -> None:
             await clock.advance(5)
         reg = metrics.registry
         assert sample(reg, "healer_remediations_finished_total", closing="replaced") == 0
-        fakes["nodes"].set("gpu-1", annotations={REPAIR_RESULT: "passed"})  # type: ignore[attr-defined]
+        fakes["nodes"].set("gpu-1", annotations={REPAIR_RESULT: result})  # type: ignore[attr-defined]
         for _ in range(6):
             await clock.advance(5)
         rec = next(r for r, _ in store.objects.values() if r.node == "gpu-1")
@@ -74,6 +77,9 @@ async def test_a_replaced_incident_is_observed_when_it_finishes() -> None:
             pytest.approx(out.gpu_hours_lost)
         assert sample(reg, "healer_remediations_found_nothing_total",
                       why="recovered-before-disruption") == 0
+        assert sample(reg, "healer_remediations_found_nothing_total",
+                      why="repair-found-no-fault") == found
+        assert (out.found_nothing is not None) is bool(found)
     finally:
         await ctl.stop_leading()
         pump.cancel()

@@ -182,6 +182,11 @@ async def test_a_repair_ack_is_verified_with_the_repair_hooks_key() -> None:
     assert nodes.count("patch_metadata") == 0
     assert (await ack.handle(body, sign(REPAIR_KEY, body)))[0] == 200
     assert nodes.node("n1").annotations["healer.io/repair-result"] == "failed"
+    found_nothing = ack_body("inc-r", "n1", "repair", result="no-fault", nonce="f" * 16)
+    assert (await ack.handle(found_nothing, sign(REPAIR_KEY, found_nothing)))[0] == 200
+    assert nodes.node("n1").annotations["healer.io/repair-result"] == "no-fault"
+    unknown = ack_body("inc-r", "n1", "repair", result="fine", nonce="g" * 16)
+    assert (await ack.handle(unknown, sign(REPAIR_KEY, unknown)))[0] == 400
     # a checkpoint ack for an incident whose policy has no checkpoint webhook: refused
     cp = ack_body("inc-r", "n1", "checkpoint", nonce="c" * 16)
     assert (await ack.handle(cp, sign(REPAIR_KEY, cp)))[0] == 403

@@ -99,6 +99,8 @@ ADMIN = [
      (TriggerKind.REPAIR,)),
     ("repair failed", Phase.REPAIR, n(unschedulable=True, **{REPAIR_RESULT: "failed"}),
      (TriggerKind.REPAIR,)),
+    ("repair found no fault", Phase.REPAIR, n(unschedulable=True, **{REPAIR_RESULT: "No-Fault"}),
+     (TriggerKind.REPAIR,)),
     ("repair result before repair", Phase.SWAPPING, n(**{REPAIR_RESULT: "passed"}), ()),
     ("repair result unknown word", Phase.REPAIR, n(**{REPAIR_RESULT: "maybe"}), ()),
     ("uncordoned and opted out", Phase.UNDRAINING,
@@ -124,8 +126,12 @@ def test_repair_trigger_says_whether_it_passed() -> None:
     rec = replace(REC, phase=Phase.REPAIR)
     (passed,) = admin_triggers(n(**{REPAIR_RESULT: "passed"}), rec, T0)
     (failed,) = admin_triggers(n(**{REPAIR_RESULT: "failed"}), rec, T0)
+    (no_fault,) = admin_triggers(n(**{REPAIR_RESULT: "no-fault"}), rec, T0)
     assert passed.repair_passed is True
     assert failed.repair_passed is False
+    assert no_fault.repair_passed is True  # the node goes back, as after passed
+    assert (passed.repair_no_fault, failed.repair_no_fault, no_fault.repair_no_fault) == (
+        False, False, True)
 
 
 def test_admin_state_changes_with_what_it_reads() -> None:

@@ -68,6 +68,9 @@ REPLACED = replace(REPLACED, incident=replace(REPLACED.incident, evidence=(xid_a
 REPAIRED = closed(Phase.DONE, 9000, "repaired", ledger=(
     ok(StepName.DRAIN, 10, 11), ok(StepName.CORDON, 50, 51), ok(StepName.MARK_REPAIR, 51, 52),
     ok(StepName.UNDRAIN, 7000, 7200), ok(StepName.UNCORDON, 7200, 7201)))
+NO_FAULT = replace(REPAIRED, ledger=tuple(
+    replace(s, detail="result=passed,repair-result=no-fault") if s.step == StepName.MARK_REPAIR
+    else s for s in REPAIRED.ledger))
 RECOVERED_EARLY = closed(Phase.DONE, 40, "recovered")
 RECOVERED_LATE = closed(Phase.DONE, 55, "recovered", ledger=(
     ok(StepName.DRAIN, 1, 2), StepRecord(StepName.CORDON, T0 + 3, 1, T0 + 30,
@@ -92,6 +95,8 @@ NOW = T0 + 10_000
     [
         (REPLACED, Closing.REPLACED, 60.0, 610.0, 610.0, 609.0, False, None),
         (REPAIRED, Closing.REPAIRED, None, 7200.0, None, 7190.0, False, None),
+        (NO_FAULT, Closing.REPAIRED, None, 7200.0, None, 7190.0, False,
+         FoundNothing.REPAIR_FOUND_NO_FAULT),
         (RECOVERED_EARLY, Closing.RECOVERED, None, None, None, 0.0, False,
          FoundNothing.RECOVERED_BEFORE_DISRUPTION),
         (RECOVERED_LATE, Closing.RECOVERED, None, None, None, 54.0, False,
@@ -103,8 +108,8 @@ NOW = T0 + 10_000
         (CONDITION, Closing.RECOVERED, 500.0, None, None, 0.0, False,
          FoundNothing.RECOVERED_BEFORE_DISRUPTION),
     ],
-    ids=["replaced", "repaired", "recovered-early", "recovered-late", "escalated",
-         "cancelled-undone", "held-open", "dry-run", "condition-evidence"])
+    ids=["replaced", "repaired", "repair-found-no-fault", "recovered-early", "recovered-late",
+         "escalated", "cancelled-undone", "held-open", "dry-run", "condition-evidence"])
 def test_incident_outcome(rec: NodeRecord, closing: Closing, detect: float | None,
                           to_service: float | None, to_replacement: float | None, out: float,
                           still_out: bool, found: FoundNothing | None) -> None:
@@ -177,7 +182,7 @@ def test_fleet_summary() -> None:
     assert fleet.closings == {"replaced": 2, "repaired": 0, "recovered": 2, "escalated": 1,
                               "cancelled": 0, "open": 1}
     assert fleet.found_nothing == {"recovered-before-disruption": 1,
-                                   "recovered-after-drain": 1}
+                                   "recovered-after-drain": 1, "repair-found-no-fault": 0}
     assert fleet.false_positive_rate == pytest.approx(2 / 5)
     # out of service: 609 (replaced) + 54 (recovered late) + 299 (escalated) + 999 (held)
     assert fleet.node_hours_lost == pytest.approx((609 + 54 + 299 + 999) / HOUR)
@@ -243,7 +248,7 @@ def test_percentiles_are_monotone_values_of_the_input(values: list[float]) -> No
 
 
 TEMPLATES = [REPLACED, REPAIRED, RECOVERED_EARLY, RECOVERED_LATE, ESCALATED, CANCELLED_UNDONE,
-             HELD, DRY_RUN, CONDITION, record(Phase.SUSPECT)]
+             HELD, DRY_RUN, CONDITION, NO_FAULT, record(Phase.SUSPECT)]
 
 
 @given(st.lists(st.tuples(st.sampled_from(range(len(TEMPLATES))),
@@ -257,7 +262,9 @@ def test_fleet_totals_add_up(spec: list[tuple[int, float, str, list[str]]], gpus
     fleet = summarize(recs, NOW, since=T0 - 7 * 86400, gpus_of=lambda _n: gpus)
     assert sum(fleet.closings.values()) == len(fleet.incidents)
     assert fleet.finished == len(fleet.incidents) - fleet.closings["open"]
-    assert sum(fleet.found_nothing.values()) == fleet.closings["recovered"]
+    assert sum(fleet.found_nothing.values()) == fleet.closings["recovered"] + sum(
+        1 for o in fleet.incidents if o.found_nothing is FoundNothing.REPAIR_FOUND_NO_FAULT)
+    assert fleet.found_nothing["repair-found-no-fault"] <= fleet.closings["repaired"]
     assert fleet.gpu_hours_lost == pytest.approx(sum(o.gpu_hours_lost for o in fleet.incidents))
     assert fleet.gpu_hours_lost == pytest.approx(fleet.node_hours_lost * gpus)
     assert all(o.out_of_service >= 0 and o.opened_at >= T0 - 7 * 86400

@@ -35,8 +35,8 @@ def test_text_report_names_the_figures() -> None:
     assert "(7d00h)" in text
     assert "incidents 3 (finished 3, open 0): replaced 1, repaired 0, recovered 1, " \
            "escalated 1, cancelled 0" in text
-    assert "false-positive rate 33.3% (1 of 3 finished found nothing: " \
-           "recovered-before-disruption 1, recovered-after-drain 0)" in text
+    assert "false-positive rate 33.3% (1 of 3 finished found nothing: recovered-before-" \
+           "disruption 1, recovered-after-drain 0, repair-found-no-fault 0)" in text
     # 609 s (replaced) + 299 s (escalated) out of service, 4 GPUs each
     assert f"capacity lost {4 * 908 / 3600:.1f} GPU-hours" in text
     assert "time to replacement (spare)" in text

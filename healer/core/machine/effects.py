@@ -34,7 +34,7 @@ from healer.core.actions import (
 from healer.core.health import Verdict
 from healer.core.intervals import MAX_BACKOFF
 from healer.core.machine.context import Ctx, Effect
-from healer.core.machine.triggers import TriggerKind
+from healer.core.machine.triggers import REPAIR_NO_FAULT, TriggerKind
 from healer.core.model import (
     EVIDENCE_LIMIT,
     GuardrailBlock,
@@ -340,8 +340,16 @@ def held_reason(rec: NodeRecord) -> str:
 HELD = Effect("hold for capacity", _held)
 
 
+#: The mark-repair step's detail when the repair found no fault (core.outcomes reads it).
+NO_FAULT_DETAIL = f"repair-result={REPAIR_NO_FAULT}"
+
+
 def _mark_repaired(ctx: Ctx) -> None:
     ctx.record = replace(ctx.rec, repaired=True)
+    s = ctx.rec.step(StepName.MARK_REPAIR)
+    if ctx.trigger.repair_no_fault and s is not None and NO_FAULT_DETAIL not in s.detail:
+        detail = ",".join(d for d in (s.detail, NO_FAULT_DETAIL) if d)
+        ctx.record = ctx.rec.replace_latest(replace(s, detail=detail))
 
 
 MARK_REPAIRED = Effect("mark repaired", _mark_repaired)

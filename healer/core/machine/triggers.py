@@ -46,6 +46,11 @@ class SlurmObservation:
     ours: bool = False  # the reason starts with ``healer: ``
 
 
+#: The ``healer.io/repair-result`` value a repair system writes when it found nothing to fix:
+#: the node passes (as with ``passed``) and the incident counts as having found nothing.
+REPAIR_NO_FAULT = "no-fault"
+
+
 @dataclass(frozen=True, slots=True)
 class Trigger:
     kind: TriggerKind
@@ -56,6 +61,7 @@ class Trigger:
     result: StepResult | None = None
     slurm: SlurmObservation | None = None
     repair_passed: bool | None = None
+    repair_no_fault: bool = False  # REPAIR: passed, and the repair found no fault
 
     def describe(self) -> str:
         if self.kind is TriggerKind.VERDICT and self.verdict is not None:
@@ -66,5 +72,7 @@ class Trigger:
             s = self.slurm
             return f"slurm drain={s.drain} busy={s.busy}"
         if self.kind is TriggerKind.REPAIR:
+            if self.repair_no_fault:
+                return f"repair {REPAIR_NO_FAULT}"
             return f"repair {'passed' if self.repair_passed else 'failed'}"
         return str(self.kind.value)

@@ -70,7 +70,7 @@ async def test_report_counts_what_the_stored_records_cost(
         assert d["closings"] == {"replaced": 1, "repaired": 0, "recovered": 1, "escalated": 1,
                                  "cancelled": 0, "open": 0}
         assert d["foundNothing"] == {"recovered-before-disruption": 0,
-                                     "recovered-after-drain": 1}
+                                     "recovered-after-drain": 1, "repair-found-no-fault": 0}
         assert d["falsePositiveRate"] == 0.3333
         assert [(i["node"], i["nodeGpus"]) for i in d["perIncident"]] == [(b, 2), (a, 4), (a, 4)]
         assert d["gpuHoursLost"] == pytest.approx((609 * 4 + 54 * 4 + 299 * 2) / 3600, abs=1e-3)

@@ -194,7 +194,7 @@ FIELDS = {
     "incident": st.one_of(st.sampled_from([*TARGETS, "inc-x", ""]), scalars),
     "node": st.one_of(st.sampled_from(["n1", "n2", "n3", "nope"]), scalars),
     "kind": st.one_of(st.sampled_from(["checkpoint", "repair", "Checkpoint"]), scalars),
-    "result": st.one_of(st.sampled_from(["passed", "failed", "ok"]), scalars),
+    "result": st.one_of(st.sampled_from(["passed", "failed", "no-fault", "ok"]), scalars),
     "timestamp": st.one_of(st.floats(NOW - 2 * WINDOW, NOW + 2 * WINDOW), scalars),
     "nonce": st.one_of(st.text(min_size=14, max_size=20), scalars),
 }
@@ -214,7 +214,7 @@ def near_valid(draw: st.DrawFn) -> tuple[dict[str, Any], bytes]:
                                 st.text(string.ascii_letters + string.digits, min_size=16,
                                         max_size=24)))}
     if kind == "repair":
-        msg["result"] = draw(st.sampled_from(["passed", "failed", "ok"]))
+        msg["result"] = draw(st.sampled_from(["passed", "failed", "no-fault", "ok"]))
     for name in draw(st.lists(st.sampled_from(sorted(FIELDS)), max_size=2, unique=True)):
         if draw(st.booleans()):
             msg.pop(name, None)
@@ -240,7 +240,7 @@ def _valid(msg: dict[str, Any], key: bytes, seen: set[str]) -> bool:
     if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) \
             or abs(ts - NOW) > WINDOW:
         return False
-    return kind != "repair" or (msg.get("result") in ("passed", "failed")
+    return kind != "repair" or (msg.get("result") in ("passed", "failed", "no-fault")
                                 and msg.get("incident") == "inc-rp")
 
 
