@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from healer.adapters.prometheus import PrometheusSource
 from healer.adapters.prometheus.promql import TAG_LABEL, group_labels, metric_expr
@@ -228,3 +230,37 @@ def test_bounded_state_keeps_each_port_apart() -> None:
                   sample("ib-port-not-active", 4, T - 60, port("mlx5_1")),
                   sample("ib-port-not-active", 1, T)])
     assert evaluate("n", state.signals(T), ib(), T).state is HealthState.FAILED
+
+
+PORTS = (port("mlx5_0"), port("mlx5_1"), port("mlx5_1", "2"))
+RULES = ("ib-port-not-active", "ib-link-downed", "ib-link-flapping")
+#: (seconds since the previous sample, rule, port, value)
+STREAMS = st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2), st.integers(0, 2),
+                             st.sampled_from([0.0, 1.0, 4.0, 6.0])), max_size=40)
+_RANK = [HealthState.HEALTHY, HealthState.SUSPECT, HealthState.STALE, HealthState.DEGRADING,
+         HealthState.FAILED]
+
+
+@settings(max_examples=200, deadline=None)
+@given(STREAMS)
+def test_ports_are_judged_apart_and_the_bounded_state_agrees(
+        stream: list[tuple[int, int, int, float]]) -> None:
+    """A node's verdict is the worst of its ports' verdicts judged alone, and the engine's
+    bounded state decides like the full history."""
+    policy = ib()
+    state = NodeSignals(RuleIndex.of(PolicySet((policy,))))
+    full: list[Signal] = []
+    t = T - 2000
+    for dt, r, p, value in stream:
+        t += dt
+        s = sample(RULES[r], value, t, PORTS[p])
+        full.append(s)
+        state.add(s)
+    now = t + 1
+    whole = evaluate("n", full, policy, now)
+    alone = [evaluate("n", [s for s in full if s.part == p], policy, now) for p in PORTS]
+    assert whole.state is max((v.state for v in alone), key=_RANK.index)
+    assert set(whole.rules) == {r for v in alone for r in v.rules}
+    bounded = evaluate("n", state.signals(now), policy, now)
+    assert (bounded.state, bounded.rules, bounded.summary()) == (
+        whole.state, whole.rules, whole.summary())
