@@ -29,6 +29,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -91,9 +92,11 @@ def with_block(message: str, gpus: Iterable[GpuIdentity]) -> str:
     return f"{message} {format_block(gpus)}" if message else format_block(gpus)
 
 
+@functools.lru_cache(maxsize=1024)  # keys are bounded (MAX_BLOCK_CHARS): about 2 MiB at most
 def parse_entries(text: str) -> tuple[GpuIdentity, ...]:
     """The entries of a block (or of a signal's :data:`DETAIL_KEY`); malformed ones skipped,
-    duplicates (same index, UUID and serial) once; ``()`` for too many or too long."""
+    duplicates (same index, UUID and serial) once; ``()`` for too many or too long. Memoised:
+    a node's block is read again at every evaluation and rarely changes."""
     if len(text) > MAX_BLOCK_CHARS:
         return ()
     tokens = text.split()
@@ -166,7 +169,7 @@ def _fill(gpus: Sequence[GpuRef], serials: dict[str, str]) -> tuple[GpuRef, ...]
 
 
 def with_gpu_identity(verdict: Verdict, signals: Sequence[Signal]) -> Verdict:
-    """``verdict`` with its matches' GPUs identified from the node's condition blocks:
+    """``verdict`` with its confirmed matches' GPUs identified from the node's condition blocks:
 
     * a match naming no GPU whose evidence is a condition with a block names the GPUs the
       block marks affected (and its detail, which Events and the record show, says so);
@@ -174,10 +177,17 @@ def with_gpu_identity(verdict: Verdict, signals: Sequence[Signal]) -> Verdict:
       detail too).
 
     The same verdict (the same object) when nothing changes."""
+    if not any(m.state.is_confirmed and (not m.gpus or any(not g.serial and g.uuid
+                                                           for g in m.gpus))
+               for m in verdict.matches):
+        return verdict  # nothing to identify (healthy, suspect, stale, or serials known)
     serials = serials_by_uuid(signals)
     matches = []
     changed = False
     for m in verdict.matches:
+        if not m.state.is_confirmed:  # only confirmed matches name an incident's GPUs
+            matches.append(m)
+            continue
         gpus, detail = m.gpus, m.detail
         if not gpus:
             gpus = tuple(sorted({g.gpu for e in m.evidence for g in signal_identities(e)
