@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from healer.core.machine import Trigger, TriggerKind
 from healer.core.model import GpuRef, Signal, SignalKind, Taint
+from healer.core.parts import PartRef
 from healer.core.phases import Phase
 from healer.core.rules import MetricRule, Mode, PolicySet
 from healer.core.topology import DOMAIN_LABEL
@@ -83,6 +84,8 @@ class FaultSpec(_M):
     metric: str | None = None
     value: float | None = None
     until: Duration | None = None
+    #: the labels of the part a metric fault is on (an HCA port: {device: mlx5_1, port: "1"})
+    part: dict[str, str] | None = None
     condition: ConditionSpec | None = None
     telemetry: Literal["stop", "start"] | None = None
     uncordon: bool = False  # an admin uncordons the node
@@ -215,11 +218,12 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
         if f.metric is not None and f.value is not None:
             end = start + (f.until if f.until is not None else sc.until)
             keys = _metric_keys(replay.policies, f.metric)
+            part = PartRef.of(f.part) if f.part else None
             t = t0
             while t <= end:
                 for key in keys:
                     replay.add_signal(Signal(f.node, "dcgm", SignalKind.METRIC, key, f.value, t,
-                                             gpu))
+                                             gpu, part=part))
                 t += sc.scrape_interval
         if f.condition is not None:
             c = f.condition
