@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
@@ -28,9 +28,19 @@ from healer.core.gpu_identity import (
     parse_entries,
     split_message,
     with_block,
+    with_gpu_identity,
 )
+from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import Decision
-from healer.core.model import GpuRef, NodeCondition, NodeView, Severity, Signal, SignalKind
+from healer.core.model import (
+    GpuRef,
+    HealthState,
+    NodeCondition,
+    NodeView,
+    Severity,
+    Signal,
+    SignalKind,
+)
 from healer.core.phases import Phase
 from healer.core.signals import condition_signals
 from healer.core.vocabulary import GPU_CONDITION, GPU_IDENTITY_TAG
@@ -222,3 +232,22 @@ def test_the_serial_budget_follows_the_gpu_to_another_node(source: Source) -> No
     else:
         assert again.phase is not Phase.ESCALATED
         assert not escalations
+
+
+def test_only_confirmed_matches_are_identified() -> None:
+    view = agent_view("n1", [GpuIdentity(A)])
+    signals = condition_signals(view, T0)
+    detail = f"XID 79 on {NO_SERIAL.describe()}"
+    failed = RuleMatch("fatal", HealthState.FAILED, Severity.FAILED, T0, (NO_SERIAL,), detail)
+    suspect = replace(failed, rule="slow", state=HealthState.SUSPECT)
+    v = Verdict("n1", HealthState.FAILED, T0, Severity.FAILED, (failed, suspect))
+    got = with_gpu_identity(v, signals)
+    assert got.matches[0].gpus == (A,)
+    assert got.matches[0].detail == f"XID 79 on {A.describe()}"
+    assert got.matches[1] is suspect
+    # nothing to identify: the very same verdict comes back
+    known = replace(v, matches=(replace(failed, gpus=(A,)),))
+    assert with_gpu_identity(known, signals) is known
+    assert with_gpu_identity(replace(v, matches=(suspect,)), signals).matches == (suspect,)
+    # no agent block on the node: the serial stays unknown
+    assert with_gpu_identity(v, []).matches[0].gpus == (NO_SERIAL,)
