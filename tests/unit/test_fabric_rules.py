@@ -18,6 +18,7 @@ from healer.core.health import evaluate
 from healer.core.model import HealthState, Incident, Severity, Signal, SignalKind
 from healer.core.parts import PartRef
 from healer.core.rules import Aggregation, MetricRule, Op, Policy, PolicySet
+from healer.core.rules import LabelSelector as Sel
 from healer.core.signals import NodeSignals, RuleIndex
 from healer.policy.load import load_policy_set
 from healer.policy.promql_labels import check_keeps
@@ -162,6 +163,25 @@ def test_a_down_port_is_one_signal_naming_node_and_port_then_one_recovery() -> N
                      for n, d in (("a", "mlx5_0"), ("a", "mlx5_1"), ("b", "mlx5_0"))])
         sigs = src.parse_poll(now, {follow: back})
         assert [(s.node, s.part, s.value) for s in sigs] == [("a", port("mlx5_1"), 4.0)]
+    finally:
+        src.close()
+
+
+def test_a_promql_rule_with_per_labels_is_judged_per_port() -> None:
+    expr = f"min by (node, device, port) ({STATE}) < 4"
+    r = MetricRule("down", Severity.FAILED, "down", Op.LT, 4.0, promql=expr,
+                   per=("device", "port"), node_label="node")
+    src = PrometheusSource("http://127.0.0.1:1", PolicySet((Policy("p", Sel(), (r,)),)),
+                           stale_after=60)
+    try:
+        (q,) = src.plan.metrics
+        assert q.base == expr  # as given: no source matchers, no join
+        sigs = src.parse_poll(T, {src.freshness_query: heartbeat(T, "a"),
+                                  q.expr: body([ib_row("a", "mlx5_0", "2"),
+                                                ib_row("a", "mlx5_1", "1")])})
+        assert sorted((s.node, s.part, s.value) for s in sigs
+                      if s.kind is SignalKind.METRIC) == [
+            ("a", port("mlx5_0"), 2.0), ("a", port("mlx5_1"), 1.0)]
     finally:
         src.close()
 
