@@ -35,6 +35,7 @@ class SlurmNodeState:
     reason_user: str = ""
     registered: bool = True  # slurmd responding (not NOT_RESPONDING / not DOWN for that reason)
     topology: str = ""  # node "topology" (slurmrestd v0.0.44, Slurm >= 25.05); "" = not reported
+    reason_time: str = ""  # when the reason was set, as Slurm says it ("" = not reported)
 
     @property
     def drain(self) -> bool:

@@ -172,8 +172,10 @@ class Engine:
         return woken
 
     def seed(self, record: NodeRecord) -> None:
-        """Re-seed what cannot be observed again (the events that opened an incident)."""
-        self.store(record.node).extend(record.incident.evidence)
+        """Re-seed what cannot be observed again (the events that opened an incident). Slurm's
+        findings are read again by the Slurm feed (a seeded one could outlive its drain)."""
+        self.store(record.node).extend(s for s in record.incident.evidence
+                                       if s.kind is not SignalKind.SLURM)
 
     def awaits_verdicts(self, node: str) -> bool:
         rec = self.records.get(node)

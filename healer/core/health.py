@@ -15,6 +15,9 @@ Pure and deterministic. Semantics, rule by rule:
   ``STALE`` (unknown, never disruptive), like telemetry that stopped; until then
   ``recheck_after`` is when the window would pass, so the runtime's timer re-evaluates the
   node then instead of polling it.
+* **Slurm** rules match the node's latest SLURM signal (:mod:`healer.core.slurm_signals`): one
+  of the rule's states, a reason its pattern finds, held ``for`` since that state (and reason)
+  began.
 * **Staleness** rules: a source whose newest fresh data is older than ``after`` (or that sent an
   explicit *stale* marker since, or never sent anything) makes the verdict ``STALE`` unless a
   confirmed rule decides otherwise. ``STALE`` is *unknown*: never healthy, never failed, and the
@@ -38,10 +41,13 @@ from healer.core.rules import (
     Op,
     Policy,
     Rule,
+    SlurmRule,
     StalenessRule,
     XidRule,
 )
 from healer.core.signals import DEFAULT_SAMPLE_MAX_AGE, LIVENESS
+from healer.core.slurm_signals import KEY as SLURM_KEY
+from healer.core.slurm_signals import finding_of
 from healer.core.timefmt import format_duration
 
 
@@ -171,6 +177,8 @@ def _evaluate_rule(
             return _condition(rule, by_kind.get(SignalKind.CONDITION, []), now)
         case StalenessRule():
             return _staleness(rule, by_kind, now)
+        case SlurmRule():
+            return _slurm(rule, by_kind.get(SignalKind.SLURM, []), now)
     raise AssertionError(rule)  # pragma: no cover
 
 
@@ -316,6 +324,33 @@ def _condition_state(
     if held >= rule.hold_for:
         state = _state_of(rule.severity)
         return RuleMatch(rule.name, state, rule.severity, since, (), detail, (latest,)), None
+    return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, (), detail),
+            rule.hold_for - held)
+
+
+def _slurm(
+    rule: SlurmRule, observations: Sequence[Signal], now: float
+) -> tuple[RuleMatch | None, float | None]:
+    """The node's latest SLURM signal against ``rule``: one of its states, a reason the
+    pattern finds, held ``for`` since the state (and, with a pattern, the reason) began."""
+    latest = next((o for o in reversed(observations) if o.key == SLURM_KEY), None)
+    found = finding_of(latest) if latest is not None else None
+    if latest is None or found is None:
+        return None, None
+    held_since = [t for s, t in found.states if s in rule.states]
+    if not held_since or (rule.reason is not None
+                          and rule.reason.search(found.reason) is None):
+        return None, None
+    since = min(held_since)
+    if rule.reason is not None:
+        since = max(since, found.reason_since)
+    detail = found.describe()
+    if rule.hold_for:
+        detail += f" for {format_duration(rule.hold_for)}"
+    held = now - since
+    if held >= rule.hold_for:
+        return RuleMatch(rule.name, _state_of(rule.severity), rule.severity, since, (), detail,
+                         (latest,)), None
     return (RuleMatch(rule.name, HealthState.SUSPECT, rule.severity, since, (), detail),
             rule.hold_for - held)
 

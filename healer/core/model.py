@@ -61,6 +61,7 @@ class SignalKind(enum.Enum):
     CONDITION = "condition"  # key = condition type; status/reason in ``detail``
     STALE = "stale"  # the source has no fresh data for this node (key = source)
     FRESH = "fresh"  # heartbeat: the source has fresh data for this node
+    SLURM = "slurm"  # what Slurm says is wrong (states, reason): core.slurm_signals
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -16,7 +16,8 @@ rule of the policy set can still look at, pre-indexed by rule (:class:`RuleIndex
   re-publish of an unchanged condition (its detector's heartbeat) only moves the newest
   observation's ``observed_at`` to the heartbeat, which :mod:`healer.core.health` judges
   against the rule's heartbeat window (:func:`default_stale_after`);
-* **fresh and stale markers**: the newest of each kind per source.
+* **fresh and stale markers**, and **Slurm's findings** (SLURM signals): the newest of each
+  kind per source.
 
 :meth:`NodeSignals.signals` gives the evaluation exactly the verdicts it would give on the full
 history (the backtest's unit tests compare the two timelines). Memory per node is therefore a
@@ -142,6 +143,12 @@ class NodeSignals:
                 self._newest(s)
                 self.fresh_at = max(self.fresh_at, s.observed_at)
                 return False
+            case SignalKind.SLURM:  # the feed sends only changes: the newest says it all
+                old = self.newest.get((s.kind, s.source))
+                if old is not None and s.observed_at < old.observed_at:
+                    return False
+                self.newest[(s.kind, s.source)] = s
+                return old is None or (old.value, old.detail) != (s.value, s.detail)
             case _:  # STALE
                 self._newest(s)
                 return True

@@ -88,15 +88,15 @@ def _guardrails(g: s.GuardrailsSpec, path: Path, issues: list[Issue]) -> core.Gu
     )
 
 
-_MATCHERS = ("xid", "metric", "condition", "notReady", "staleness")
+_MATCHERS = ("xid", "metric", "condition", "notReady", "staleness", "slurm")
 
 
 def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -> core.Rule | None:
     present = [m for m, v in zip(_MATCHERS, (r.xid, r.metric, r.condition, r.not_ready,
-                                             r.staleness), strict=True) if v is not None]
+                                             r.staleness, r.slurm), strict=True) if v is not None]
     if len(present) != 1:
         issues.append(Issue(path, "expected exactly one of xid, metric, condition, notReady, "
-                                  f"staleness; got {', '.join(present) or 'none'}"))
+                                  f"staleness, slurm; got {', '.join(present) or 'none'}"))
         return None
     kind = present[0]
     if kind == "staleness":
@@ -126,6 +126,8 @@ def _rule(r: s.RuleSpec, path: Path, catalog: XidCatalog, issues: list[Issue]) -
         return core.XidRule(r.name, sev, codes, x.count, x.within)
     if r.metric is not None:
         return _metric(r.name, sev, r.metric, (*path, "metric"), issues)
+    if r.slurm is not None:
+        return _slurm(r.name, sev, r.slurm, (*path, "slurm"), issues)
     if r.condition is not None:
         cond, cp = r.condition, (*path, "condition")
         pattern = None
@@ -180,6 +182,19 @@ def _metric(name: str, sev: Severity, m: s.MetricMatch, p: Path,
                            promql=m.promql or "", series=m.series is not None,
                            matchers=tuple(sorted(m.matchers.items())), per=tuple(m.per),
                            node_label=m.node_label or "")
+
+
+def _slurm(name: str, sev: Severity, m: s.SlurmMatch, p: Path,
+           issues: list[Issue]) -> core.SlurmRule:
+    if len(set(m.states)) != len(m.states):
+        issues.append(Issue((*p, "states"), "expected distinct states"))
+    pattern = None
+    if m.reason is not None:
+        try:
+            pattern = compile_regex(m.reason)
+        except ValueError as e:
+            issues.append(Issue((*p, "reason"), str(e)))
+    return core.SlurmRule(name, sev, frozenset(m.states), pattern, m.hold_for)
 
 
 def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> None:

@@ -193,6 +193,18 @@ class StalenessMatch(Model):
     sources: list[str] = Field(default_factory=list, description="empty: every source")
 
 
+class SlurmMatch(Model):
+    states: list[Literal["DOWN", "NOT_RESPONDING", "FAIL", "DRAIN"]] = Field(
+        min_length=1, max_length=4, description=(
+            "Slurm states that match (any of them): DOWN, NOT_RESPONDING, FAIL, DRAIN. A drain "
+            "with healer's reason (healer: ...) or the slurm-operator's never counts"))
+    reason: str | None = Field(default=None, max_length=1024, description=(
+        "regular expression (RE2 syntax) searched in the reason of whoever took the node out "
+        "(an admin, the HealthCheckProgram, e.g. ^NHC:); absent: any reason"))
+    hold_for: Duration = Field(default=0.0, ge=0, alias="for", description=(
+        "how long the state (and, with reason, that reason) must last"))
+
+
 class RuleSpec(Model):
     name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     severity: Literal["degrading", "failed"] | None = None
@@ -201,6 +213,7 @@ class RuleSpec(Model):
     condition: ConditionMatch | None = None
     not_ready: NotReadyMatch | None = None
     staleness: StalenessMatch | None = None
+    slurm: SlurmMatch | None = None
 
 
 class CheckpointSpec(Model):

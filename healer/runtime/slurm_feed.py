@@ -7,6 +7,13 @@ drained or draining by anyone, REBOOT_ISSUED, powering down, MAINT). Only the no
 changed since the previous read reach the controller, so the core's work follows change, not
 fleet size. The read itself runs as its own task with a timeout; the event loop only awaits it.
 
+Slurm as a detector (issue 14): the same read gives every node's *finding*
+(:func:`healer.core.slurm_signals.next_finding`: DOWN, NOT_RESPONDING, FAIL, or drained with
+someone else's reason, with that reason, its user and time; healer's own drains never count).
+A node whose finding changed gets one SLURM signal (``slurm:`` policy rules match it); a node
+whose Slurm state did not change since the previous read costs a tuple comparison. While
+Slurm's view is lost the findings last read stand.
+
 Failing safe: when Slurm cannot be read (an error, a timeout, an answer that does not parse)
 for longer than ``grace`` (default: three intervals), Slurm's view is *unknown*: the
 controller stops admitting disruptive remediations in scopes whose ``maxUnavailable`` or
@@ -19,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
 
+from healer.core.model import Signal
+from healer.core.slurm_signals import SlurmFinding, finding_signal, next_finding
 from healer.core.unavailability import slurm_cause
 from healer.errors import HealerError
 from healer.obs.logging import OnceLogger
@@ -37,6 +46,8 @@ DEFAULT_INTERVAL = 10.0
 
 class SlurmSink(Protocol):
     def on_slurm_states(self, changes: Mapping[str, str], *, known: bool) -> None: ...
+
+    async def on_signals(self, signals: Sequence[Signal]) -> None: ...
 
 
 class SlurmFeed:
@@ -56,6 +67,8 @@ class SlurmFeed:
         self.grace = grace if grace is not None else 3 * interval
         self._monotonic = monotonic
         self.causes: dict[str, str] = {}  # node -> cause, as last read (only nodes with one)
+        self.findings: dict[str, SlurmFinding] = {}  # node -> what Slurm finds (nodes with one)
+        self._seen: dict[str, tuple[object, ...]] = {}  # node -> its state behind the finding
         self.known = False
         self.last_ok: float | None = None  # monotonic
         self.last_success: float | None = None  # the clock's time
@@ -74,6 +87,7 @@ class SlurmFeed:
         try:
             got = await asyncio.wait_for(self.states.node_states(), self.timeout)
             causes = _causes(got)
+            signals = self._findings(got)
         except (HealerError, TimeoutError, ValueError, KeyError, TypeError) as e:
             self._failed(f"{type(e).__name__}: {e}"[:300])
             return
@@ -88,6 +102,32 @@ class SlurmFeed:
         self.known = True
         if changes or not was:
             self.sink.on_slurm_states(changes, known=True)
+        if signals:
+            await self.sink.on_signals(signals)
+
+    def _findings(self, states: Mapping[str, SlurmNodeState]) -> list[Signal]:
+        """The SLURM signals of the nodes whose finding changed (and remembers them)."""
+        now = self.clock.now()
+        out: list[Signal] = []
+        seen: dict[str, tuple[object, ...]] = {}
+        findings: dict[str, SlurmFinding] = {}
+        for node, st in states.items():
+            node = str(node)
+            key = (st.base, st.flags, st.reason, st.reason_user, st.reason_time)
+            prev = self.findings.get(node)
+            if prev is not None and self._seen.get(node) == key:
+                seen[node], findings[node] = key, prev  # unchanged: nothing to work out
+                continue
+            found = next_finding(prev, base=st.base, flags=st.flags, reason=st.reason,
+                                 user=st.reason_user, reason_time=st.reason_time, now=now)
+            if found is not None:
+                seen[node], findings[node] = key, found
+            if found != prev:
+                out.append(finding_signal(node, found, now))
+        out.extend(finding_signal(n, None, now) for n in self.findings
+                   if n not in findings and n not in states)
+        self.findings, self._seen = findings, seen
+        return out
 
     def _failed(self, error: str) -> None:
         self.failures += 1
@@ -105,7 +145,8 @@ class SlurmFeed:
     def debug(self) -> dict[str, object]:
         return {"known": self.known, "interval": self.interval, "reads": self.reads,
                 "failures": self.failures, "last_error": self.last_error,
-                "unavailable": dict(sorted(self.causes.items()))}
+                "unavailable": dict(sorted(self.causes.items())),
+                "findings": {n: f.describe() for n, f in sorted(self.findings.items())}}
 
 
 def _causes(states: Mapping[str, SlurmNodeState]) -> dict[str, str]:

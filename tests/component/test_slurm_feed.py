@@ -116,7 +116,8 @@ async def test_down_and_not_responding_nodes_count_and_only_changes_reach_the_co
         seen.append(dict(changes))
         real(changes, known=known)
 
-    rig.feed.sink = type("Sink", (), {"on_slurm_states": staticmethod(spy)})()
+    rig.feed.sink = type("Sink", (), {"on_slurm_states": staticmethod(spy),
+                                      "on_signals": staticmethod(h.ctl.on_signals)})()
     await h.run(30, step=1)
     assert seen == [{"gpu-0": "slurm-down", "gpu-3": "slurm-not-responding"}]  # then nothing
     assert rig.feed.reads >= 3

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from healer.ports import SlurmJob, SlurmNodeState
@@ -117,10 +118,10 @@ def parse_state(state: str | Iterable[str],
 
 
 def _node(name: str, base: str, flags: frozenset[str], reason: str, user: str,
-          topology: str = "") -> SlurmNodeState:
+          topology: str = "", reason_time: str = "") -> SlurmNodeState:
     registered = "NOT_RESPONDING" not in flags and base not in ("FUTURE", "UNKNOWN")
     return SlurmNodeState(name=name, base=base, flags=flags, reason=reason, reason_user=user,
-                          registered=registered, topology=topology)
+                          registered=registered, topology=topology, reason_time=reason_time)
 
 
 def parse_node_line(line: str) -> SlurmNodeState:
@@ -133,7 +134,8 @@ def parse_node_line(line: str) -> SlurmNodeState:
     reason = kv.get("Reason", "")
     if reason in ("(null)", "None"):
         reason = ""
-    return _node(name, base, flags, reason, kv.get("ReasonUser", ""))
+    return _node(name, base, flags, reason, kv.get("ReasonUser", ""),
+                 reason_time=kv.get("ReasonTime", "") if reason else "")
 
 
 def parse_nodes(text: str) -> list[SlurmNodeState]:
@@ -230,7 +232,18 @@ def parse_node_json(obj: Mapping[str, Any]) -> SlurmNodeState:
     base, flags = parse_state(state, extra)
     topo = obj.get("topology")
     return _node(name, base, flags, _text(obj.get("reason")), _text(obj.get("reason_set_by_user")),
-                 topo.strip() if isinstance(topo, str) else "")
+                 topo.strip() if isinstance(topo, str) else "",
+                 _epoch(obj.get("reason_changed_at")))
+
+
+def _epoch(raw: Any) -> str:
+    """slurmrestd's ``reason_changed_at`` (seconds, or a no-val struct ``{"set", "number"}``)
+    as UTC ISO 8601; "" when absent, unset, or not a plausible time (before 2001)."""
+    if isinstance(raw, Mapping):
+        raw = raw.get("number") if raw.get("set", True) else None
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not 1e9 <= raw < 1e11:
+        return ""
+    return datetime.fromtimestamp(raw, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _job_id(obj: Mapping[str, Any]) -> int:
