@@ -49,6 +49,7 @@ from typing import Protocol
 
 from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
 from healer.core.model import GuardrailBlock, NodeView
+from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
 from healer.core.timefmt import rfc3339
@@ -79,40 +80,61 @@ class PastIncident:
     serials: tuple[str, ...] = ()
 
 
-class GuardrailFacts(Protocol):
-    """The numbers the guardrails read, per scope (``policy``; None: the whole fleet)."""
+Scope = Policy | NodeSetRules | None
+"""Where a limit applies: a policy's nodes, a NodeSet's, or (None) every governed node."""
 
-    def members(self, policy: Policy | None) -> AbstractSet[str]:
+
+def in_scope(policies: PolicySet, scope: Scope, node: NodeView) -> bool:
+    """Does ``scope``'s selection take ``node`` (spares and replaced nodes aside)?"""
+    if scope is None:
+        return policies.for_node(node) is not None
+    if isinstance(scope, NodeSetRules):
+        ns = policies.nodesets.of(node.labels)
+        return ns is not None and ns.name == scope.name and policies.for_node(node) is not None
+    return scope.applies_to(node)
+
+
+def nodeset_name(policies: PolicySet, node: NodeView | None) -> str:
+    """The NodeSet ``node`` belongs to ("" for none, or an unknown node)."""
+    ns = policies.nodesets.of(node.labels) if node is not None and policies.nodesets else None
+    return ns.name if ns is not None else ""
+
+
+class GuardrailFacts(Protocol):
+    """The numbers the guardrails read, per scope (``policy``: a policy, a NodeSet, or None:
+    the whole fleet)."""
+
+    def members(self, policy: Scope) -> AbstractSet[str]:
         """The names of the nodes the scope's limits are computed over."""
 
-    def population(self, policy: Policy | None) -> int:
+    def population(self, policy: Scope) -> int:
         """How many nodes the scope's limits are computed over."""
 
-    def unavailable(self, policy: Policy | None) -> int:
+    def unavailable(self, policy: Scope) -> int:
         """How many of them are unavailable."""
 
-    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+    def is_unavailable(self, policy: Scope, node: str) -> bool:
         """Is ``node`` one of the scope's unavailable nodes?"""
 
-    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+    def domain_unavailable(self, policy: Scope, key: str, value: str) -> int:
         """How many of the scope's unavailable nodes have label ``key`` = ``value``."""
 
-    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+    def causes(self, policy: Scope) -> Mapping[str, int]:
         """The scope's unavailable nodes by cause (:data:`CAUSES`; only causes with nodes)."""
 
-    def cause(self, policy: Policy | None, node: str) -> str:
+    def cause(self, policy: Scope, node: str) -> str:
         """Why ``node`` is one of the scope's unavailable nodes ("" if it is not)."""
 
-    def replaced(self, policy: Policy | None) -> int:
+    def replaced(self, policy: Scope) -> int:
         """Nodes of the scope's selector that a spare replaced (out of the population)."""
 
-    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+    def active(self, policy: Scope, excluding: str | None = None) -> int:
         """Open remediations holding a maxConcurrent slot, not counting ``excluding``'s."""
 
-    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+    def has_incident(self, policy: Scope, incident: str) -> bool:
         """Is incident ``incident`` among the scope's incidents?"""
 
-    def breaker_times(self, policy: Policy | None, since: float,
+    def breaker_times(self, policy: Scope, since: float,
                       now: float) -> Sequence[tuple[float, str]]:
         """``(opened_at, node)`` of the scope's incidents, in time order: at least every one
         with ``since <= opened_at <= now`` (more are harmless)."""
@@ -235,7 +257,7 @@ def _breaker(cfg: Breaker, times: Sequence[tuple[float, str]], threshold: int,
     return BreakerStatus(False, count, threshold, None)
 
 
-def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Policy | None, population: int,
+def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Scope, population: int,
                   now: float, extra: tuple[float, str] | None = None) -> BreakerStatus:
     """The breaker of a scope, optionally counting one more incident ``(opened_at, node)``."""
     since = breaker_since(cfg, now)
@@ -245,7 +267,7 @@ def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Policy | None, po
     return _breaker(cfg, times, breaker_threshold(cfg, population), now)
 
 
-def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
+def population(view: BudgetView, policy: Scope) -> list[NodeView]:
     """The nodes a limit is computed over (see the module docstring), in ``view.nodes``
     order. O(fleet): use :func:`population_size` for the count."""
     if view.index is not None:
@@ -257,10 +279,7 @@ def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
     for n in view.nodes.values():
         if (spare_sel.match_labels and spare_sel.matches(n.labels)) or n.name in in_flight:
             continue
-        if policy is not None:
-            if not policy.applies_to(n):
-                continue
-        elif view.policies.for_node(n) is None:
+        if not in_scope(view.policies, policy, n):
             continue
         if replaced(view.open.get(n.name)):
             continue  # replaced: its spare serves in its place
@@ -268,7 +287,7 @@ def population(view: BudgetView, policy: Policy | None) -> list[NodeView]:
     return out
 
 
-def population_size(view: BudgetView, policy: Policy | None) -> int:
+def population_size(view: BudgetView, policy: Scope) -> int:
     return view.facts().population(policy)
 
 
@@ -287,9 +306,9 @@ class ScanFacts:
 
     def __init__(self, view: BudgetView) -> None:
         self.view = view
-        self._scopes: list[tuple[Policy | None, list[NodeView], dict[str, str]]] = []
+        self._scopes: list[tuple[Scope, list[NodeView], dict[str, str]]] = []
 
-    def _scope(self, policy: Policy | None) -> tuple[list[NodeView], dict[str, str]]:
+    def _scope(self, policy: Scope) -> tuple[list[NodeView], dict[str, str]]:
         for pol, members, down in self._scopes:
             if pol is policy:
                 return members, down
@@ -298,53 +317,59 @@ class ScanFacts:
         self._scopes.append((policy, members, down))
         return members, down
 
-    def members(self, policy: Policy | None) -> AbstractSet[str]:
+    def members(self, policy: Scope) -> AbstractSet[str]:
         return {m.name for m in self._scope(policy)[0]}
 
-    def population(self, policy: Policy | None) -> int:
+    def population(self, policy: Scope) -> int:
         return len(self._scope(policy)[0])
 
-    def unavailable(self, policy: Policy | None) -> int:
+    def unavailable(self, policy: Scope) -> int:
         return len(self._scope(policy)[1])
 
-    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+    def is_unavailable(self, policy: Scope, node: str) -> bool:
         return node in self._scope(policy)[1]
 
-    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+    def domain_unavailable(self, policy: Scope, key: str, value: str) -> int:
         members, down = self._scope(policy)
         return sum(1 for m in members if m.name in down and m.labels.get(key) == value)
 
-    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+    def causes(self, policy: Scope) -> Mapping[str, int]:
         out: dict[str, int] = {}
         for cause in self._scope(policy)[1].values():
             out[cause] = out.get(cause, 0) + 1
         return out
 
-    def cause(self, policy: Policy | None, node: str) -> str:
+    def cause(self, policy: Scope, node: str) -> str:
         return self._scope(policy)[1].get(node, "")
 
-    def replaced(self, policy: Policy | None) -> int:
+    def replaced(self, policy: Scope) -> int:
         spare_sel = self.view.policies.fleet.spare_selector
         in_flight = {claims_in_flight(r) for r in self.view.open.values()}
         return sum(1 for n in self.view.nodes.values()
                    if replaced(self.view.open.get(n.name)) and n.name not in in_flight
                    and not (spare_sel.match_labels and spare_sel.matches(n.labels))
-                   and (policy.applies_to(n) if policy is not None
-                        else self.view.policies.for_node(n) is not None))
+                   and in_scope(self.view.policies, policy, n))
 
-    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+    def _tagged(self, scope: Scope, node: str, policy: str) -> bool:
+        """Does a remediation or incident of ``node`` under ``policy`` count in ``scope``?"""
+        if scope is None:
+            return True
+        if isinstance(scope, NodeSetRules):
+            return nodeset_name(self.view.policies, self.view.nodes.get(node)) == scope.name
+        return policy == scope.name
+
+    def active(self, policy: Scope, excluding: str | None = None) -> int:
         return sum(1 for r in self.view.open.values()
-                   if r.node != excluding and r.active
-                   and (policy is None or r.policy == policy.name))
+                   if r.node != excluding and r.active and self._tagged(policy, r.node, r.policy))
 
-    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+    def has_incident(self, policy: Scope, incident: str) -> bool:
         return any(i.id == incident for i in self.view.incidents
-                   if policy is None or i.policy == policy.name)
+                   if self._tagged(policy, i.node, i.policy))
 
-    def breaker_times(self, policy: Policy | None, since: float,
+    def breaker_times(self, policy: Scope, since: float,
                       now: float) -> list[tuple[float, str]]:
         return sorted((i.opened_at, i.node) for i in self.view.incidents
-                      if (policy is None or i.policy == policy.name) and i.opened_at <= now)
+                      if self._tagged(policy, i.node, i.policy) and i.opened_at <= now)
 
     def incidents_on_node(self, node: str) -> Iterable[PastIncident]:
         return self.view.incidents
@@ -389,10 +414,12 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     f"{budget.window / 86400:g}d (budget {budget.per_gpu_serial})",
                     n, budget.per_gpu_serial), escalate=True)
 
-    scopes: list[tuple[str, Guardrails, Policy | None]] = [
-        (f"policy {policy.name}", policy.guardrails, policy),
-        ("fleet", view.policies.fleet.guardrails, None),
-    ]
+    scopes: list[tuple[str, Guardrails, Scope]] = [
+        (f"policy {policy.name}", policy.guardrails, policy)]
+    nodeset = view.policies.nodesets.get(nodeset_name(view.policies, view.nodes.get(node)))
+    if nodeset is not None:
+        scopes.append((f"NodeSet {nodeset.name}", nodeset.guardrails, nodeset))
+    scopes.append(("fleet", view.policies.fleet.guardrails, None))
     for scope, g, pol in scopes:
         size = facts.population(pol)
         if g.breaker is not None:
@@ -475,9 +502,10 @@ def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
     """Current use of every guardrail, for metrics and ``/debug/state``."""
     facts = view.facts()
     out: list[GuardrailUsage] = []
-    scopes: list[tuple[str, Guardrails, Policy | None]] = [
+    scopes: list[tuple[str, Guardrails, Scope]] = [
         ("fleet", view.policies.fleet.guardrails, None)]
     scopes += [(p.name, p.guardrails, p) for p in view.policies.policies]
+    scopes += [(ns.scope, ns.guardrails, ns) for ns in view.policies.nodesets.items]
     for scope, g, pol in scopes:
         size = facts.population(pol)
         br = None

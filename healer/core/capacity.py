@@ -30,9 +30,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.budget import BudgetView, OpenRemediation, PastIncident, Scope
 from healer.core.machine import counts_as_active, record_out_of_service, releases
 from healer.core.model import NodeRecord, NodeView
+from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
 from healer.core.unavailability import claims_in_flight, replaced, unavailable_cause
@@ -66,7 +67,7 @@ class _Scope:
     """One scope's population: members, unavailable nodes (with causes, counted per cause),
     replaced nodes, counts per failure domain."""
 
-    policy: Policy | None  # None: the fleet
+    policy: Policy | NodeSetRules | None  # None: the fleet
     keys: tuple[str, ...]  # the failure-domain label keys counted
     members: set[str] = field(default_factory=set)
     down: dict[str, str] = field(default_factory=dict)  # node -> cause
@@ -116,6 +117,7 @@ class _Node:
     view: NodeView
     selected_by: tuple[int, ...]  # indices of the policies that select it
     spare: bool
+    nodeset: str = ""  # the NodeSet it belongs to
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,10 @@ class FleetIndex:
         self._open: dict[str, OpenRemediation] = {}
         self._open_incident: dict[str, str] = {}  # node -> id of its open record's incident
         self._active: dict[str, int] = {}  # policy name -> open records holding a slot
+        self._active_ns: dict[str, int] = {}  # NodeSet name -> open records holding a slot
+        self._open_ns: dict[str, str] = {}  # node -> its open record's NodeSet (if any)
+        self._incident_ns: dict[str, str] = {}  # incident id -> its node's NodeSet (if any)
+        self._times_by_ns: dict[str, list[_Entry]] = {}
         self._active_total = 0
         self._incidents: dict[str, PastIncident] = {}
         self._times: list[_Entry] = []
@@ -157,6 +163,7 @@ class FleetIndex:
         self._policies = policies
         self._scopes: list[_Scope] = []
         self._scope_of: dict[str, list[int]] = {}
+        self._ns_scope: dict[str, int] = {}
         self.set_policies(policies)
 
     # -- reading -------------------------------------------------------------------------
@@ -205,18 +212,73 @@ class FleetIndex:
         for i, p in enumerate(policies.policies):
             self._scopes.append(_Scope(p, _keys(fd.key for fd in p.guardrails.failure_domains)))
             self._scope_of.setdefault(p.name, []).append(i + 1)
+        self._ns_scope = {}
+        for ns in policies.nodesets.items:
+            self._ns_scope[ns.name] = len(self._scopes)
+            self._scopes.append(_Scope(ns, _keys(fd.key for fd in ns.guardrails.failure_domains)))
         self._placed.clear()
         for name, view in self._nodes.items():
             self._info[name] = self._describe(view)
             self._place(name)
+        self._retag()
 
     def _describe(self, view: NodeView, before: _Node | None = None) -> _Node:
         if before is not None and before.view.labels == view.labels:
-            return _Node(view, before.selected_by, before.spare)
+            return _Node(view, before.selected_by, before.spare, before.nodeset)
         spare_sel = self._policies.fleet.spare_selector
         spare = bool(spare_sel.match_labels) and spare_sel.matches(view.labels)
         selected = tuple(i for i, p in enumerate(self._policies.policies) if p.applies_to(view))
-        return _Node(view, selected, spare)
+        ns = self._policies.nodesets.of(view.labels) if self._policies.nodesets else None
+        return _Node(view, selected, spare, ns.name if ns is not None else "")
+
+    def _nodeset_of(self, node: str) -> str:
+        info = self._info.get(node)
+        return info.nodeset if info is not None else ""
+
+    def _retag(self) -> None:
+        """Which NodeSet each open record and incident counts in, from the nodes as they are
+        now (after a reload changed the NodeSets). O(open + incidents)."""
+        self._active_ns.clear()
+        self._open_ns.clear()
+        for node, rem in self._open.items():
+            self._tag_open(node, rem)
+        self._incident_ns.clear()
+        self._times_by_ns.clear()
+        for inc in self._incidents.values():
+            self._tag_incident(inc)
+
+    def _retag_node(self, node: str) -> None:
+        """``node`` moved to another NodeSet (or was first seen after its records): count its
+        open record and incidents where it is now."""
+        rem = self._open.get(node)
+        if rem is not None:
+            ns = self._open_ns.pop(node, "")
+            if ns and rem.active:
+                self._active_ns[ns] -= 1
+            self._tag_open(node, rem)
+        for inc in self._by_node.get(node, {}).values():
+            self._untag_incident(inc)
+            self._tag_incident(inc)
+
+    def _untag_incident(self, inc: PastIncident) -> None:
+        ns = self._incident_ns.pop(inc.id, "")
+        if ns:
+            _remove(self._times_by_ns[ns], (inc.opened_at, inc.node, inc.id))
+            if not self._times_by_ns[ns]:
+                del self._times_by_ns[ns]
+
+    def _tag_open(self, node: str, rem: OpenRemediation) -> None:
+        ns = self._nodeset_of(node)
+        if ns:
+            self._open_ns[node] = ns
+            if rem.active:
+                self._active_ns[ns] = self._active_ns.get(ns, 0) + 1
+
+    def _tag_incident(self, inc: PastIncident) -> None:
+        ns = self._nodeset_of(inc.node)
+        if ns:
+            self._incident_ns[inc.id] = ns
+            insort(self._times_by_ns.setdefault(ns, []), (inc.opened_at, inc.node, inc.id))
 
     # -- nodes -----------------------------------------------------------------------------
 
@@ -224,7 +286,10 @@ class FleetIndex:
         """A Kubernetes node appeared or changed."""
         name = view.name
         self._nodes[name] = view
+        before = self._nodeset_of(name)
         self._info[name] = self._describe(view, self._info.get(name))
+        if self._info[name].nodeset != before:
+            self._retag_node(name)
         if node_paused(view):
             self._paused[name] = None
         else:
@@ -234,8 +299,10 @@ class FleetIndex:
     def remove_node(self, name: str) -> None:
         """A Kubernetes node vanished (its open record, if any, still counts where it did)."""
         self._nodes.pop(name, None)
-        self._info.pop(name, None)
+        had = self._info.pop(name, None)
         self._paused.pop(name, None)
+        if had is not None and had.nodeset:
+            self._retag_node(name)  # a vanished node is in no NodeSet
         self._place(name)
 
     # -- Slurm ------------------------------------------------------------------------------
@@ -275,7 +342,9 @@ class FleetIndex:
         cause = self._cause(info)
         if cause is None:
             return
-        scopes = (0, *(i + 1 for i in info.selected_by))
+        scopes: tuple[int, ...] = (0, *(i + 1 for i in info.selected_by))
+        if info.nodeset:
+            scopes = (*scopes, self._ns_scope[info.nodeset])
         for s in scopes:
             self._scopes[s].add(info.view, cause, 1)
         self._placed[name] = _Placed(info.view, scopes, cause)
@@ -319,6 +388,7 @@ class FleetIndex:
         if rem.active:
             self._active[rem.policy] = self._active.get(rem.policy, 0) + 1
             self._active_total += 1
+        self._tag_open(rem.node, rem)
         spare = claims_in_flight(rem)
         if spare:
             self._claimed.setdefault(spare, {})[rem.node] = None
@@ -338,6 +408,9 @@ class FleetIndex:
         if old.active:
             self._active[old.policy] -= 1
             self._active_total -= 1
+        ns = self._open_ns.pop(node, "")
+        if ns and old.active:
+            self._active_ns[ns] -= 1
         spare = claims_in_flight(old)
         if spare:
             claimers = self._claimed[spare]
@@ -360,6 +433,7 @@ class FleetIndex:
         entry = (inc.opened_at, inc.node, inc.id)
         insort(self._times, entry)
         insort(self._times_by_policy.setdefault(inc.policy, []), entry)
+        self._tag_incident(inc)
         self._by_node.setdefault(inc.node, {})[inc.id] = inc
         for serial in set(inc.serials):
             self._by_serial.setdefault(serial, {})[inc.id] = inc
@@ -374,6 +448,7 @@ class FleetIndex:
         _remove(self._times_by_policy[inc.policy], entry)
         if not self._times_by_policy[inc.policy]:
             del self._times_by_policy[inc.policy]
+        self._untag_incident(inc)
         _drop(self._by_node, inc.node, inc.id)
         for serial in set(inc.serials):
             _drop(self._by_serial, serial, inc.id)
@@ -391,9 +466,14 @@ class FleetIndex:
 
     # -- GuardrailFacts --------------------------------------------------------------------
 
-    def _scope(self, policy: Policy | None) -> _Scope:
+    def _scope(self, policy: Scope) -> _Scope:
         if policy is None:
             return self._scopes[0]
+        if isinstance(policy, NodeSetRules):
+            at = self._ns_scope.get(policy.name)
+            if at is not None and self._scopes[at].policy == policy:
+                return self._scopes[at]
+            return self._adhoc(policy)
         for s in self._scope_of.get(policy.name, ()):
             scope = self._scopes[s]
             known = scope.policy
@@ -401,45 +481,54 @@ class FleetIndex:
                 return scope
         return self._adhoc(policy)
 
-    def _adhoc(self, policy: Policy) -> _Scope:
-        """The scope of a policy the index does not know (not one of its policies): by a
-        scan, O(fleet). The engine only asks about its own policies."""
+    def _adhoc(self, policy: Policy | NodeSetRules) -> _Scope:
+        """The scope of a policy or NodeSet the index does not know: by a scan, O(fleet).
+        The engine only asks about its own."""
         scope = _Scope(policy, ())
         for info in self._info.values():
             cause = self._cause(info)
-            if cause is not None and policy.applies_to(info.view):
+            if cause is None:
+                continue
+            if policy.selector.matches(info.view.labels) if isinstance(policy, NodeSetRules) \
+                    else policy.applies_to(info.view):
                 scope.add(info.view, cause, 1)
         return scope
 
-    def members(self, policy: Policy | None) -> AbstractSet[str]:
+    def members(self, policy: Scope) -> AbstractSet[str]:
         return self._scope(policy).members
 
-    def population(self, policy: Policy | None) -> int:
+    def population(self, policy: Scope) -> int:
         return len(self._scope(policy).members)
 
-    def unavailable(self, policy: Policy | None) -> int:
+    def unavailable(self, policy: Scope) -> int:
         return len(self._scope(policy).down)
 
-    def is_unavailable(self, policy: Policy | None, node: str) -> bool:
+    def is_unavailable(self, policy: Scope, node: str) -> bool:
         return node in self._scope(policy).down
 
-    def domain_unavailable(self, policy: Policy | None, key: str, value: str) -> int:
+    def domain_unavailable(self, policy: Scope, key: str, value: str) -> int:
         scope = self._scope(policy)
         if key in scope.keys:
             counts = scope.domains.get(key, {}).get(value)
             return counts[1] if counts is not None else 0
         return sum(1 for n in scope.down if self._nodes[n].labels.get(key) == value)
 
-    def causes(self, policy: Policy | None) -> Mapping[str, int]:
+    def causes(self, policy: Scope) -> Mapping[str, int]:
         return self._scope(policy).causes
 
-    def cause(self, policy: Policy | None, node: str) -> str:
+    def cause(self, policy: Scope, node: str) -> str:
         return self._scope(policy).down.get(node, "")
 
-    def replaced(self, policy: Policy | None) -> int:
+    def replaced(self, policy: Scope) -> int:
         return len(self._scope(policy).replaced)
 
-    def active(self, policy: Policy | None, excluding: str | None = None) -> int:
+    def active(self, policy: Scope, excluding: str | None = None) -> int:
+        if isinstance(policy, NodeSetRules):
+            n = self._active_ns.get(policy.name, 0)
+            mine = self._open.get(excluding) if excluding is not None else None
+            if mine is not None and mine.active and self._open_ns.get(mine.node) == policy.name:
+                n -= 1
+            return n
         n = self._active_total if policy is None else self._active.get(policy.name, 0)
         if excluding is not None:
             mine = self._open.get(excluding)
@@ -448,13 +537,21 @@ class FleetIndex:
                 n -= 1
         return n
 
-    def has_incident(self, policy: Policy | None, incident: str) -> bool:
+    def has_incident(self, policy: Scope, incident: str) -> bool:
         inc = self._incidents.get(incident)
-        return inc is not None and (policy is None or inc.policy == policy.name)
+        if inc is None or policy is None:
+            return inc is not None
+        if isinstance(policy, NodeSetRules):
+            return self._incident_ns.get(incident) == policy.name
+        return inc.policy == policy.name
 
-    def breaker_times(self, policy: Policy | None, since: float,
+    def breaker_times(self, policy: Scope, since: float,
                       now: float) -> Sequence[tuple[float, str]]:
-        times = self._times if policy is None else self._times_by_policy.get(policy.name, [])
+        if isinstance(policy, NodeSetRules):
+            times = self._times_by_ns.get(policy.name, [])
+        else:
+            times = self._times if policy is None else \
+                self._times_by_policy.get(policy.name, [])
         lo = bisect_left(times, since, key=_time)
         hi = bisect_right(times, now, key=_time)
         return [(t, n) for t, n, _ in times[lo:hi]]

@@ -10,11 +10,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from healer.core.model import NodeView, Severity
 from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
+
+if TYPE_CHECKING:
+    from healer.core.nodesets import NodeSets
 
 
 class TextPattern(Protocol):
@@ -182,20 +185,7 @@ class StalenessRule:
     sources: frozenset[str] = frozenset()  # empty: every source
 
 
-@dataclass(frozen=True, slots=True)
-class SlurmRule:
-    """Slurm itself took the node out (:mod:`healer.core.slurm_signals`): one of ``states``
-    (DOWN, NOT_RESPONDING, FAIL, DRAIN; healer's and the operator's own drains never count),
-    with a reason ``reason`` finds (None: any reason), held ``for`` seconds."""
-
-    name: str
-    severity: Severity
-    states: frozenset[str]
-    reason: TextPattern | None = None
-    hold_for: float = 0.0
-
-
-Rule = XidRule | MetricRule | ConditionRule | StalenessRule | SlurmRule
+Rule = XidRule | MetricRule | ConditionRule | StalenessRule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +348,12 @@ class FleetRules:
     source: str = ""
 
 
+def _no_nodesets() -> NodeSets:
+    from healer.core.nodesets import NodeSets  # it builds on this module's types
+
+    return NodeSets()
+
+
 @dataclass(frozen=True, slots=True)
 class PolicySet:
     """Every loaded policy plus the fleet guardrails, with a content hash for metrics.
@@ -370,6 +366,9 @@ class PolicySet:
     policies: tuple[Policy, ...]
     fleet: FleetRules = FleetRules()
     digest: str = ""
+    nodesets: NodeSets = field(default_factory=_no_nodesets)
+    """The ``kind: SlurmNodeSet`` documents (:mod:`healer.core.nodesets`); none: the one
+    NodeSet the command line names."""
 
     def policies_for(self, node: NodeView) -> list[Policy]:
         """Every policy that selects ``node``, highest priority first (then by name)."""

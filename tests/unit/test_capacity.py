@@ -42,6 +42,7 @@ from healer.core.model import (
     NodeView,
     StepRecord,
 )
+from healer.core.nodesets import NodeSetRules, NodeSets
 from healer.core.phases import Phase
 from healer.core.timefmt import rfc3339
 from healer.core.unavailability import CAUSES
@@ -77,7 +78,32 @@ def o_breaker(cfg: cp.Breaker, incidents: Iterable[PastIncident], pop: int,
     return BreakerStatus(False, count, threshold, None)
 
 
-def o_population(view: BudgetView, pol: cp.Policy | None) -> list[NodeView]:
+def o_selects(view: BudgetView, pol: cp.Policy | NodeSetRules | None, n: NodeView) -> bool:
+    if pol is None:
+        return view.policies.for_node(n) is not None
+    if isinstance(pol, NodeSetRules):
+        first = next((x for x in sorted(view.policies.nodesets.items, key=lambda x: x.name)
+                      if x.selector.matches(n.labels)), None)
+        return first is not None and first.name == pol.name \
+            and view.policies.for_node(n) is not None
+    return pol.applies_to(n)
+
+
+def o_tagged(view: BudgetView, pol: cp.Policy | NodeSetRules | None, node: str,
+             policy: str) -> bool:
+    """Does a remediation or incident of ``node`` (under ``policy``) count in ``pol``?"""
+    if pol is None:
+        return True
+    if isinstance(pol, NodeSetRules):
+        n = view.nodes.get(node)
+        first = None if n is None else next(
+            (x for x in sorted(view.policies.nodesets.items, key=lambda x: x.name)
+             if x.selector.matches(n.labels)), None)
+        return first is not None and first.name == pol.name
+    return policy == pol.name
+
+
+def o_population(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> list[NodeView]:
     spare_sel = view.policies.fleet.spare_selector
     in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
     out: list[NodeView] = []
@@ -86,10 +112,7 @@ def o_population(view: BudgetView, pol: cp.Policy | None) -> list[NodeView]:
             continue
         if n.name in in_flight:  # a claimed spare not yet serving: its bad node counts
             continue
-        if pol is not None:
-            if not pol.applies_to(n):
-                continue
-        elif view.policies.for_node(n) is None:
+        if not o_selects(view, pol, n):
             continue
         rec = view.open.get(n.name)
         if rec is not None and rec.spare and rec.phase is Phase.REPAIR:
@@ -120,7 +143,7 @@ def o_causes(down: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def o_replaced(view: BudgetView, pol: cp.Policy | None) -> int:
+def o_replaced(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> int:
     spare_sel = view.policies.fleet.spare_selector
     in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
     n = 0
@@ -128,8 +151,8 @@ def o_replaced(view: BudgetView, pol: cp.Policy | None) -> int:
         rec = view.open.get(v.name)
         if (spare_sel.match_labels and spare_sel.matches(v.labels)) or v.name in in_flight:
             continue
-        if (pol.applies_to(v) if pol is not None else view.policies.for_node(v) is not None) \
-                and rec is not None and rec.spare and rec.phase is Phase.REPAIR:
+        if o_selects(view, pol, v) and rec is not None and rec.spare \
+                and rec.phase is Phase.REPAIR:
             n += 1
     return n
 
@@ -159,13 +182,15 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
                     f"GPU serial {serial} failed {n} times in the last "
                     f"{budget.window / 86400:g}d (budget {budget.per_gpu_serial})",
                     n, budget.per_gpu_serial), escalate=True)
-    scopes: list[tuple[str, cp.Guardrails, cp.Policy | None]] = [
-        (f"policy {policy.name}", policy.guardrails, policy),
-        ("fleet", view.policies.fleet.guardrails, None)]
+    scopes: list[tuple[str, cp.Guardrails, cp.Policy | NodeSetRules | None]] = [
+        (f"policy {policy.name}", policy.guardrails, policy)]
+    scopes += [(f"NodeSet {ns.name}", ns.guardrails, ns) for ns in view.policies.nodesets.items
+               if node in view.nodes and o_tagged(view, ns, node, "")]
+    scopes.append(("fleet", view.policies.fleet.guardrails, None))
     for scope, g, pol in scopes:
         members = o_population(view, pol)
         if g.breaker is not None:
-            incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
+            incidents = [i for i in view.incidents if o_tagged(view, pol, i.node, i.policy)]
             if opened_at is not None and all(i.id != incident for i in incidents):
                 incidents.append(PastIncident(incident, node, opened_at, policy.name, serials))
             br = o_breaker(g.breaker, incidents, len(members), now)
@@ -179,8 +204,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
                     recheck_after=max(until - now, 1.0))
         if g.max_concurrent is not None:
             active = sum(1 for r in view.open.values()
-                         if r.node != node and r.active
-                         and (pol is None or r.policy == pol.name))
+                         if r.node != node and r.active and o_tagged(view, pol, r.node, r.policy))
             if active + 1 > g.max_concurrent:
                 return Admission(False, GuardrailBlock(
                     "max-concurrent",
@@ -224,16 +248,18 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
 
 def o_usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
     out: list[GuardrailUsage] = []
-    scopes: list[tuple[str, cp.Guardrails, cp.Policy | None]] = [
+    scopes: list[tuple[str, cp.Guardrails, cp.Policy | NodeSetRules | None]] = [
         ("fleet", view.policies.fleet.guardrails, None)]
     scopes += [(p.name, p.guardrails, p) for p in view.policies.policies]
+    scopes += [(f"nodeset:{ns.name}", ns.guardrails, ns)
+               for ns in sorted(view.policies.nodesets.items, key=lambda x: x.name)]
     for scope, g, pol in scopes:
         members = o_population(view, pol)
         active = sum(1 for r in view.open.values()
-                     if r.active and (pol is None or r.policy == pol.name))
+                     if r.active and o_tagged(view, pol, r.node, r.policy))
         br = None
         if g.breaker is not None:
-            incidents = [i for i in view.incidents if pol is None or i.policy == pol.name]
+            incidents = [i for i in view.incidents if o_tagged(view, pol, i.node, i.policy)]
             br = o_breaker(g.breaker, incidents, len(members), now)
         down = o_unavailable(view, members)
         out.append(GuardrailUsage(
@@ -361,7 +387,11 @@ def policy_sets(draw: st.DrawFn) -> cp.PolicySet:
                  for i, sel in enumerate(sels))
     fleet = cp.FleetRules(draw(guardrails), draw(st.sampled_from(SPARE_SELECTORS)),
                                draw(st.integers(0, 19)) == 0)
-    return cp.PolicySet(pols, fleet)
+    k = draw(st.integers(0, 2))  # NodeSets: own guardrails over the nodes they select
+    nodesets = NodeSets(tuple(
+        NodeSetRules(f"ns{i}", draw(st.sampled_from(SELECTORS)), f"c{i % 2}",
+                     guardrails=draw(guardrails)) for i in draw(st.permutations(range(k)))))
+    return cp.PolicySet(pols, fleet, nodesets=nodesets)
 
 
 @st.composite
