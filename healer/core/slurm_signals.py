@@ -28,7 +28,6 @@ Pure: no I/O, no clock (``now`` is passed in).
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -51,10 +50,11 @@ _SCAN_LIMIT = 4 * REASON_LIMIT
 
 
 def bounded(text: str, limit: int = REASON_LIMIT) -> str:
-    """``text`` cut to ``limit`` characters (``…`` marks a cut) with every control, format or
-    unassigned character replaced by U+FFFD and surrounding blanks stripped. Total."""
-    raw = str(text)[:_SCAN_LIMIT]
-    clean = "".join("\ufffd" if unicodedata.category(c)[0] == "C" else c for c in raw).strip()
+    """``text`` with surrounding blanks stripped, every character that does not print (control,
+    format, line and paragraph separators, unassigned) replaced by U+FFFD, and cut to ``limit``
+    characters (``…`` marks a cut). Total."""
+    raw = str(text)[:_SCAN_LIMIT].strip()
+    clean = "".join(c if c.isprintable() else "\ufffd" for c in raw)
     if len(clean) > limit or len(str(text)) > _SCAN_LIMIT:
         clean = clean[:max(limit - 1, 0)] + "…"
     return clean
