@@ -120,7 +120,9 @@ def test_any_reason_gives_a_bounded_finding(reason: str, user: str, when: str) -
     if f is None:  # healer's or the operator's own drain
         assert reason.startswith(("healer: ", "slurm-operator: "))
         return
-    assert len(f.reason) <= REASON_LIMIT and len(f.user) <= 64 and len(f.reason_time) <= 64
+    assert len(f.reason) <= REASON_LIMIT
+    assert len(f.user) <= 64
+    assert len(f.reason_time) <= 64
     assert (f.reason + f.user + f.reason_time).isprintable()
     assert finding_of(finding_signal("n1", f, T0)) == f
     assert len(f.describe()) < 600
@@ -208,8 +210,10 @@ spec:
 """)
     (p,) = load_policy_set([f]).policies
     nhc, down = p.rules
-    assert isinstance(nhc, cp.SlurmRule) and isinstance(down, cp.SlurmRule)
+    assert isinstance(nhc, cp.SlurmRule)
+    assert isinstance(down, cp.SlurmRule)
     assert nhc.states == {"DRAIN", "FAIL"}
-    assert nhc.reason is not None and nhc.reason.search("NHC: x")
+    assert nhc.reason is not None
+    assert nhc.reason.search("NHC: x")
     assert nhc.hold_for == 120
     assert (down.states, down.reason, down.hold_for) == ({"DOWN", "NOT_RESPONDING"}, None, 0)
