@@ -216,4 +216,6 @@ spec:
     assert nhc.reason is not None
     assert nhc.reason.search("NHC: x")
     assert nhc.hold_for == 120
-    assert (down.states, down.reason, down.hold_for) == ({"DOWN", "NOT_RESPONDING"}, None, 0)
+    assert down.states == frozenset({"DOWN", "NOT_RESPONDING"})
+    assert down.reason is None
+    assert down.hold_for == 0
