@@ -66,6 +66,7 @@ from healer.runtime.loops import (
 from healer.runtime.node_events import NodeEvents
 from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated, switch_policies
 from healer.runtime.slurm_feed import SlurmFeed
+from healer.runtime.spare_validation import spare_validation
 from healer.settings import Settings
 
 if TYPE_CHECKING:
@@ -168,6 +169,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         "heartbeat": health.loop_heartbeat(),
         "node-watch": NodeEvents(nodes, ctl, health).run(),
         "spare-depth": spare_depth(health, ports.spares, ctl, depth),
+        "spare-validation": spare_validation(health, ports, ctl, api, settings.kube.namespace),
         "policy-reload": reloader.run(settings.policy_reload_seconds),
         "retention": retention(health, ctl),
         "reconcile": reconcile_heartbeat(health, ctl.probe),

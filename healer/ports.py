@@ -201,12 +201,21 @@ class StateStore(Protocol):
 # Spares, workload, topology, validation, hooks
 
 
+@dataclass(frozen=True, slots=True)
+class PendingClaim:
+    """A claim that waits: the spare it would take is being validated first (``detail`` says
+    which spare and which checks); the claim step polls again."""
+
+    detail: str
+
+
 class SparePool(Protocol):
     async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | None:
+                    ) -> str | PendingClaim | None:
         """Choose (topology-aware) and atomically claim a spare for ``node``; idempotent per
         incident (a second call returns the same spare). None if no spare fits;
-        ``same_domain``: only a spare in ``node``'s NVLink domain fits."""
+        ``same_domain``: only a spare in ``node``'s NVLink domain fits; a
+        :class:`PendingClaim` while the chosen spare is being validated."""
         ...
 
     async def release(self, spare: str, incident: str) -> None: ...

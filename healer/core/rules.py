@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from healer.core.model import NodeView, Severity
 from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
+from healer.core.spare_validation import SpareValidation
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 
 if TYPE_CHECKING:
@@ -346,6 +347,8 @@ class FleetRules:
     spare_selector: LabelSelector = LabelSelector({ROLE_LABEL: SPARE_ROLE})
     paused: bool = False
     source: str = ""
+    #: off unless FleetGuardrails sets spareValidation
+    spare_validation: SpareValidation = field(default_factory=SpareValidation)
 
 
 def _no_nodesets() -> NodeSets:

@@ -34,6 +34,9 @@ ESCALATED_LABEL = "healer.io/escalated"
 NODE_LABEL = "healer.io/node"
 #: Label healer sets on a validation Job: ``validate-<purpose>``.
 PURPOSE_LABEL = "healer.io/purpose"
+#: Label healer sets (``"true"``) on a warm spare that failed its validation: out of the pool
+#: (the spare label someone else set stays), handed to repair.
+SPARE_FAILED_LABEL = "healer.io/spare-failed"
 
 # --- Node annotations -------------------------------------------------------------------------
 
@@ -57,6 +60,12 @@ CLAIMED_AT = "healer.io/claimed-at"
 REPAIR_RESULT = "healer.io/repair-result"
 #: Annotation healer sets when it hands a node to repair: the incident.
 REPAIR_INCIDENT = "healer.io/repair-incident"
+#: Annotation healer sets on a warm spare: its last validation, JSON (``result`` passed|failed,
+#: ``at`` RFC 3339, ``checks``, ``detail``); survives a restart, readable by an operator.
+SPARE_VALIDATION = "healer.io/spare-validation"
+#: Annotation healer sets on a warm spare before it starts validating it: the run (JSON ``run``,
+#: ``at``, ``checks``), so a restarted leader reuses that run's Jobs instead of starting more.
+SPARE_VALIDATION_RUN = "healer.io/spare-validation-run"
 #: Annotation a job sets to acknowledge a checkpoint request: the incident.
 CHECKPOINT_ACK = "healer.io/checkpoint-ack"
 #: Annotation healer sets once it signalled the jobs to checkpoint: ``<incident>:<job ids>``.

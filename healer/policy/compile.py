@@ -20,6 +20,7 @@ from healer.core.xid import XidCatalog
 from healer.policy import schema as s
 from healer.policy.checks import check_promql, compile_regex
 from healer.policy.promql_labels import check_keeps
+from healer.policy.spare_validation import compile_spare_validation
 
 Path = tuple[str | int, ...]
 
@@ -295,7 +296,9 @@ def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetRules:
     issues: list[Issue] = []
     sel = _selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
     g = _guardrails(doc.spec.guardrails, ("spec", "guardrails"), issues)
+    sv = compile_spare_validation(doc.spec.spare_validation, ("spec", "spareValidation"),
+                                  lambda p, m: issues.append(Issue(p, m)))
     if issues:
         raise CompileErrors(issues)
     return core.FleetRules(guardrails=g, spare_selector=sel, paused=doc.spec.paused,
-                                source=source)
+                                source=source, spare_validation=sv)

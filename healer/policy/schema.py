@@ -327,10 +327,41 @@ class RemediationPolicy(Model):
     spec: PolicySpec
 
 
+GpuModel = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[ -~]+$")]
+
+
+class SpareValidationSpec(Model):
+    max_age: Duration = Field(default=86400.0, ge=60, description=(
+        "a spare's validation result older than this is not recent: a claim validates the "
+        "spare again first (onClaim) or passes it over"))
+    on_claim: Flag = Field(default=True, description=(
+        "with no recent result, run the checks on the chosen spare before claiming it (the "
+        "remediation waits in its claim step); false: take only spares with a recent result"))
+    interval: Duration = Field(default=21600.0, ge=60, description=(
+        "idle spares are validated this often (shorter than maxAge)"))
+    checks: list[Literal["dcgm-diag", "nccl-loopback"]] = Field(
+        default_factory=lambda: ["dcgm-diag"],  # type: ignore[arg-type]
+        min_length=1, max_length=2, description=(
+            "the Job templates to run, in order (ConfigMaps healer-validation-<check> in "
+            "healer's namespace, shipped in deploy/validation)"))
+    nccl_bus_bandwidth_gbps: dict[GpuModel, Annotated[float, Field(gt=0, le=100000)]] = Field(
+        default_factory=dict, max_length=64, alias="ncclBusBandwidthGBps", description=(
+            "nccl-loopback: the least all-reduce bus bandwidth in GB/s per GPU model "
+            "(nvidia.com/gpu.product; spaces and dashes alike, any case) and `default` for "
+            "the others; required with nccl-loopback"))
+    max_parallel: int = _int(1, 64, default=2, description=(
+        "idle spares validated at once by the periodic loop"))
+    deadline: Duration = Field(default=1800.0, ge=60, le=86400, description=(
+        "each check Job's activeDeadlineSeconds"))
+
+
 class FleetSpec(Model):
     paused: Flag = False
     spare_selector: Selector = Field(
         default_factory=lambda: Selector(match_labels={ROLE_LABEL: SPARE_ROLE}))
+    spare_validation: SpareValidationSpec | None = Field(default=None, description=(
+        "validate warm spares before a claim and while idle (off when absent)"))
+    guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
 
 

@@ -33,6 +33,7 @@ from healer.ports import (
     HookResult,
     HookSpec,
     NodeAPI,
+    PendingClaim,
     RepairHook,
     SlurmDriver,
     SparePool,
@@ -193,6 +194,8 @@ class Executor:
                                              same_domain=act.same_domain)
                 if spare is None:
                     return Outcome(StepStatus.UNAVAILABLE, await _no_spare(p, act))
+                if isinstance(spare, PendingClaim):  # the spare is being validated first
+                    return Outcome(StepStatus.PENDING, spare.detail)
                 data = {"spare": spare}
                 with contextlib.suppress(HealerError):  # the claim stands; only the report
                     data.update(placement_data(placement(await p.nodes.get(act.node),

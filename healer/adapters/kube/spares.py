@@ -14,6 +14,12 @@ NodeSet selects (with two swaps in flight, on the other's spare). The workload m
 for one spare: one patch wins, the other gets 409 and picks the next spare. Choosing is
 topology-aware (same NVLink domain, then the lowest shared fabric tier, then any; only the
 same domain with the policy's ``swap.requireSameDomain``).
+
+With spare validation on (FleetGuardrails ``spareValidation``; :attr:`KubeSparePool.validation`),
+a claim takes only a spare whose validation is recent and passed, best-ranked first; with none,
+it validates the best-ranked candidate first (one at a time) and answers
+:class:`~healer.ports.PendingClaim` until that run ends. A spare that failed its validation
+(``SPARE_FAILED_LABEL``) is not in the pool.
 """
 
 from __future__ import annotations
@@ -25,8 +31,10 @@ from typing import Any
 
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
+from healer.adapters.spare_validation import SpareValidator, is_failed_spare
 from healer.core.model import NodeView
 from healer.core.rules import LabelSelector
+from healer.core.spare_validation import Readiness
 from healer.core.topology import (
     DOMAIN_LABEL,
     rank_spares,
@@ -44,6 +52,7 @@ from healer.core.vocabulary import (
     TAINT_VALUE,
 )
 from healer.errors import ConflictError
+from healer.ports import PendingClaim
 
 
 class KubeSparePool:
@@ -59,6 +68,9 @@ class KubeSparePool:
         # its fabric labels): the operator may start serving the replacement as soon as its
         # slurmd registers, so the topology must already be right by then
         self.topology_name = topology_name
+        #: spare validation (set by the spare-validation loop's wiring); None: every free
+        #: spare is claimable
+        self.validation: SpareValidator | None = None
 
     async def _free(self) -> list[tuple[NodeView, dict[str, Any]]]:
         items, _ = await self.nodes.list_raw(self.selector.to_query())
@@ -66,6 +78,8 @@ class KubeSparePool:
         for raw in items:
             v = node_view(raw)
             if v.annotations.get(CLAIMED_BY) or v.unschedulable or not v.ready:
+                continue
+            if is_failed_spare(v):  # failed its validation: out of the pool, in repair
                 continue
             if not self.selector.matches(v.labels):
                 continue
@@ -86,25 +100,60 @@ class KubeSparePool:
         return None
 
     async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | None:
+                    ) -> str | PendingClaim | None:
         held = await self.held_by(incident)
         if held is not None:  # idempotent: this incident already holds a spare
             return held
         bad = await self.nodes.get(node)
         if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
             self.claim_labels = dict(await self._provider())
+        validating: str | None = None
         for _ in range(5):
             free = await self._free()
             by_name = {v.name: raw for v, raw in free}
             rank = same_domain_spares if same_domain else rank_spares
-            for cand in rank(bad, [v for v, _ in free]):
+            ranked = rank(bad, [v for v, _ in free])
+            if self.validation is not None and self.validation.enabled:
+                ranked, validating = await self._validated(ranked)
+                by_name.update({v.name: raw for v, raw in await self._free()
+                                if v.name in {c.name for c in ranked}})
+            for cand in ranked:
                 raw = by_name[cand.name]
                 try:
                     await self.nodes._patch(cand.name, self._claim_patch(raw, incident))
                     return cand.name
                 except ConflictError:
                     continue  # someone took or changed it: try the next one
+            if validating is not None:
+                break
+        if validating is not None:
+            checks = ", ".join(self.validation.settings().checks if self.validation else ())
+            return PendingClaim(f"validating warm spare {validating} ({checks}) before "
+                                "claiming it")
         return None
+
+    async def _validated(self, ranked: list[NodeView]) -> tuple[list[NodeView], str | None]:
+        """The candidates a claim may take now (recent, passed validation), in rank order, and
+        the spare being validated for it, if any (at most one run started per claim)."""
+        assert self.validation is not None
+        ok: list[NodeView] = []
+        validating: str | None = None
+        unvalidated: list[NodeView] = []
+        for cand in ranked:
+            ready = await self.validation.for_claim(cand, may_start=False)
+            if ready is Readiness.CLAIMABLE:
+                ok.append(cand)
+            elif ready is Readiness.VALIDATING and validating is None:
+                validating = cand.name
+            elif ready is Readiness.VALIDATE:
+                unvalidated.append(cand)
+        if not ok and validating is None and unvalidated:  # validate the best one first
+            ready = await self.validation.for_claim(unvalidated[0], may_start=True)
+            if ready is Readiness.CLAIMABLE:
+                ok.append(unvalidated[0])
+            elif ready is Readiness.VALIDATING:
+                validating = unvalidated[0].name
+        return ok, validating
 
     def _claim_patch(self, raw: dict[str, Any], incident: str) -> dict[str, Any]:
         labels: dict[str, str | None] = dict.fromkeys(self.selector.match_labels)

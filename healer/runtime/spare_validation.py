@@ -1,0 +1,76 @@
+"""The spare-validation loop: warm spares stay healthy while they wait.
+
+Every :data:`SPARE_VALIDATION_EVERY` seconds, while leading and while the fleet's
+``spareValidation`` is on, one label-selected read of the spare pool (cost follows the number of
+spares, never the fleet) and one ``SpareValidator.periodic_round``: runs in progress
+advanced, due idle spares started (at most ``maxParallel`` runs at once), a repaired failed
+spare returned to the pool. The loop beats its own ``/healthz`` heartbeat
+(``spare-validation``).
+
+:func:`spare_validation` builds the validator from the daemon's ports and hands it to the
+spare pool too, so a claim validates through the same object (one lock per spare, one run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+import structlog
+from kubernetes_asyncio import client
+
+from healer.adapters.kube.check_jobs import KubeCheckJobs
+from healer.adapters.kube.spares import KubeSparePool
+from healer.adapters.spare_validation import SpareValidator
+from healer.core.model import NodeView
+from healer.errors import HealerError
+from healer.obs.http import Health
+from healer.runtime.controller import Controller
+from healer.runtime.executor import Ports
+from healer.runtime.loops import LOOP_SLACK
+
+log = structlog.get_logger("healer.spare_validation")
+
+#: How often the spare pool is looked at (a run's Jobs are read, due spares started).
+SPARE_VALIDATION_EVERY = 30.0
+
+
+def spare_validation(health: Health, ports: Ports, ctl: Controller, api: client.ApiClient,
+                     namespace: str) -> Coroutine[Any, Any, None]:
+    """The loop, with its validator built from ``ports`` and given to a Kubernetes spare pool's
+    claims as well. Check Jobs run in ``namespace`` (healer's own)."""
+    validator = SpareValidator(ports.nodes, ports.events, ports.repair,
+                               KubeCheckJobs(api, namespace=namespace),
+                               settings=lambda: ctl.policies.fleet.spare_validation,
+                               clock=ctl.clock)
+    if isinstance(ports.spares, KubeSparePool):
+        ports.spares.validation = validator
+
+    async def spares() -> Sequence[NodeView]:
+        return await ports.nodes.list(ctl.policies.fleet.spare_selector.to_query())
+
+    return validate_spares(health, validator, spares, lambda: ctl.leading)
+
+
+async def validate_spares(health: Health, validator: SpareValidator,
+                          spares: Callable[[], Awaitable[Sequence[NodeView]]],
+                          leading: Callable[[], bool],
+                          every: float = SPARE_VALIDATION_EVERY) -> None:
+    failing = False
+    while True:
+        health.beat("spare-validation", every + LOOP_SLACK)
+        if leading() and validator.enabled:
+            try:
+                plan = await validator.periodic_round(await spares())
+                if plan.start:
+                    log.info("validating idle spares", spares=list(plan.start),
+                             in_progress=list(plan.poll))
+                if failing:
+                    log.info("spare validation recovered")
+                failing = False
+            except HealerError as e:
+                if not failing:  # an outage is logged once, its recovery once
+                    log.warning("spare validation round failed", error=str(e))
+                failing = True
+        await asyncio.sleep(every)
