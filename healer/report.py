@@ -41,9 +41,11 @@ NODE_READS = 16
 
 
 def span(seconds: float | None) -> str:
-    """``45s``, ``12m30s``, ``3h05m``, ``4d02h``; ``-`` when unknown."""
+    """``0.4s``, ``45s``, ``12m30s``, ``3h05m``, ``4d02h``; ``-`` when unknown."""
     if seconds is None:
         return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s"
     s = round(seconds)
     if s < 120:
         return f"{s}s"

@@ -23,8 +23,8 @@ def fleet() -> FleetOutcomes:
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (None, "-"), (0.4, "0s"), (45, "45s"), (750, "12m30s"), (11100, "3h05m"),
-    (4 * 86400 + 7200, "4d02h")])
+    (None, "-"), (0.04, "0.0s"), (0.4, "0.4s"), (9.96, "10.0s"), (45, "45s"),
+    (750, "12m30s"), (11100, "3h05m"), (4 * 86400 + 7200, "4d02h")])
 def test_span(seconds: float | None, text: str) -> None:
     assert span(seconds) == text
 

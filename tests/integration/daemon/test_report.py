@@ -1,6 +1,10 @@
 """``healer report`` as a subprocess against the real kube-apiserver.
 
-NodeRemediations are written through healer's own store adapter (``CRStateStore``, as the
+First, a remediation the real daemon process carries out (an XID, a swap to a spare, the
+repair reported): the report's figures are those of the NodeRemediation it left, and the
+daemon's own outcome metrics agree.
+
+Then NodeRemediations written through healer's own store adapter (``CRStateStore``, as the
 daemon writes them): a replaced, a recovered-after-drain and an escalated incident in the last
 week, an older one on the same node (outside the window, but the gap to it counts), and one of
 a node the report is not asked about. One node has a Node with ``nvidia.com/gpu: 4``; the other
@@ -22,9 +26,12 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from healer.adapters.kube.crd import from_object
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.core.model import NodeRecord
 from healer_dev.devstack.kube import KubeStack, fake_node
+from tests.integration.daemon.conftest import Fleet
+from tests.integration.waiting import wait_for
 from tests.unit.test_outcomes import ESCALATED, RECOVERED_LATE, REPLACED, T0, at
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,6 +43,51 @@ def run_report(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]
     return subprocess.run([sys.executable, "-m", "healer", "report", "--kubeconfig",
                            str(kubeconfig), *args], capture_output=True, text=True,
                           timeout=120, check=False, env=env, cwd=ROOT)
+
+
+@pytest.mark.timeout(240)
+async def test_report_of_a_real_remediation_matches_its_record_and_the_metrics(
+        fleet: Fleet) -> None:
+    d = fleet.start()
+    await fleet.ready(d)
+    bad = fleet.gpus[2]
+    fleet.xid(bad)
+    await wait_for(lambda: fleet.play_repair(bad), timeout=120,
+                   description=f"remediation of {bad} Done")
+    (item,) = await fleet.remediations(bad)
+    rec = from_object(item)  # the NodeRemediation as healer reads it
+    drain, cordon, undrain = (rec.step(n) for n in ("drain", "cordon", "undrain"))
+    assert drain is not None
+    assert cordon is not None
+    assert undrain is not None
+    assert undrain.finished_at is not None
+    opened, undrained = rec.incident.opened_at, undrain.finished_at
+    out_of_service = undrained - min(drain.started_at, cordon.started_at)
+    kubeconfig = fleet.kubeconfig or fleet.stack.kubeconfig
+    run = await asyncio.to_thread(run_report, kubeconfig, "--node", bad, "--format", "json")
+    assert run.returncode == 0, run.stderr
+    r = json.loads(run.stdout)
+    assert r["closings"]["replaced"] == 1
+    assert r["incidents"] == r["finished"] == 1
+    (inc,) = r["perIncident"]
+    assert inc["incident"] == rec.incident.id
+    assert inc["nodeGpus"] == 8  # the kwok Node has no nvidia.com/gpu: the default
+    assert inc["timeToReplacementSeconds"] == pytest.approx(undrained - opened, abs=1e-3)
+    assert inc["outOfServiceSeconds"] == pytest.approx(out_of_service, abs=1e-3)
+    assert inc["gpuHoursLost"] == pytest.approx(out_of_service * 8 / 3600, abs=1e-3)
+    assert 0 <= inc["timeToDetectSeconds"] < 60  # the XID was written just before
+    assert r["falsePositiveRate"] == 0
+    assert set(r["stepSeconds"]) >= {"drain", "cordon", "claim-spare", "move-workload",
+                                     "await-replacement", "undrain", "return-to-pool"}
+    # the daemon observed the same incident finishing (no node labels: fleet-wide figures)
+    assert await d.metric("healer_remediations_finished_total", closing="replaced") == 1
+    assert await d.metric("healer_time_to_replacement_seconds_count") == 1
+    assert await d.metric("healer_time_to_replacement_seconds_sum") == pytest.approx(
+        undrained - opened, abs=1e-3)
+    lost = await d.metric("healer_capacity_lost_gpu_hours_total", closing="replaced")
+    assert lost == pytest.approx(out_of_service * 8 / 3600, abs=1e-3)
+    assert await d.metric("healer_remediations_found_nothing_total",
+                          why="recovered-before-disruption") == 0
 
 
 async def test_report_counts_what_the_stored_records_cost(
