@@ -23,11 +23,16 @@ slurmd) whose pods, hence Slurm nodes, are gpu-0..gpu-7, one per GPU node. Scena
   let one remediation through and hold the rest (reported, not touched).
 * ``degrading``: single-bit ECC errors climb on node-05 while a checkpointable job runs there;
   healer signals USR1, the job writes its checkpoint and exits, then the flow replaces the node.
+* ``fabric``: HCA port mlx5_1/1 of node-06 goes down (node-exporter's infiniband series, served
+  by the same simulated exporters) while a job runs there; with
+  ``policies/examples/infiniband.yaml`` also in act, healer replaces the node like a failed GPU
+  and the NodeRemediation names the port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import tempfile
 import time
@@ -42,9 +47,10 @@ from healer.adapters.slinky import pod_state, slurm_name
 from healer.errors import ConfigError
 from healer_dev.demo_world import DemoStack
 from healer_dev.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
+from healer_dev.sim.infiniband import IbFault, IbFaultKind
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("xid79", "storm", "degrading")
+SCENARIOS = ("xid79", "storm", "degrading", "fabric")
 
 
 @dataclass
@@ -76,15 +82,17 @@ class Timeline:
             self.seen[item["metadata"]["name"]] = len(hist)
 
 
-def _act_policies(dest: Path) -> Path:
-    """The shipped default policies, switched from observe to act, polling at a demo's pace."""
+def _act_policies(dest: Path, *extra: Path) -> Path:
+    """The shipped default policies (and ``extra`` policy files), switched from observe to act,
+    polling at a demo's pace."""
     dest.mkdir(parents=True, exist_ok=True)
-    docs = list(yaml.safe_load_all((ROOT / "policies" / "default.yaml").read_text()))
-    for doc in docs:
-        if doc and doc.get("kind") == "RemediationPolicy":
-            doc["spec"]["mode"] = "act"
-            doc["spec"].setdefault("steps", {})["pollInterval"] = "2s"
-    (dest / "default.yaml").write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    for src in (ROOT / "policies" / "default.yaml", *extra):
+        docs = list(yaml.safe_load_all(src.read_text()))
+        for doc in docs:
+            if doc and doc.get("kind") == "RemediationPolicy":
+                doc["spec"]["mode"] = "act"
+                doc["spec"].setdefault("steps", {})["pollInterval"] = "2s"
+        (dest / src.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return dest
 
 
@@ -185,6 +193,33 @@ async def _scenario_degrading(s: DemoStack, tl: Timeline) -> bool:
     return ckpt.exists()
 
 
+async def _scenario_fabric(s: DemoStack, tl: Timeline) -> bool:
+    assert s.ib is not None
+    bad, device = "node-06", "mlx5_1"
+    sn, job = await s.run_job(bad, ticks=100, name="allreduce")
+    tl.say(f"job {job} running on Slurm node {sn} (on {bad}); it ends in ~20s")
+    s.ib.inject(IbFault(bad, IbFaultKind.PORT_DOWN, device))
+    tl.say(f"inject: InfiniBand port {device}/1 of {bad} down (state DOWN, link Disabled, "
+           "link_downed +1); mlx5_0 stays up")
+
+    async def done() -> bool:
+        items = await s.remediations()
+        tl.remediations(items)
+        if _phase(items, bad) != "Repair":
+            return False
+        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
+        st = pod_state(pod) if pod else None
+        return bool(pod and st and pod["spec"].get("nodeName") != bad and not st.drain)
+
+    await s.wait(done, 240, f"{bad} replaced and {sn} undrained")
+    item = [i for i in await s.remediations() if i["spec"]["node"] == bad][-1]
+    incident = item["spec"].get("incident") or {}
+    tl.say(f"NodeRemediation {item['metadata']['name']}: {incident.get('summary', '?')}")
+    parts = sorted({json.dumps(e.get("part")) for e in incident.get("evidence", [])})
+    tl.say(f"evidence parts: {', '.join(parts)}; replaced by {item['status'].get('spare')}")
+    return f"device {device} port 1" in str(incident.get("summary", ""))
+
+
 async def run_demo(scenario: str = "xid79", *, keep: bool = False,
                    out: Callable[[str], None] = print,
                    operator_version: str = DEFAULT_VERSION) -> int:
@@ -202,15 +237,19 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
     ok = False
     try:
         await stack.start()
-        stack.start_healer(_act_policies(workdir / "policies"))
+        extra = ((ROOT / "policies" / "examples" / "infiniband.yaml",)
+                 if scenario == "fabric" else ())
+        stack.start_healer(_act_policies(workdir / "policies", *extra))
         await stack.wait(lambda: _http_ok(stack.port), 60, "healer /readyz")
         await stack.wait(lambda: _telemetry_fresh(stack.port), 60,
                          "healer to see fresh telemetry from every node")
-        out(f"  healer running (policies/default.yaml with mode: act, pollInterval: 2s), "
+        names = " + ".join(["policies/default.yaml", *(f"policies/examples/{e.name}"
+                                                        for e in extra)])
+        out(f"  healer running ({names} with mode: act, pollInterval: 2s), "
             f"metrics on http://127.0.0.1:{stack.port}/metrics")
         tl = Timeline(out)
         run = {"xid79": _scenario_xid79, "storm": _scenario_storm,
-               "degrading": _scenario_degrading}[scenario]
+               "degrading": _scenario_degrading, "fabric": _scenario_fabric}[scenario]
         ok = await run(stack, tl)
         tl.say("result: " + ("OK" if ok else "FAILED"))
     except ConfigError as e:

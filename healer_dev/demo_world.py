@@ -55,6 +55,7 @@ from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from healer_dev.devstack.slurm import LocalSlurm
 from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
+from healer_dev.sim.infiniband import InfinibandSim
 
 __all__ = ["DOMAIN", "NAMESPACE", "NODESET", "NODESET_LABEL", "TRAP_JOB", "DemoStack"]
 
@@ -83,6 +84,7 @@ class DemoStack:
         self.slinky: SlinkyStack | None = None
         self.dcgm: DcgmFleet | None = None
         self.sim: DcgmSim | None = None
+        self.ib: InfinibandSim | None = None  # node-exporter's infiniband series, same exporters
         self.prom: LocalPrometheus | None = None
         self.api: client.ApiClient | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -117,6 +119,7 @@ class DemoStack:
                  f"slurmrestd v0.0.44 shim on 127.0.0.1:{self.slinky.restd_port}, Controller "
                  f"+ RestApi in namespace {NAMESPACE}")
         self.sim = DcgmSim([make_node(n, GPUS) for n in self.gpu_nodes + self.spares])
+        self.ib = InfinibandSim(self.gpu_nodes + self.spares).attach(self.sim)
         self.dcgm = DcgmFleet(self.sim)
         addresses = await self.dcgm.start()
         self.prom = LocalPrometheus(self.dir / "prometheus", list(addresses.values()),
