@@ -342,12 +342,22 @@ class FakeSlurm(Faulty):
         self._sync()
         return dict(self._state["nodes"][node])
 
-    def set_reason(self, node: str, reason: str) -> None:
-        """An admin drains the node with their own reason."""
+    def set_reason(self, node: str, reason: str, user: str = "", at: str = "") -> None:
+        """An admin (or the HealthCheckProgram, as ``user`` at ``at``) drains the node with
+        their own reason."""
         self._sync()
         n = self._state["nodes"][node]
         n["flags"] = sorted(set(n["flags"]) | {"DRAIN"})
         n["reason"] = reason
+        n["user"], n["at"] = user, at
+        self._save()
+
+    def clear_reason(self, node: str) -> None:
+        """The owner undrains the node (``scontrol update state=undrain``)."""
+        self._sync()
+        n = self._state["nodes"][node]
+        n["flags"] = [f for f in n["flags"] if f != "DRAIN"]
+        n["reason"] = n["user"] = n["at"] = ""
         self._save()
 
     @property
@@ -402,8 +412,9 @@ class FakeSlurm(Faulty):
         out = {}
         for name, n in self._state["nodes"].items():
             base = "ALLOCATED" if self._busy(name) else n["base"]
-            out[n.get("host", name)] = SlurmNodeState(name, base, frozenset(n["flags"]),
-                                                      n["reason"])
+            out[n.get("host", name)] = SlurmNodeState(
+                name, base, frozenset(n["flags"]), n["reason"], reason_user=n.get("user", ""),
+                reason_time=n.get("at", ""))
         return out
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
@@ -496,6 +507,10 @@ class FakeWorkload(Faulty):
             return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
+        if st.drain and st.reason and not st.reason_is_ours:  # as Slinky's move (ADR 0006)
+            return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by "
+                              f"someone else (reason {st.reason!r}): held",
+                              {"held": "foreign-drain"})
         # one write: a daemon killed in between must not leave a move without its log entry
         self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
         self.moves[incident] += 1

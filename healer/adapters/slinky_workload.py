@@ -174,7 +174,7 @@ class SlinkyWorkload:
         return HookResult(StepOutcome.PENDING,
                           f"Slurm node {slurm_node} is drained by someone else (reason "
                           f"{reason!r}); moving its slurmd pod would delete that drain, so "
-                          "healer holds until the owner clears it")
+                          "healer holds until the owner clears it", {"held": "foreign-drain"})
 
     async def _open_elsewhere(self, incident: str, spare: str) -> str:
         """Another incident's claimed spare that is open and does not host its slurmd pod yet,

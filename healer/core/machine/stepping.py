@@ -8,6 +8,7 @@ target, then applies ``auto`` rows until the phase settles. The queries (:func:`
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import replace
 
 from healer.core.actions import EmitEvent, StepStatus
@@ -49,6 +50,7 @@ def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetVi
     ctx = Ctx(record, trigger, now, view, policy)
     if record is not None:
         ctx.record = _absorb(record, trigger, now)
+        _note_hold(ctx, record)
         paused = view.is_paused(record.node)
         if paused != record.paused:
             ctx.record = replace(ctx.rec, paused=paused)
@@ -161,6 +163,20 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
         if slurm_node and slurm_node != record.slurm_node:
             record = replace(record, slurm_node=slurm_node)
     return record
+
+
+def _note_hold(ctx: Ctx, before: NodeRecord) -> None:
+    """A step that says it is *held* (its result's ``held`` data: e.g. the swap of a node
+    someone else drained, docs/adr/0006) gets a Warning Event saying why, once per reason (the
+    reason itself is kept on the open step, where ``status.reason`` shows it)."""
+    r = ctx.trigger.result
+    if r is None or r.status is not StepStatus.PENDING or not r.get("held") or not r.error:
+        return
+    s = before.step(r.step)
+    if s is None or s.done or s.error == r.error:
+        return
+    ctx.event(f"held-{r.step}-{zlib.crc32(r.error.encode()):08x}", "StepHeld",
+              f"{r.step} held: {r.error}", warning=True)
 
 
 def _detail(r: StepResult) -> str:
