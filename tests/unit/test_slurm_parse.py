@@ -212,3 +212,28 @@ def test_any_reason_text_survives(reason: str, after: str) -> None:
     assert node.reason == reason
     assert node.reason_user == "root"
     assert node.drained
+
+
+@pytest.mark.parametrize(("given", "when"), [
+    ({"reason_changed_at": 1764108674}, "2025-11-25T22:11:14Z"),
+    ({"reason_changed_at": {"set": True, "infinite": False, "number": 1764108674}},
+     "2025-11-25T22:11:14Z"),
+    ({"reason_changed_at": {"set": False, "number": 1764108674}}, ""),
+    ({"reason_changed_at": 0}, ""),
+    ({"reason_changed_at": True}, ""),
+    ({"reason_changed_at": "yesterday"}, ""),
+    ({"reason_changed_at": 1e300}, ""),
+    ({}, ""),
+])
+def test_when_the_reason_was_set_rest(given: dict[str, object], when: str) -> None:
+    node = parse_node_json({"name": "n", "state": ["IDLE", "DRAIN"], "reason": "NHC: x",
+                            **given})
+    assert node.reason_time == when
+
+
+def test_when_the_reason_was_set_scontrol() -> None:
+    assert parse_node_line(REAL).reason_time == "2026-11-22T00:42:16"
+    assert parse_node_line("NodeName=a State=IDLE+DRAIN Reason=x").reason_time == ""
+    # no reason, no time (Slurm prints the suffix alone after an emptied reason)
+    empty = "NodeName=gpu-3 State=DOWN Reason= [root@2026-01-01T00:00:00]"
+    assert parse_node_line(empty).reason_time == ""
