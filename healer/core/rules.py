@@ -186,7 +186,20 @@ class StalenessRule:
     sources: frozenset[str] = frozenset()  # empty: every source
 
 
-Rule = XidRule | MetricRule | ConditionRule | StalenessRule
+@dataclass(frozen=True, slots=True)
+class SlurmRule:
+    """Slurm itself took the node out (:mod:`healer.core.slurm_signals`): one of ``states``
+    (DOWN, NOT_RESPONDING, FAIL, DRAIN; healer's and the operator's own drains never count),
+    with a reason ``reason`` finds (None: any reason), held ``for`` seconds."""
+
+    name: str
+    severity: Severity
+    states: frozenset[str]
+    reason: TextPattern | None = None
+    hold_for: float = 0.0
+
+
+Rule = XidRule | MetricRule | ConditionRule | StalenessRule | SlurmRule
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,11 +18,13 @@ import pydantic
 import yaml
 
 from healer.core import rules as core
+from healer.core.nodesets import NodeSetRules, NodeSets
 from healer.core.xid import XidCatalog
 from healer.errors import PolicyError, Problem
 from healer.policy import schema as s
 from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
+from healer.policy.nodesets import check_nodesets, compile_nodeset
 from healer.policy.yamlsrc import (
     LIMITS,
     ReadBudget,
@@ -81,6 +83,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
                                 "no policy files (*.yaml) found"))
     policies: list[tuple[core.Policy, SourceDoc]] = []
     fleets: list[tuple[core.FleetRules, SourceDoc]] = []
+    nodesets: list[tuple[NodeSetRules, SourceDoc]] = []
     digest = hashlib.sha256()
     if len(files) > MAX_FILES:
         problems.append(Problem(", ".join(str(p) for p in paths), 0, "",
@@ -90,7 +93,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
     for f in files:
         found: list[Problem] = []
         try:
-            _load_file(f, catalog, found, policies, fleets, digest, total)
+            _load_file(f, catalog, found, (policies, fleets, nodesets), digest, total)
         except Exception as e:  # belt and braces: a loader bug is a problem, never a crash
             found.append(Problem(str(f), 0, "", f"internal error while loading this file "
                                                 f"({type(e).__name__}); please report it"))
@@ -100,6 +103,7 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
                      Problem(str(f), 0, "", f"... and {more} more problem(s)")]
         problems.extend(found)
     _cross_file_checks(policies, fleets, problems)
+    check_nodesets([(n, doc.file, doc.line_of) for n, doc in nodesets], problems)
     if problems:
         raise PolicyError(problems)
     plist = [p for p, _ in policies]
@@ -107,13 +111,17 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         plist = [replace(p, mode=max_mode) if p.mode.rank > max_mode.rank else p for p in plist]
     fleet = fleets[0][0] if fleets else core.FleetRules()
     return core.PolicySet(policies=tuple(sorted(plist, key=lambda p: p.name)), fleet=fleet,
-                          digest=digest.hexdigest()[:16])
+                          digest=digest.hexdigest()[:16],
+                          nodesets=NodeSets(tuple(n for n, _ in nodesets)))
 
 
-def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
-               policies: list[tuple[core.Policy, SourceDoc]],
-               fleets: list[tuple[core.FleetRules, SourceDoc]],
+_Found = tuple[list[tuple[core.Policy, SourceDoc]], list[tuple[core.FleetRules, SourceDoc]],
+               list[tuple[NodeSetRules, SourceDoc]]]
+
+
+def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem], found: _Found,
                digest: Any, total: ReadBudget) -> None:
+    policies, fleets, nodesets = found
     try:
         text = read_source(f, total=total)
     except SourceError as e:
@@ -142,6 +150,8 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem],
             policies.append((compiled, doc))
         elif isinstance(compiled, core.FleetRules):
             fleets.append((compiled, doc))
+        elif isinstance(compiled, NodeSetRules):
+            nodesets.append((compiled, doc))
 
 
 def _yaml_reason(e: yaml.YAMLError) -> str:
@@ -156,7 +166,7 @@ def _where(doc: SourceDoc) -> str:
 
 
 def _load_doc(doc: SourceDoc, catalog: XidCatalog,
-              problems: list[Problem]) -> core.Policy | core.FleetRules | None:
+              problems: list[Problem]) -> core.Policy | core.FleetRules | NodeSetRules | None:
     data = doc.data
     if not isinstance(data, dict):
         problems.append(Problem(doc.file, doc.start_line, "",
@@ -185,6 +195,8 @@ def _load_doc(doc: SourceDoc, catalog: XidCatalog,
     try:
         if isinstance(model, s.RemediationPolicy):
             return compile_policy(model, catalog, source=_where(doc))
+        if isinstance(model, s.SlurmNodeSet):
+            return compile_nodeset(model, source=_where(doc))
         return compile_fleet(model, source=_where(doc))
     except CompileErrors as ce:
         for issue in ce.issues:
@@ -296,7 +308,8 @@ def _explain(err: Any, loc: tuple[Any, ...], kind: str) -> str:
 
 def _allowed_fields(kind: str, loc: tuple[Any, ...]) -> list[str]:
     """The field names (as written in YAML) of the model at ``loc`` inside a ``kind`` document."""
-    model: Any = s.RemediationPolicy if kind == "RemediationPolicy" else s.FleetGuardrails
+    model: Any = {"RemediationPolicy": s.RemediationPolicy,
+                  "SlurmNodeSet": s.SlurmNodeSet}.get(kind, s.FleetGuardrails)
     for part in loc:
         if isinstance(part, int):
             continue

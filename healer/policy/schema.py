@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from healer.core.topology import DOMAIN_LABEL, MAX_TIERS, TIER_PREFIX
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
     MAX_DURATION,
@@ -362,7 +363,6 @@ class FleetSpec(Model):
     spare_validation: SpareValidationSpec | None = Field(default=None, description=(
         "validate warm spares before a claim and while idle (off when absent)"))
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
-    guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
 
 
 class FleetGuardrails(Model):
@@ -372,14 +372,86 @@ class FleetGuardrails(Model):
     spec: FleetSpec = Field(default_factory=FleetSpec)
 
 
-Document = Annotated[RemediationPolicy | FleetGuardrails, Field(discriminator="kind")]
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_SECRET_REF = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
+               r"(:[-._A-Za-z0-9]{1,253})?$")
+
+
+class SlurmEndpointSpec(Model):
+    driver: Literal["slinky", "scontrol", "slurmrestd"] = Field(
+        default="slinky", description="how healer drains and reads this cluster's Slurm nodes")
+    slurmrestd_url: HttpUrl | None = Field(
+        default=None, description="this cluster's slurmrestd (slurmrestd driver; on Slinky, "
+        "for job listing and checkpoint signals)")
+    token_secret: str | None = Field(
+        default=None, pattern=_SECRET_REF, max_length=400,
+        description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
+    slurm_conf: str | None = Field(
+        default=None, pattern=r"^/[^\x00-\x1f]*$", max_length=4096,
+        description="absolute path of this cluster's slurm.conf in healer's container "
+        "(scontrol driver)")
+
+
+class NodeSetRefSpec(Model):
+    namespace: str = Field(pattern=_DNS_LABEL, max_length=63)
+    name: str = Field(pattern=_DNS_SUBDOMAIN, max_length=253)
+
+
+class TolerationSpec(Model):
+    key: LabelKey | None = Field(default=None, description="empty with Exists: every taint")
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: LabelValue = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+
+class TopologyKeysSpec(Model):
+    domain: LabelKey = Field(default=DOMAIN_LABEL,
+                             description="the label naming a node's NVLink domain")
+    tiers: list[LabelKey] = Field(
+        default_factory=lambda: [f"{TIER_PREFIX}{i}" for i in range(MAX_TIERS)],
+        min_length=1, max_length=MAX_TIERS,
+        description="the labels naming a node's switches, leaf first")
+
+
+class SlurmNodeSetSpec(Model):
+    cluster: str = Field(pattern=_DNS_LABEL, max_length=63,
+                         description="the Slurm cluster that runs these nodes")
+    slurm: SlurmEndpointSpec = Field(default_factory=SlurmEndpointSpec)
+    node_set: NodeSetRefSpec | None = Field(
+        default=None, description="the Slinky NodeSet (slinky driver; and where a swap moves "
+        "slurmd pods)")
+    node_selector: Selector = Field(description="the Nodes of this NodeSet")
+    spare_selector: Selector | None = Field(
+        default=None, description="the warm spares that may replace its nodes (default: the "
+        "fleet's spareSelector)")
+    tolerations: list[TolerationSpec] = Field(
+        default_factory=list, max_length=64,
+        description="the tolerations of its slurmd pods: a spare with a taint they do not "
+        "tolerate (healer's own spare taint aside) is never claimed for it")
+    topology: TopologyKeysSpec = Field(default_factory=TopologyKeysSpec)
+    guardrails: GuardrailsSpec = Field(
+        default_factory=GuardrailsSpec,
+        description="limits over this NodeSet's nodes, on top of each policy's and the fleet's")
+
+
+class SlurmNodeSet(Model):
+    api_version: Literal["healer.io/v1alpha1"]
+    kind: Literal["SlurmNodeSet"]
+    metadata: Metadata
+    spec: SlurmNodeSetSpec
+
+
+Document = Annotated[RemediationPolicy | FleetGuardrails | SlurmNodeSet,
+                     Field(discriminator="kind")]
 DOCUMENT = TypeAdapter(Document)
-KINDS = ("RemediationPolicy", "FleetGuardrails")
+KINDS = ("RemediationPolicy", "FleetGuardrails", "SlurmNodeSet")
 
 
 def json_schema() -> dict[str, Any]:
     schema = DOCUMENT.json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = "https://healer.io/schemas/v1alpha1/policy.json"
-    schema["title"] = "healer policy document (RemediationPolicy or FleetGuardrails)"
+    schema["title"] = ("healer policy document (RemediationPolicy, FleetGuardrails or "
+                       "SlurmNodeSet)")
     return schema

@@ -3,6 +3,8 @@ per NodeSet on top of each policy's and the fleet's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from healer.core import rules as cp
@@ -17,7 +19,10 @@ from healer.core.nodesets import (
     untolerated,
 )
 from healer.core.phases import Phase
+from healer.policy.load import load_policy_set
 from tests.builders import record
+
+ROOT = Path(__file__).resolve().parents[2]
 
 T0 = 1_800_000_000.0
 READY = (NodeCondition("Ready", "True"),)
@@ -123,3 +128,23 @@ def test_usage_names_every_nodeset_scope() -> None:
 def test_untolerated_taints(taints: list[tuple[str, str, str]],
                             tolerations: tuple[Toleration, ...], left: list[str]) -> None:
     assert untolerated(taints, tolerations, frozenset({"healer.io/spare"})) == left
+
+
+def test_the_two_cluster_example_compiles_to_what_it_says() -> None:
+    ps = load_policy_set([ROOT / "policies" / "examples" / "two-clusters.yaml"])
+    west, east = ps.nodesets.get("h100-west"), ps.nodesets.get("h200-east")
+    assert west is not None
+    assert east is not None
+    assert set(ps.nodesets.clusters()) == {"west", "east"}
+    assert (west.namespace, west.nodeset, west.slurm.driver) == ("slurm-west", "h100", "slinky")
+    assert west.slurm.token_secret == "slurm-west/slurm-token-healer:auth-token"
+    assert west.spare_selector == cp.LabelSelector({"healer.io/role": "spare",
+                                                    "example.com/pool": "west"})
+    assert west.tolerations == (Toleration("nvidia.com/gpu", TolerationOperator.EXISTS, "",
+                                           "NoSchedule"),)
+    assert west.guardrails.max_concurrent == 4
+    assert east.topology.domain == "nvidia.com/gpu.clique"
+    assert east.topology.tiers == ("network.example.com/leaf", "network.example.com/spine")
+    assert west.topology.domain == "accelerator.topograph.run/domain"  # topograph's default
+    assert ps.nodesets.of({"example.com/nodeset": "h200-east"}) is east
+    assert ps.nodesets.of({"example.com/nodeset": "a100"}) is None
