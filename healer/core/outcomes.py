@@ -12,8 +12,8 @@ What each figure means (and where it comes from):
 * **time to detect**: the first sign of the fault → the incident opened (confirmed). The
   first sign is the earliest of the record's first suspicion (its Healthy → Suspect
   transition) and its kept evidence (an XID's or sample's time; a node condition's
-  ``lastTransitionTime``). Evidence is bounded (the latest signals), so this can only
-  understate.
+  ``lastTransitionTime``; when Slurm's state or reason was set). Evidence is bounded (the
+  latest signals), so this can only understate.
 * **time per step**: each finished ledger entry, ``finishedAt - startedAt``.
 * **time to service**: opened → the node, or its replacement, undrained (back in Slurm);
   **time to replacement**: the same when a spare took its place.
@@ -149,12 +149,17 @@ def _first_ok_finish(record: NodeRecord, step: str) -> float | None:
     return min(times) if times else None
 
 
+#: Signals whose value is when their finding began (a condition's lastTransitionTime, when
+#: Slurm's state or reason was set), not a measurement.
+_VALUE_IS_SINCE = frozenset({SignalKind.CONDITION, SignalKind.SLURM})
+
+
 def first_sign(record: NodeRecord) -> float | None:
     """When the first sign of the fault was seen (see the module docstring), if known."""
     times = [h.at for h in record.history if h.source == Phase.HEALTHY.value]
     for s in record.incident.evidence:
-        seen = s.value if s.kind is SignalKind.CONDITION and s.value > 0 else s.observed_at
-        times.append(seen)
+        since = s.kind in _VALUE_IS_SINCE and 0 < s.value <= s.observed_at
+        times.append(s.value if since else s.observed_at)
     return min(times) if times else None
 
 

@@ -87,6 +87,8 @@ HELD = record(Phase.HELD_FOR_CAPACITY, phase_since=T0 + 100, ledger=(
 DRY_RUN = replace(REPLACED, mode=Mode.DRY_RUN)
 CONDITION = replace(RECOVERED_EARLY, incident=replace(RECOVERED_EARLY.incident, evidence=(
     Signal("n1", "k8s", SignalKind.CONDITION, "GPUHealthy", T0 - 500, T0 - 5),)))
+SLURM_FOUND = replace(RECOVERED_EARLY, incident=replace(RECOVERED_EARLY.incident, evidence=(
+    Signal("n1", "slurm", SignalKind.SLURM, "state", T0 - 120, T0 - 2),)))
 NOW = T0 + 10_000
 
 
@@ -107,9 +109,12 @@ NOW = T0 + 10_000
         (DRY_RUN, Closing.REPLACED, 60.0, None, None, 0.0, False, None),
         (CONDITION, Closing.RECOVERED, 500.0, None, None, 0.0, False,
          FoundNothing.RECOVERED_BEFORE_DISRUPTION),
+        (SLURM_FOUND, Closing.RECOVERED, 120.0, None, None, 0.0, False,
+         FoundNothing.RECOVERED_BEFORE_DISRUPTION),
     ],
     ids=["replaced", "repaired", "repair-found-no-fault", "recovered-early", "recovered-late",
-         "escalated", "cancelled-undone", "held-open", "dry-run", "condition-evidence"])
+         "escalated", "cancelled-undone", "held-open", "dry-run", "condition-evidence",
+         "slurm-evidence"])
 def test_incident_outcome(rec: NodeRecord, closing: Closing, detect: float | None,
                           to_service: float | None, to_replacement: float | None, out: float,
                           still_out: bool, found: FoundNothing | None) -> None:
