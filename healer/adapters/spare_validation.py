@@ -82,7 +82,11 @@ def spare_state(view: NodeView) -> SpareState:
 
 
 def is_failed_spare(view: NodeView) -> bool:
-    return bool(view.labels.get(SPARE_FAILED_LABEL))
+    """Out of the pool: labelled failed, or its last validation failed."""
+    if view.labels.get(SPARE_FAILED_LABEL):
+        return True
+    result = ValidationResult.from_annotation(view.annotations.get(SPARE_VALIDATION))
+    return result is not None and not result.passed
 
 
 class SpareValidator:

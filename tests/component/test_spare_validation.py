@@ -1,0 +1,334 @@
+"""Spare validation on fakes with a manual clock: the real KubeSparePool claim, SpareValidator
+and RepairRouter over an in-memory Node store (merge patches guarded by resourceVersion, as the
+API server does) and scripted check Jobs."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from healer.adapters.hooks import RepairRouter
+from healer.adapters.kube.nodes import node_view
+from healer.adapters.kube.spares import KubeSparePool
+from healer.adapters.spare_validation import CheckReport, SpareValidator
+from healer.core.model import NodeView
+from healer.core.rules import LabelSelector
+from healer.core.spare_validation import (
+    SpareCheck,
+    SpareValidation,
+    ValidationResult,
+    ValidationRun,
+    bandwidth_table,
+)
+from healer.core.topology import DOMAIN_LABEL
+from healer.core.vocabulary import (
+    CLAIMED_BY,
+    REPAIR_INCIDENT,
+    REPAIR_LABEL,
+    REPAIR_RESULT,
+    SPARE_FAILED_LABEL,
+    SPARE_VALIDATION,
+    SPARE_VALIDATION_RUN,
+)
+from healer.errors import ConflictError
+from healer.ports import NodeEvent, PendingClaim
+from healer_dev.testing import FakeEvents, ManualClock
+
+HOUR = 3600.0
+DATA = Path(__file__).parents[1] / "unit" / "data" / "spare_checks"
+DCGM_FAIL = (DATA / "dcgm_diag_r2_fail.json").read_text()
+ALL_REDUCE = (DATA / "all_reduce_perf_h100x8.txt").read_text()
+SPARE = LabelSelector({"healer.io/role": "spare"})
+POLICY = SpareValidation(enabled=True, max_age=12 * HOUR, interval=6 * HOUR, on_claim=True,
+                         checks=(SpareCheck.DCGM_DIAG, SpareCheck.NCCL_LOOPBACK),
+                         bus_bandwidth_gbps=bandwidth_table({"NVIDIA H100 80GB HBM3": 400.0,
+                                                             "default": 100.0}),
+                         max_parallel=2)
+
+
+class RawNodes:
+    """Nodes as the API server keeps them: JSON objects, merge patches, resourceVersions."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.lists = 0
+
+    def add(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] = {}
+            ) -> None:
+        self.version += 1
+        self.raw[name] = {"metadata": {"name": name, "labels": dict(labels),
+                                       "annotations": dict(annotations),
+                                       "resourceVersion": str(self.version)},
+                          "spec": {"taints": [{"key": "healer.io/spare", "value": "true",
+                                               "effect": "NoSchedule"}]},
+                          "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+    async def get_raw(self, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.raw[name])
+
+    async def get(self, name: str) -> NodeView:
+        return node_view(self.raw[name])
+
+    async def list_raw(self, selector: str = "") -> tuple[list[dict[str, Any]], str]:
+        self.lists += 1
+        want = dict(p.split("=", 1) for p in selector.split(",") if "=" in p)
+        return [copy.deepcopy(r) for r in self.raw.values()
+                if all(r["metadata"]["labels"].get(k) == v for k, v in want.items())], ""
+
+    async def list(self, selector: str = "") -> list[NodeView]:
+        return [node_view(r) for r in (await self.list_raw(selector))[0]]
+
+    def watch(self) -> AsyncIterator[NodeEvent]:
+        raise NotImplementedError
+
+    async def cordon(self, name: str, incident: str, reason: str) -> bool:
+        raise NotImplementedError
+
+    async def uncordon(self, name: str, incident: str) -> bool:
+        return False
+
+    async def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        raw = self.raw[name]
+        meta = body.get("metadata") or {}
+        if meta.get("resourceVersion") not in (None, raw["metadata"]["resourceVersion"]):
+            raise ConflictError(f"node {name} changed")
+        for part in ("labels", "annotations"):
+            for k, v in (meta.get(part) or {}).items():
+                if v is None:
+                    raw["metadata"][part].pop(k, None)
+                else:
+                    raw["metadata"][part][k] = v
+        if "spec" in body:
+            raw["spec"].update(body["spec"])
+        self.version += 1
+        raw["metadata"]["resourceVersion"] = str(self.version)
+        return copy.deepcopy(raw)
+
+    async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
+                             annotations: Mapping[str, str | None] | None = None,
+                             resource_version: str | None = None) -> NodeView:
+        return node_view(await self._patch(name, {"metadata": {
+            "labels": dict(labels or {}), "annotations": dict(annotations or {}),
+            "resourceVersion": resource_version}}))
+
+
+class ScriptedJobs:
+    """Check Jobs whose end the test decides; each Job is created once (by its name)."""
+
+    def __init__(self, nodes: RawNodes) -> None:
+        self.nodes = nodes
+        self.created: list[tuple[str, str, str]] = []
+        self.outcome: dict[str, CheckReport] = {}  # node → report for every check (default)
+        self.finished: set[tuple[str, str, str]] = set()
+
+    async def run(self, node: str, run: str, check: str, *, model: str,
+                  deadline: float) -> CheckReport | None:
+        job = (node, run, check)
+        if job not in self.created:
+            # intent first: the run is on the Node before its first Job exists
+            ann = self.nodes.raw[node]["metadata"]["annotations"]
+            named = ValidationRun.from_annotation(ann.get(SPARE_VALIDATION_RUN))
+            assert named is not None
+            assert named.run == run
+            self.created.append(job)
+            return None
+        if job not in self.finished:
+            return None
+        default = CheckReport(0, f"healer-check {check} exit=0\n{ALL_REDUCE}")
+        return self.outcome.get(f"{node}/{check}", default)
+
+    def finish_all(self) -> None:
+        self.finished.update(self.created)
+
+    def running(self) -> set[str]:
+        return {job[0] for job in self.created if job not in self.finished}
+
+
+def world(clock: ManualClock, policy: SpareValidation = POLICY
+          ) -> tuple[RawNodes, ScriptedJobs, FakeEvents, KubeSparePool, SpareValidator]:
+    nodes = RawNodes()
+    nodes.add("bad", {DOMAIN_LABEL: "d1"})
+    jobs = ScriptedJobs(nodes)
+    events = FakeEvents()
+    pool, validator = wire(nodes, jobs, events, clock, policy)
+    return nodes, jobs, events, pool, validator
+
+
+def wire(nodes: RawNodes, jobs: ScriptedJobs, events: FakeEvents, clock: ManualClock,
+         policy: SpareValidation = POLICY) -> tuple[KubeSparePool, SpareValidator]:
+    validator = SpareValidator(nodes, events, RepairRouter(nodes, {}), jobs,
+                               settings=lambda: policy, clock=clock)
+    pool = KubeSparePool(nodes, SPARE)  # type: ignore[arg-type]
+    pool.validation = validator
+    return pool, validator
+
+
+def spare(nodes: RawNodes, name: str, domain: str, result: ValidationResult | None = None,
+          model: str = "NVIDIA-H100-80GB-HBM3") -> None:
+    ann = {SPARE_VALIDATION: result.to_annotation()} if result else {}
+    nodes.add(name, {"healer.io/role": "spare", DOMAIN_LABEL: domain,
+                     "nvidia.com/gpu.product": model}, ann)
+
+
+async def test_claim_passes_over_a_failed_spare_and_takes_the_validated_one() -> None:
+    clock = ManualClock()
+    nodes, jobs, _events, pool, _ = world(clock)
+    checks = ("dcgm-diag", "nccl-loopback")
+    spare(nodes, "near-failed", "d1", ValidationResult(False, clock.now() - HOUR, checks, "x"))
+    spare(nodes, "near-stale", "d1", ValidationResult(True, clock.now() - 13 * HOUR, checks))
+    spare(nodes, "far-ok", "d2", ValidationResult(True, clock.now() - HOUR, checks))
+    assert await pool.claim("bad", "inc-1") == "far-ok"
+    assert nodes.raw["far-ok"]["metadata"]["annotations"][CLAIMED_BY] == "inc-1"
+    assert jobs.created == []  # a validated spare was there: nothing ran
+    assert await pool.depth() == {"d1": 1}  # the failed spare is not in the pool
+
+
+async def test_claim_validates_first_a_failing_spare_goes_to_repair_the_next_is_claimed(
+        ) -> None:
+    clock = ManualClock()
+    nodes, jobs, events, pool, _ = world(clock)
+    spare(nodes, "near", "d1")
+    spare(nodes, "far", "d2")
+    jobs.outcome["near/dcgm-diag"] = CheckReport(226, "healer-check dcgm-diag exit=226\n",
+                                                 dcgm_json=DCGM_FAIL)
+    first = await pool.claim("bad", "inc-1")
+    assert isinstance(first, PendingClaim)
+    assert "validating warm spare near (dcgm-diag, nccl-loopback)" in first.detail
+    assert [j[0] for j in jobs.created] == ["near"]  # one candidate at a time
+    assert isinstance(await pool.claim("bad", "inc-1"), PendingClaim)
+    assert len(jobs.created) == 1  # polling again never made a second Job
+    jobs.finish_all()
+    await clock.advance(60)
+    second = await pool.claim("bad", "inc-1")  # near fails: out of the pool; far is started
+    assert isinstance(second, PendingClaim)
+    assert "far" in second.detail
+    near = nodes.raw["near"]["metadata"]
+    assert near["labels"][SPARE_FAILED_LABEL] == "true"
+    assert near["labels"]["healer.io/role"] == "spare"  # someone else's label is kept
+    assert near["labels"][REPAIR_LABEL] == "pending"
+    near_result = ValidationResult.from_annotation(near["annotations"][SPARE_VALIDATION])
+    assert near_result is not None
+    assert not near_result.passed
+    assert SPARE_VALIDATION_RUN not in near["annotations"]
+    (node, reason, kind, note), = events.events.values()
+    assert (node, reason, kind) == ("near", "SpareFailedValidation", "Warning")
+    assert "failed dcgm-diag" in note
+    assert "GPU Memory (GPU 3): Detected a DBE error" in note
+    # far: dcgm-diag passes, then nccl-loopback (a second Job of the same run), then claimed
+    jobs.finish_all()
+    assert isinstance(await pool.claim("bad", "inc-1"), PendingClaim)
+    assert [(n, c) for n, _, c in jobs.created] == [
+        ("near", "dcgm-diag"), ("far", "dcgm-diag"), ("far", "nccl-loopback")]
+    jobs.finish_all()
+    assert await pool.claim("bad", "inc-1") == "far"
+    result = ValidationResult.from_annotation(
+        nodes.raw["far"]["metadata"]["annotations"][SPARE_VALIDATION])
+    assert result is not None
+    assert result.passed
+    assert "422.931 GB/s, at least the 400 GB/s threshold" in result.detail
+
+
+async def test_a_restarted_leader_reuses_the_running_job() -> None:
+    clock = ManualClock()
+    nodes, jobs, _events, pool, _ = world(clock)
+    spare(nodes, "only", "d1")
+    assert isinstance(await pool.claim("bad", "inc-1"), PendingClaim)
+    pool2, _ = wire(nodes, jobs, FakeEvents(), clock)  # a new leader: nothing in memory
+    assert isinstance(await pool2.claim("bad", "inc-1"), PendingClaim)
+    assert len(jobs.created) == 1
+    jobs.finish_all()
+    assert isinstance(await pool2.claim("bad", "inc-1"), PendingClaim)  # nccl-loopback
+    jobs.finish_all()
+    assert await pool2.claim("bad", "inc-1") == "only"
+    assert len(jobs.created) == 2
+
+
+async def test_without_on_claim_only_validated_spares_are_taken() -> None:
+    clock = ManualClock()
+    policy = dataclasses.replace(POLICY, on_claim=False)
+    nodes, jobs, _, pool, _ = world(clock, policy)
+    spare(nodes, "never-validated", "d1")
+    assert await pool.claim("bad", "inc-1") is None
+    assert jobs.created == []
+
+
+async def test_a_below_threshold_bandwidth_fails_the_spare_with_the_figure() -> None:
+    clock = ManualClock()
+    nodes, jobs, events, _, validator = world(clock)
+    spare(nodes, "slow", "d1")
+    slow = ALL_REDUCE.replace("422.931", "371.2")
+    jobs.outcome["slow/nccl-loopback"] = CheckReport(0, f"healer-check nccl-loopback exit=0\n"
+                                                        f"{slow}")
+    await validator.start("slow")
+    jobs.finish_all()
+    assert await validator.advance("slow") is None  # dcgm passed; nccl-loopback started
+    jobs.finish_all()
+    result = await validator.advance("slow")
+    assert result is not None
+    assert not result.passed
+    (_, reason, _, note), = events.events.values()
+    assert reason == "SpareFailedValidation"
+    assert "nccl-loopback (371.2 GB/s)" in note
+    assert "below the 400 GB/s threshold" in note
+
+
+async def test_the_periodic_round_is_bounded_and_validates_every_spare_in_turn() -> None:
+    clock = ManualClock()
+    nodes, jobs, _, _, validator = world(clock)
+    for i in range(10):
+        spare(nodes, f"s{i}", "d1")
+    most = 0
+    for _ in range(40):
+        await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+        most = max(most, len(jobs.running()))
+        jobs.finish_all()
+        await clock.advance(30)
+    assert most == 2  # maxParallel
+    results = [ValidationResult.from_annotation(
+        nodes.raw[f"s{i}"]["metadata"]["annotations"].get(SPARE_VALIDATION)) for i in range(10)]
+    assert all(r is not None and r.passed for r in results)
+    before = len(jobs.created)
+    await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+    assert len(jobs.created) == before  # nothing due before the interval
+    await clock.advance(6 * HOUR)
+    await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+    assert len(jobs.created) == before + 2  # due again, two at a time
+
+
+async def test_a_claimed_spare_is_not_validated_and_a_repaired_one_returns() -> None:
+    clock = ManualClock()
+    nodes, _jobs, events, _, validator = world(clock)
+    spare(nodes, "claimed", "d1")
+    nodes.raw["claimed"]["metadata"]["annotations"][CLAIMED_BY] = "inc-9"
+    spare(nodes, "repaired", "d1")
+    nodes.raw["repaired"]["metadata"]["labels"].update({SPARE_FAILED_LABEL: "true",
+                                                        REPAIR_LABEL: "pending"})
+    nodes.raw["repaired"]["metadata"]["annotations"].update({
+        REPAIR_INCIDENT: "spare-repaired-20260105t080000z", REPAIR_RESULT: "passed",
+        SPARE_VALIDATION: ValidationResult(False, clock.now() - HOUR, ("dcgm-diag",)
+                                           ).to_annotation()})
+    plan = await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+    assert plan.start == ()
+    meta = nodes.raw["repaired"]["metadata"]
+    assert SPARE_FAILED_LABEL not in meta["labels"]
+    assert REPAIR_LABEL not in meta["labels"]
+    assert SPARE_VALIDATION not in meta["annotations"]
+    assert "SpareRepaired" in events.reasons("repaired")
+    plan = await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+    assert plan.start == ("repaired",)  # back in the pool, validated before any claim
+
+
+@pytest.mark.parametrize("enabled", [False])
+async def test_validation_off_claims_as_before(enabled: bool) -> None:
+    clock = ManualClock()
+    nodes, jobs, _, pool, validator = world(clock, SpareValidation(enabled=enabled))
+    spare(nodes, "s", "d1")
+    assert await pool.claim("bad", "inc-1") == "s"
+    assert (await validator.periodic_round(await nodes.list())).start == ()
+    assert jobs.created == []
