@@ -307,11 +307,16 @@ class SlinkyDriver:
             if why:
                 raise NotFoundError(why) from e
             raise
+        return await self._fresh(node, mirrored)
+
+    async def _fresh(self, node: str, mirrored: SlurmNodeState) -> SlurmNodeState:
+        """Slurm's own answer when there is a job backend, else the pod's mirror."""
         if self.jobs is None:
             return mirrored
         # The operator mirrors Slurm into the pod's conditions only when it re-lists Slurm
-        # (every 30 s): a job that ended 1 s ago still shows Allocated there. With Slurm's own
-        # API at hand, its answer is the fresh one; the mirror stays the fallback.
+        # (every 30 s): a job that ended 1 s ago still shows Allocated there, a drain set 1 s
+        # ago is not there yet. With Slurm's own API at hand, its answer is the fresh one; the
+        # mirror stays the fallback.
         try:
             fresh = await self.jobs.state(node)
         except (TransientError, NotFoundError):
@@ -322,11 +327,13 @@ class SlinkyDriver:
         """Drain through the operator: healer's cordon reason on the Node first, then the
         cordon (its provenance names ``incident``; without one, the reason stands in)."""
         pod = await self.pods.by_slurm_name(node)
-        st = pod_state(pod)
         host = str((pod.get("spec") or {}).get("nodeName") or "")
         if not host:
             raise TransientError(f"slurmd pod of {node} is not scheduled")
         await self._check_update_strategy(pod)
+        # fresh: a drain the Slurm feed just saw (a Slurm-detected incident) may not be in
+        # the pod's conditions yet, and cordoning over it would claim someone else's drain
+        st = await self._fresh(node, pod_state(pod))
         if foreign_drain(st):
             # someone drained it with their own reason: theirs to clear (the flow goes on to
             # cordon and claim; move holds while that drain is there)
