@@ -78,7 +78,8 @@ _ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re
 #: add its own), a Pod bound to a managed Node runs and is Ready (a slurmd pod runs unready:
 #: :mod:`healer_dev.devstack.podruntime` makes it Ready once its real slurmd registered, as the
 #: container's readiness probe would), a Job's Pod succeeds (or
-#: fails, when labelled healer-test-outcome=fail), a Pod being deleted goes away. Node
+#: fails, when labelled healer-test-outcome=fail; its container's termination message is the
+#: pod's annotation healer-test-message, if any), a Pod being deleted goes away. Node
 #: liveness comes from the Leases kwok renews.
 KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
@@ -176,12 +177,17 @@ spec:
   next:
     statusTemplate: |
       {{ $t := Now | Quote }}
+      {{ $msg := "" }}
+      {{ with .metadata.annotations }}{{ with index . "healer-test-message" }}
+      {{ $msg = . }}
+      {{ end }}{{ end }}
       phase: Failed
       containerStatuses:
       {{ range .spec.containers }}
       - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
          started: false, state: {terminated: {exitCode: 1, reason: Error,
-                                              startedAt: {{ $t }}, finishedAt: {{ $t }}}}}
+                                              startedAt: {{ $t }}, finishedAt: {{ $t }},
+           message: {{ $msg | Quote }}}}}
       {{ end }}
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -199,12 +205,17 @@ spec:
   next:
     statusTemplate: |
       {{ $t := Now | Quote }}
+      {{ $msg := "" }}
+      {{ with .metadata.annotations }}{{ with index . "healer-test-message" }}
+      {{ $msg = . }}
+      {{ end }}{{ end }}
       phase: Succeeded
       containerStatuses:
       {{ range .spec.containers }}
       - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
          started: false, state: {terminated: {exitCode: 0, reason: Completed,
-                                              startedAt: {{ $t }}, finishedAt: {{ $t }}}}}
+                                              startedAt: {{ $t }}, finishedAt: {{ $t }},
+           message: {{ $msg | Quote }}}}}
       {{ end }}
 ---
 apiVersion: kwok.x-k8s.io/v1alpha1
