@@ -17,6 +17,7 @@ from healer.adapters.kube.nodes import node_view
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import CheckReport, SpareValidator
 from healer.core.model import NodeView
+from healer.core.phases import Phase
 from healer.core.rules import LabelSelector
 from healer.core.spare_validation import (
     SpareCheck,
@@ -34,10 +35,12 @@ from healer.core.vocabulary import (
     SPARE_FAILED_LABEL,
     SPARE_VALIDATION,
     SPARE_VALIDATION_RUN,
+    StepName,
 )
 from healer.errors import ConflictError
 from healer.ports import NodeEvent, PendingClaim
-from healer_dev.testing import FakeEvents, ManualClock
+from healer_dev.testing import FakeEvents, ManualClock, fake_ports
+from tests.component.test_controller import fleet, make
 
 HOUR = 3600.0
 DATA = Path(__file__).parents[1] / "unit" / "data" / "spare_checks"
@@ -332,3 +335,45 @@ async def test_validation_off_claims_as_before(enabled: bool) -> None:
     assert await pool.claim("bad", "inc-1") == "s"
     assert (await validator.periodic_round(await nodes.list())).start == ()
     assert jobs.created == []
+
+
+class ValidatingFirst:
+    """The fake spare pool, except that its first ``pending`` claims wait for a validation."""
+
+    def __init__(self, spares: Any, pending: int) -> None:
+        self.spares = spares
+        self.pending = pending
+
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False
+                    ) -> str | PendingClaim | None:
+        if self.pending > 0:
+            self.pending -= 1
+            return PendingClaim("validating warm spare spare-a (dcgm-diag) before claiming it")
+        out: str | None = await self.spares.claim(node, incident, same_domain=same_domain)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.spares, name)
+
+
+async def test_the_remediation_waits_in_its_claim_step_while_the_spare_is_validated() -> None:
+    fakes = fake_ports(fleet())
+    pool = fakes["spares"] = ValidatingFirst(fakes["spares"], pending=1000)
+    h = await make(fakes=fakes)
+    try:
+        await h.xid("gpu-1")
+        await h.run(20)
+        assert h.phase("gpu-1") is Phase.CORDONED
+        rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-1")
+        claim = rec.step(StepName.CLAIM_SPARE)
+        assert claim is not None
+        assert not claim.done
+        assert claim.error == "validating warm spare spare-a (dcgm-diag) before claiming it"
+        assert pool.pending < 1000 - 1  # polled again while it waits
+        pool.pending = 0  # the validation passed
+        await h.run(60)
+        rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-1")
+        assert rec.spare == "spare-a"
+        assert h.phase("gpu-1") is Phase.REPAIR  # swapped; the bad node went to repair
+    finally:
+        await h.close()
