@@ -45,7 +45,10 @@ def test_server_filter_loosest_threshold_per_direction() -> None:
     assert server_filter("E", ((Op.GT, 90.0), (Op.GE, 90.0))) == "(E) >= 90.0"
     assert server_filter("E", ((Op.LT, 5.0), (Op.LE, 3.0))) == "(E) < 5.0"
     assert server_filter("E", ((Op.GT, 5.0), (Op.LT, 1.0))) == "E"  # opposite ops
-    assert server_filter("E", ((Op.EQ, 1.0),)) == "E"
+    assert server_filter("E", ((Op.EQ, 1.0),)) == "(E) == 1.0"
+    assert server_filter("E", ((Op.NE, 5.0),)) == "(E) != 5.0"
+    assert server_filter("E", ((Op.NE, 5.0), (Op.EQ, 1.0))) == "E"
+    assert server_filter("E", ((Op.NE, 5.0), (Op.GT, 7.0))) == "E"
     src = source(MetricRule("hot", Severity.DEGRADING, TEMP, Op.GE, 90.0))
     try:
         (q,) = src.plan.metrics

@@ -207,10 +207,15 @@ def server_filter(expr: str, predicates: Sequence[tuple[Op, float]]) -> str:
     """``(expr) > t`` with the loosest threshold, so Prometheus returns only violating series.
 
     ``>``/``>=`` predicates: the lowest threshold (``>=`` when tied); ``<``/``<=``: the
-    highest. No filter (``expr`` as is) for ``==``/``!=`` or predicates of both directions.
+    highest; one ``==`` or ``!=`` predicate alone: itself (an InfiniBand port whose physical
+    state ``!= 5``). No filter (``expr`` as is) for several ``==``/``!=`` or predicates of both
+    directions.
     """
     if not predicates:
         return expr
+    if len(predicates) == 1 and predicates[0][0] in (Op.EQ, Op.NE):
+        op_eq, t_eq = predicates[0]
+        return f"({expr}) {op_eq.value} {t_eq!r}"
     ops = {op for op, _ in predicates}
     if ops <= {Op.GT, Op.GE}:
         t = min(t for _, t in predicates)
