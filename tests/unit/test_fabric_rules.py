@@ -284,3 +284,22 @@ def test_ports_are_judged_apart_and_the_bounded_state_agrees(
     bounded = evaluate("n", state.signals(now), policy, now)
     assert (bounded.state, bounded.rules, bounded.summary()) == (
         whole.state, whole.rules, whole.summary())
+
+
+def test_history_reads_series_per_port() -> None:
+    """The backtest's range answers: one signal per node, port and step."""
+    src = PrometheusSource("http://127.0.0.1:1", load_policy_set([IB_POLICY]), stale_after=60)
+    try:
+        q = next(q for q in src.plan.metrics if q.rules == ("infiniband/ib-link-flapping",))
+        answer = [{"metric": {"node": "a", "device": d, "port": "1"},
+                   "values": [[T, v], [T + 15, v]]} for d, v in (("mlx5_0", "0"),
+                                                                  ("mlx5_1", "6"))]
+        sigs = src.parser.metric_history(q, answer)
+        assert sorted((s.part.describe() if s.part else "", s.observed_at, s.value)
+                      for s in sigs) == [("device mlx5_0 port 1", T, 0.0),
+                                         ("device mlx5_0 port 1", T + 15, 0.0),
+                                         ("device mlx5_1 port 1", T, 6.0),
+                                         ("device mlx5_1 port 1", T + 15, 6.0)]
+        assert {s.gpu for s in sigs} == {None}
+    finally:
+        src.close()

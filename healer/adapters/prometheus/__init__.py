@@ -6,7 +6,11 @@ poll sends a fixed set of **fleet-wide** instant queries, all evaluated at the s
 * one per distinct metric expression of the policy set: ``increase(FIELD[window])``,
   ``rate(...)``, ``max_over_time(...)`` or the plain gauge, aggregated ``max by`` (``min by``
   for ``<``/``<=`` rules) host, instance and GPU labels; a rule with ``promql`` runs its
-  expression as given. Its :class:`PlannedQuery` carries every distinct (op, threshold) of the
+  expression as given; a ``series`` rule (any exporter's metric: node-exporter's InfiniBand
+  ports) aggregates by its node label and ``per`` labels only, without the source's DCGM
+  matchers or join (:func:`~.promql.series_expr`), and its samples carry the part
+  (:class:`~healer.core.parts.PartRef`, an HCA port) instead of a GPU, stamped with the node's
+  heartbeat. Its :class:`PlannedQuery` carries every distinct (op, threshold) of the
   rules it serves (``predicates``);
 * one for XIDs (shared by every XID rule): the raw samples of ``DCGM_FI_DEV_XID_ERRORS`` (the
   *last* XID, per GPU) and ``DCGM_EXP_XID_ERRORS_COUNT`` (per XID in a sliding window) since the
