@@ -271,8 +271,12 @@ def test_ports_are_judged_apart_and_the_bounded_state_agrees(
     state = NodeSignals(RuleIndex.of(PolicySet((policy,))))
     full: list[Signal] = []
     t = T - 2000
+    last: dict[tuple[int, int], float] = {}
     for dt, r, p, value in stream:
         t += dt
+        if last.get((r, p)) == t:
+            continue  # one sample per series and time, as Prometheus stores them
+        last[(r, p)] = t
         s = sample(RULES[r], value, t, PORTS[p])
         full.append(s)
         state.add(s)
@@ -301,5 +305,28 @@ def test_history_reads_series_per_port() -> None:
                                          ("device mlx5_1 port 1", T, 6.0),
                                          ("device mlx5_1 port 1", T + 15, 6.0)]
         assert {s.gpu for s in sigs} == {None}
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize(("rule_name", "raw", "kept"), [
+    ("ib-port-not-active", "1", True),
+    ("ib-port-not-active", "9", False),  # no port state 9: dropped, counted
+    ("ib-port-not-active", "-1", False),
+    ("ib-link-not-up", "8", False),
+    ("ib-link-not-up", "3", True),
+    ("ib-link-downed", "-2", False),  # a counter's increase is never negative
+    ("ib-link-flapping", "-1", False),  # nor a count of changes
+    ("ib-link-flapping", "NaN", False),
+])
+def test_impossible_port_samples_are_dropped(rule_name: str, raw: str, kept: bool) -> None:
+    src = PrometheusSource("http://127.0.0.1:1", load_policy_set([IB_POLICY]), stale_after=60)
+    try:
+        q = next(q for q in src.plan.metrics if q.rules == (f"infiniband/{rule_name}",))
+        sigs = src.parse_poll(T, {src.freshness_query: heartbeat(T, "a"),
+                                  q.expr: body([ib_row("a", "mlx5_0", raw)])})
+        metric = [s for s in sigs if s.kind is SignalKind.METRIC]
+        assert bool(metric) is kept
+        assert (sum(src.drops.counts.values()) == 0) is kept
     finally:
         src.close()

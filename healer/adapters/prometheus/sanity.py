@@ -58,6 +58,9 @@ FIELD_RANGES: Mapping[str, tuple[float, float]] = {
     "DCGM_FI_DEV_POWER_USAGE": (0.0, 10_000.0),
     "DCGM_FI_DEV_GPU_UTIL": (0.0, 100.0),
     "DCGM_FI_DEV_MEM_COPY_UTIL": (0.0, 100.0),
+    # node-exporter's infiniband collector: the port states of /sys/class/infiniband
+    "node_infiniband_state_id": (0.0, 5.0),
+    "node_infiniband_physical_state_id": (0.0, 7.0),
 }
 _COUNTER_HINTS = ("_TOTAL", "_COUNT", "_COUNTER", "ECC_", "ROW_REMAP_", "RETIRED_",
                   "_VIOLATION", "XID_ERRORS")
@@ -71,15 +74,20 @@ def field_range(field: str) -> tuple[float, float]:
         return got
     if field.startswith("DCGM_") and any(h in field for h in _COUNTER_HINTS):
         return (0.0, _INF)
+    if field.endswith("_total"):  # a Prometheus counter (node_infiniband_link_downed_total)
+        return (0.0, _INF)
     return (-_INF, _INF)
 
 
 def rule_range(rule: MetricRule | None) -> tuple[float, float]:
     """The possible values of a metric rule's query: the field's range for the value and
-    ``max_over_time``; ``[0, inf)`` for ``increase``/``rate`` of a counter; any finite number
-    for a ``promql`` rule (healer cannot know what it computes)."""
+    ``max_over_time``; ``[0, inf)`` for ``increase``/``rate`` of a counter and for
+    ``changes``; any finite number for a ``promql`` rule (healer cannot know what it
+    computes)."""
     if rule is None or rule.promql:
         return (-_INF, _INF)
+    if rule.aggregation is Aggregation.CHANGES:  # a count of changes
+        return (0.0, _INF)
     lo, hi = field_range(rule.field)
     if rule.aggregation in (Aggregation.VALUE, Aggregation.MAX_OVER_TIME):
         return lo, hi
