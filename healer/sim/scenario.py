@@ -23,6 +23,7 @@ from healer.core.model import GpuRef, Signal, SignalKind, Taint
 from healer.core.parts import PartRef
 from healer.core.phases import Phase
 from healer.core.rules import MetricRule, Mode, PolicySet
+from healer.core.slurm_signals import finding_signal, next_finding
 from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import (
     CORDONED_BY,
@@ -74,6 +75,24 @@ class ConditionSpec(_M):
     message: str = ""
 
 
+SlurmState = Literal["DOWN", "NOT_RESPONDING", "FAIL", "DRAIN"]
+
+
+def _drain() -> list[SlurmState]:
+    return ["DRAIN"]
+
+
+class SlurmFaultSpec(_M):
+    """Slurm takes the node out (or, ``clear``, gives it back): DRAIN sets the world's Slurm
+    drain with ``reason`` (someone else's: healer never owns it), the other states are only
+    what Slurm reports."""
+
+    states: list[SlurmState] = Field(default_factory=_drain)
+    reason: str = ""
+    user: str = ""
+    clear: bool = False
+
+
 class FaultSpec(_M):
     at: Duration
     node: str
@@ -89,6 +108,7 @@ class FaultSpec(_M):
     condition: ConditionSpec | None = None
     telemetry: Literal["stop", "start"] | None = None
     uncordon: bool = False  # an admin uncordons the node
+    slurm: SlurmFaultSpec | None = None  # Slurm takes the node out (the Slurm feed's finding)
 
 
 class SimRepairSpec(_M):
@@ -231,6 +251,8 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
                                      Signal.details(status=c.status, reason=c.reason,
                                                     message=c.message)))
             _repeat_condition(replay, f, t0, start + sc.until, sc.scrape_interval)
+        if f.slurm is not None:
+            replay.add_callback(t0, _slurm_fault(replay, world, f.node, f.slurm))
         if f.uncordon:
             def admin_uncordon(now: float, node: str = f.node) -> None:
                 world.nodes[node].unschedulable = False
@@ -239,6 +261,22 @@ def _schedule_faults(replay: Replay, sc: Scenario, world: SimWorld, start: float
                 replay.process(Trigger(TriggerKind.ADMIN_UNCORDON, node, now))
             replay.add_callback(t0, admin_uncordon)
     _schedule_repairs(replay, world)  # repair results come from the world once a node is marked
+
+
+def _slurm_fault(replay: Replay, world: SimWorld, node: str,
+                 spec: SlurmFaultSpec) -> Callable[[float], None]:
+    """What the Slurm feed would send when Slurm takes ``node`` out as ``spec`` says."""
+    def apply(now: float) -> None:
+        sn = world.slurm_name(node)
+        s = world.slurm.get(sn)
+        if s is not None and "DRAIN" in spec.states:
+            s.drain, s.reason = not spec.clear, "" if spec.clear else spec.reason
+        found = None if spec.clear else next_finding(
+            None, base="DOWN" if "DOWN" in spec.states else "IDLE",
+            flags={x for x in spec.states if x != "DOWN"}, reason=spec.reason, user=spec.user,
+            now=now)
+        replay.add_signal(finding_signal(node, found, now))
+    return apply
 
 
 def _metric_keys(policies: PolicySet, field: str) -> list[str]:

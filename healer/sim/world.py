@@ -307,6 +307,11 @@ class SimWorld:
             return StepStatus.FAILED, f"Slurm node {sn!r} is not on {act.node}", {}
         if self.busy(sn, now):
             return StepStatus.PENDING, "Slurm reports the node busy: not moving it", {}
+        if s.drain and s.reason and not s.reason.startswith(SLURM_REASON_PREFIX):
+            # as the Slinky workload move (docs/adr/0006): moving would delete their drain
+            return (StepStatus.PENDING, f"Slurm node {sn} is drained by someone else (reason "
+                    f"{s.reason!r}): healer holds until the owner clears it",
+                    {"held": "foreign-drain"})
         spare = self.nodes[act.spare]
         spare.spare = False
         spare.labels.pop(ROLE_LABEL, None)
