@@ -38,6 +38,9 @@ from healer.core.vocabulary import SLURM_REASON_PREFIX
 SLURM_STATES = ("DOWN", "NOT_RESPONDING", "FAIL", "DRAIN")
 #: The prefix SchedMD's slurm-operator puts on every reason it writes.
 OPERATOR_REASON_PREFIX = "slurm-operator: "
+#: Without one of these flags (upper case, as every driver reports them) and not DOWN, a node
+#: has no finding: the Slurm feed skips it without looking further.
+OUT_FLAGS = frozenset({"NOT_RESPONDING", "FAIL", "FAILING", "DRAIN"})
 #: The signal's source and key.
 SOURCE = "slurm"
 KEY = "slurm-state"

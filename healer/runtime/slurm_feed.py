@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 
 from healer.core.model import Signal
-from healer.core.slurm_signals import SlurmFinding, finding_signal, next_finding
+from healer.core.slurm_signals import OUT_FLAGS, SlurmFinding, finding_signal, next_finding
 from healer.core.unavailability import slurm_cause
 from healer.errors import HealerError
 from healer.obs.logging import OnceLogger
@@ -112,9 +112,10 @@ class SlurmFeed:
         seen: dict[str, tuple[object, ...]] = {}
         findings: dict[str, SlurmFinding] = {}
         for node, st in states.items():
-            node = str(node)
-            key = (st.base, st.flags, st.reason, st.reason_user, st.reason_time)
             prev = self.findings.get(node)
+            if prev is None and st.base != "DOWN" and st.flags.isdisjoint(OUT_FLAGS):
+                continue  # Slurm finds nothing wrong, and found nothing before: no work
+            key = (st.base, st.flags, st.reason, st.reason_user, st.reason_time)
             if prev is not None and self._seen.get(node) == key:
                 seen[node], findings[node] = key, prev  # unchanged: nothing to work out
                 continue

@@ -16,6 +16,7 @@ from healer.core.model import HealthState, Severity, Signal, SignalKind
 from healer.core.signals import NodeSignals, RuleIndex
 from healer.core.slurm_signals import (
     KEY,
+    OUT_FLAGS,
     REASON_LIMIT,
     SOURCE,
     SlurmFinding,
@@ -53,6 +54,20 @@ H = HealthState
 def test_states_that_count(base: str, flags: tuple[str, ...], reason: str,
                            states: tuple[str, ...]) -> None:
     assert out_states(base, frozenset(flags), reason) == frozenset(states)
+
+
+_FLAGS = ("DRAIN", "UNDRAIN", "NOT_RESPONDING", "FAIL", "FAILING", "COMPLETING", "MAINTENANCE",
+          "REBOOT_ISSUED", "POWERED_DOWN", "CLOUD")
+
+
+@given(st.sampled_from(("IDLE", "DOWN", "ALLOCATED", "MIXED", "UNKNOWN", "FUTURE", "ERROR")),
+       st.sets(st.sampled_from(_FLAGS)),
+       st.sampled_from(("", "NHC: x", "healer: y [i]", "slurm-operator: z", "Not responding")))
+def test_the_feeds_shortcut_never_skips_a_finding(base: str, flags: set[str],
+                                                  reason: str) -> None:
+    """The Slurm feed skips a node without DOWN or one of OUT_FLAGS without asking further."""
+    if out_states(base, frozenset(flags), reason):
+        assert base == "DOWN" or not OUT_FLAGS.isdisjoint(flags)
 
 
 def test_a_finding_keeps_when_each_state_and_the_reason_began() -> None:
