@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import structlog
@@ -37,7 +37,10 @@ from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.adapters.kube.topology_step import KubeTopology
 from healer.adapters.slinky import OperatorCapabilities
+from healer.app_nodesets import NodeSetPorts, NodeSetWiring
+from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
+from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
@@ -46,6 +49,7 @@ from healer.ports import (
     CheckpointHook,
     Clock,
     SlurmDriver,
+    SlurmStates,
     StateStore,
     TelemetrySource,
     Validator,
@@ -145,7 +149,11 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     slurm = side.driver
     ports = _ports(settings, o, api, nodes, secrets, side, policies)
     clock = SYSTEM_CLOCK
-    executor: ActionRunner = Executor(ports, clock)
+    # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
+    nodesets = NodeSetPorts(
+        lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies, ns),
+        ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
+    executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
     if o.wrap_actions is not None:
         executor = o.wrap_actions(executor)
@@ -153,7 +161,10 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         store = o.wrap_store(store)
     ctl = Controller(policies=policies, executor=executor, store=store,
                      clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
-    slurm_feed = _slurm_feed(settings, api, slurm, ctl, clock)
+    nodesets.labels_of = _labels_of(ctl)
+    nodesets.prepare()
+    slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
+                             else None, ctl, clock)
     health = Health()
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
@@ -193,7 +204,17 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     finally:
         for p in prom:
             p.close()
+        if o.slurm is None:
+            await nodesets.close()
         await runner.cleanup()
+
+
+def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
+    def labels(node: str) -> Mapping[str, str] | None:
+        view = ctl.view().nodes.get(node)
+        return view.labels if view is not None else None
+
+    return labels
 
 
 def _max_mode(settings: Settings) -> Mode | None:
@@ -268,7 +289,7 @@ def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmDriver:
 
 
 def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side: SlurmSide,
-              *, slinky_pods: bool) -> KubeTopology:
+              keys: TopologyKeys, *, slinky_pods: bool) -> KubeTopology:
     """The topology step: the annotation from labels or from topograph, verified against the
     slurmd pod (Slinky) and against Slurm where it reports a node's topology."""
     from healer.adapters.slinky import SlinkyPods
@@ -288,13 +309,18 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
     pods = SlinkyPods(api, settings.slurm.nodeset_namespace) if slinky_pods else None
     # slurm-operator <v1.1 never copies the Node's topology annotation to the slurmd pod
     return KubeTopology(nodes, pods=pods, slurm=side.view, topograph=topograph,
-                        copies_topology=side.operator.copies_topology if slinky_pods else None)
+                        copies_topology=side.operator.copies_topology if slinky_pods else None,
+                        keys=keys)
 
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
-           secrets: Secrets, side: SlurmSide, policies: PolicySet) -> Ports:
-    """Every port the executor acts through: the real adapters, or the caller's overrides."""
+           secrets: Secrets, side: SlurmSide, policies: PolicySet,
+           nodeset: NodeSetRules | None = None) -> Ports:
+    """Every port the executor acts through: the real adapters, or the caller's overrides;
+    for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
+    its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
     slurm = side.driver
+    keys = nodeset.topology if nodeset is not None else TOPOGRAPH
     workload = o.workload
     labels_provider = None
     slurm_names: SlurmNames | None = None
@@ -308,10 +334,12 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         if settings.slurm.driver == "slinky" or settings.slurm.nodeset:
             # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
             slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
-    spares = KubeSparePool(nodes, policies.fleet.spare_selector,
-                           labels_provider=labels_provider,
+    spare_selector = (nodeset.spare_selector if nodeset is not None else None) \
+        or policies.fleet.spare_selector
+    spares = KubeSparePool(nodes, spare_selector, labels_provider=labels_provider,
                            topology_name="default" if settings.topology.source == "labels"
-                           else None)
+                           else None, keys=keys,
+                           tolerations=nodeset.tolerations if nodeset is not None else ())
     validator = o.validator
     if validator is None:
         from healer.adapters.kube.jobs import JobValidator
@@ -323,11 +351,30 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
                                              "webhook": webhook, "job": jobhook})
     return Ports(nodes=nodes, events=KubeEvents(api, instance=settings.leader.identity),
                  slurm=slurm, spares=spares, workload=workload,
-                 topology=_topology(settings, api, nodes, side,
+                 topology=_topology(settings, api, nodes, side, keys,
                                     slinky_pods=o.workload is None),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
-                 slurm_names=slurm_names or same_name)
+                 slurm_names=slurm_names or same_name, topology_keys=keys)
+
+
+def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
+    """The settings as the command line would give them for this one NodeSet."""
+    return replace(settings, slurm=replace(
+        settings.slurm, driver=ns.slurm.driver, slurmrestd_url=ns.slurm.slurmrestd_url,
+        token_secret=ns.slurm.token_secret, slurm_conf=ns.slurm.slurm_conf,
+        nodeset_namespace=ns.namespace or settings.slurm.nodeset_namespace,
+        nodeset=ns.nodeset))
+
+
+def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
+                    secrets: Secrets, policies: Callable[[], PolicySet],
+                    ns: NodeSetRules) -> NodeSetWiring:
+    """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
+    own = _nodeset_settings(settings, ns)
+    side = _slurm_side(own, api, nodes, o.slurm)
+    return NodeSetWiring(_ports(own, o, api, nodes, secrets, side, policies(), ns),
+                         _slurm_states(own, api, side.driver), side.driver)
 
 
 def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSource]:
@@ -400,18 +447,23 @@ def _election(settings: Settings, api: client.ApiClient, ctl: Controller) -> Lea
                       retry_period=settings.leader.retry_period)
 
 
-def _slurm_feed(settings: Settings, api: client.ApiClient, slurm: SlurmDriver, ctl: Controller,
-                clock: Clock) -> SlurmFeed | None:
-    """The guardrails' view of Slurm (issue 12), when the driver can list nodes."""
+def _slurm_states(settings: Settings, api: client.ApiClient,
+                  slurm: SlurmDriver) -> SlurmStates | None:
+    """Slurm's node states by Kubernetes node, when the driver can list nodes."""
     from healer.adapters.slinky import SlinkyPods
     from healer.adapters.slurm.states import slurm_states
 
-    if not settings.slurm.state_interval:
-        return None
     hosts = None
     if settings.slurm.driver == "slinky" or settings.slurm.nodeset:  # Slurm name = the pod's
         hosts = SlinkyPods(api, settings.slurm.nodeset_namespace).hosts
-    states = slurm_states(slurm, hosts)
+    return slurm_states(slurm, hosts)
+
+
+def _slurm_feed(settings: Settings, states: SlurmStates | None, ctl: Controller,
+                clock: Clock) -> SlurmFeed | None:
+    """The guardrails' view of Slurm (issue 12), when the drivers can list nodes."""
+    if not settings.slurm.state_interval:
+        return None
     if states is None:
         log.warning("the Slurm driver cannot list nodes: the guardrails count only Kubernetes")
         return None

@@ -273,11 +273,10 @@ def population(view: BudgetView, policy: Scope) -> list[NodeView]:
     if view.index is not None:
         names = view.index.members(policy)
         return [n for n in view.nodes.values() if n.name in names]
-    spare_sel = view.policies.fleet.spare_selector
     in_flight = {claims_in_flight(r) for r in view.open.values()}
     out: list[NodeView] = []
     for n in view.nodes.values():
-        if (spare_sel.match_labels and spare_sel.matches(n.labels)) or n.name in in_flight:
+        if view.policies.is_spare(n.labels) or n.name in in_flight:
             continue
         if not in_scope(view.policies, policy, n):
             continue
@@ -343,11 +342,10 @@ class ScanFacts:
         return self._scope(policy)[1].get(node, "")
 
     def replaced(self, policy: Scope) -> int:
-        spare_sel = self.view.policies.fleet.spare_selector
         in_flight = {claims_in_flight(r) for r in self.view.open.values()}
         return sum(1 for n in self.view.nodes.values()
                    if replaced(self.view.open.get(n.name)) and n.name not in in_flight
-                   and not (spare_sel.match_labels and spare_sel.matches(n.labels))
+                   and not self.view.policies.is_spare(n.labels)
                    and in_scope(self.view.policies, policy, n))
 
     def _tagged(self, scope: Scope, node: str, policy: str) -> bool:

@@ -225,8 +225,7 @@ class FleetIndex:
     def _describe(self, view: NodeView, before: _Node | None = None) -> _Node:
         if before is not None and before.view.labels == view.labels:
             return _Node(view, before.selected_by, before.spare, before.nodeset)
-        spare_sel = self._policies.fleet.spare_selector
-        spare = bool(spare_sel.match_labels) and spare_sel.matches(view.labels)
+        spare = self._policies.is_spare(view.labels)
         selected = tuple(i for i, p in enumerate(self._policies.policies) if p.applies_to(view))
         ns = self._policies.nodesets.of(view.labels) if self._policies.nodesets else None
         return _Node(view, selected, spare, ns.name if ns is not None else "")

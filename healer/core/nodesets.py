@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from healer.core.rules import Guardrails, LabelSelector
-from healer.core.topology import DOMAIN_LABEL, MAX_TIERS, TIER_PREFIX
+from healer.core.topology import TOPOGRAPH, TopologyKeys
 
 __all__ = ["NodeSetRules", "NodeSets", "SlurmEndpoint", "Toleration", "TolerationOperator",
            "TopologyKeys", "untolerated"]
@@ -61,15 +61,6 @@ def untolerated(taints: Iterable[tuple[str, str, str]], tolerations: Sequence[To
 
 
 @dataclass(frozen=True, slots=True)
-class TopologyKeys:
-    """The labels a NodeSet's placement reads: the NVLink domain and the switch tiers (leaf
-    first). The default is topograph's."""
-
-    domain: str = DOMAIN_LABEL
-    tiers: tuple[str, ...] = tuple(f"{TIER_PREFIX}{i}" for i in range(MAX_TIERS))
-
-
-@dataclass(frozen=True, slots=True)
 class SlurmEndpoint:
     """How healer reaches one Slurm cluster."""
 
@@ -91,7 +82,7 @@ class NodeSetRules:
     nodeset: str = ""  # the Slinky NodeSet's name ("" for bare Slurm)
     spare_selector: LabelSelector | None = None  # None: the fleet's
     tolerations: tuple[Toleration, ...] = ()
-    topology: TopologyKeys = TopologyKeys()
+    topology: TopologyKeys = TOPOGRAPH
     guardrails: Guardrails = field(default_factory=Guardrails)
     source: str = ""
 

@@ -386,6 +386,13 @@ class PolicySet:
     """The ``kind: SlurmNodeSet`` documents (:mod:`healer.core.nodesets`); none: the one
     NodeSet the command line names."""
 
+    def is_spare(self, labels: Mapping[str, str]) -> bool:
+        """Is a node with ``labels`` a warm spare: of the fleet, or of one of its NodeSets?
+        (A selector without matchLabels picks no spare.)"""
+        sels = [self.fleet.spare_selector,
+                *(n.spare_selector for n in self.nodesets.items if n.spare_selector)]
+        return any(sel.match_labels and sel.matches(labels) for sel in sels)
+
     def policies_for(self, node: NodeView) -> list[Policy]:
         """Every policy that selects ``node``, highest priority first (then by name)."""
         return sorted((p for p in self.policies if p.applies_to(node)),

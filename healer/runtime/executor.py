@@ -22,7 +22,7 @@ from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
 from healer.core.model import NodeRecord
 from healer.core.rules import Mode
-from healer.core.topology import DOMAIN_LABEL, placement, placement_data
+from healer.core.topology import TOPOGRAPH, TopologyKeys, placement, placement_data
 from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
 from healer.errors import HealerError, PermanentError, TransientError
 from healer.obs.logging import OnceLogger
@@ -66,6 +66,7 @@ class Ports:
     checkpoint: CheckpointHook
     repair: RepairHook
     slurm_names: SlurmNames = same_name
+    topology_keys: TopologyKeys = TOPOGRAPH  # the labels a placement is reported from
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,7 @@ async def _no_spare(p: Ports, act: a.ClaimSpare) -> str:
         return "no warm spare fits this node"
     dom = ""
     with contextlib.suppress(HealerError):
-        dom = (await p.nodes.get(act.node)).labels.get(DOMAIN_LABEL, "")
+        dom = (await p.nodes.get(act.node)).labels.get(p.topology_keys.domain, "")
     return (f"no free warm spare in NVLink domain {dom or '(none)'} (swap.requireSameDomain: "
             "spares in other domains are not taken)")
 
@@ -99,9 +100,18 @@ class ActionRunner(Protocol):
     async def run(self, action: a.Action, record: NodeRecord | None) -> list[Trigger]: ...
 
 
+#: The ports that act on a node (with several NodeSets, that node's NodeSet's).
+PortsRoute = Callable[[str], Ports]
+
+
 class Executor:
-    def __init__(self, ports: Ports, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Runs the core's actions through the ports: ``ports``, or, with several NodeSets, the
+    ports ``route`` picks for the action's node (its Slurm cluster, spares, workload)."""
+
+    def __init__(self, ports: Ports, clock: Clock = SYSTEM_CLOCK, *,
+                 route: PortsRoute | None = None) -> None:
         self.p = ports
+        self.route: PortsRoute = route if route is not None else (lambda _node: ports)
         self.clock = clock
         self._retrying = OnceLogger("healer.executor")
 
@@ -155,8 +165,9 @@ class Executor:
         if dry:
             obs = SlurmObservation(drain=True, busy=False, reason="(dry run)", ours=True)
         else:
-            sn = act.slurm_node or await self.p.slurm_names(act.node)
-            st = await self.p.slurm.state(sn)
+            p = self.route(act.node)
+            sn = act.slurm_node or await p.slurm_names(act.node)
+            st = await p.slurm.state(sn)
             obs = SlurmObservation(drain=st.drain, busy=st.busy, down=st.down, reason=st.reason,
                                    ours=st.reason_is_ours)
         return Trigger(TriggerKind.SLURM, act.node, now, incident=act.incident, slurm=obs)
@@ -171,7 +182,7 @@ class Executor:
         return Outcome(StepStatus.DONE, "", data)
 
     async def _run(self, act: a.Action, record: NodeRecord | None) -> Outcome:
-        p = self.p
+        p = self.route(act.node)
         match act:
             case a.Checkpoint():
                 sn = act.slurm_node or await p.slurm_names(act.node)
@@ -199,7 +210,8 @@ class Executor:
                 data = {"spare": spare}
                 with contextlib.suppress(HealerError):  # the claim stands; only the report
                     data.update(placement_data(placement(await p.nodes.get(act.node),
-                                                         await p.nodes.get(spare))))
+                                                         await p.nodes.get(spare),
+                                                         p.topology_keys)))
                 return Outcome(StepStatus.DONE, "", data)
             case a.MoveWorkload():
                 sn = act.slurm_node or await p.slurm_names(act.node)

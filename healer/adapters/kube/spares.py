@@ -25,7 +25,7 @@ it validates the best-ranked candidate first (one at a time) and answers
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,10 +33,12 @@ from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
 from healer.adapters.spare_validation import SpareValidator, is_failed_spare
 from healer.core.model import NodeView
+from healer.core.nodesets import Toleration, untolerated
 from healer.core.rules import LabelSelector
 from healer.core.spare_validation import Readiness
 from healer.core.topology import (
-    DOMAIN_LABEL,
+    TOPOGRAPH,
+    TopologyKeys,
     rank_spares,
     same_domain_spares,
     slinky_topology_spec,
@@ -59,9 +61,15 @@ class KubeSparePool:
     def __init__(self, nodes: KubeNodes, selector: LabelSelector,
                  claim_labels: Mapping[str, str] | None = None,
                  labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
-                 *, topology_name: str | None = None) -> None:
+                 *, topology_name: str | None = None, keys: TopologyKeys = TOPOGRAPH,
+                 tolerations: Sequence[Toleration] = ()) -> None:
         self.nodes = nodes
         self.selector = selector
+        #: the labels placement reads (the NodeSet's), and the taints its slurmd pods
+        #: tolerate: a spare with another taint (healer's own spare taint aside) can never
+        #: host one, so it is no candidate
+        self.keys = keys
+        self.tolerations = tuple(tolerations)
         self.claim_labels = dict(claim_labels or {})
         self._provider = labels_provider
         # with a topology name, the claim itself writes the spare's topology annotation (from
@@ -83,12 +91,14 @@ class KubeSparePool:
                 continue
             if not self.selector.matches(v.labels):
                 continue
+            if untolerated(_taints(raw), self.tolerations, _OWN_TAINTS):
+                continue
             out.append((v, raw))
         return out
 
     async def choose(self, node: str) -> str | None:
         bad = await self.nodes.get(node)
-        ranked = rank_spares(bad, [v for v, _ in await self._free()])
+        ranked = rank_spares(bad, [v for v, _ in await self._free()], self.keys)
         return ranked[0].name if ranked else None
 
     async def held_by(self, incident: str) -> str | None:
@@ -112,7 +122,7 @@ class KubeSparePool:
             free = await self._free()
             by_name = {v.name: raw for v, raw in free}
             rank = same_domain_spares if same_domain else rank_spares
-            ranked = rank(bad, [v for v, _ in free])
+            ranked = rank(bad, [v for v, _ in free], self.keys)
             if self.validation is not None and self.validation.enabled:
                 ranked, validating = await self._validated(ranked)
                 by_name.update({v.name: raw for v, raw in await self._free()
@@ -165,7 +175,7 @@ class KubeSparePool:
         taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
         annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
         if self.topology_name is not None:
-            spec = slinky_topology_spec(node_view(raw), self.topology_name)
+            spec = slinky_topology_spec(node_view(raw), self.topology_name, self.keys)
             if spec:
                 annotations[TOPOLOGY_ANNOTATION] = spec
         return {"metadata": {"resourceVersion": raw["metadata"]["resourceVersion"],
@@ -203,9 +213,18 @@ class KubeSparePool:
     async def depth(self) -> Mapping[str, int]:
         out: dict[str, int] = {}
         for v, _ in await self._free():
-            dom = v.labels.get(DOMAIN_LABEL, "none")
+            dom = v.labels.get(self.keys.domain, "none")
             out[dom] = out.get(dom, 0) + 1
         return out
+
+
+#: the taints healer itself puts on a spare (it takes them off to open it)
+_OWN_TAINTS = frozenset({SPARE_TAINT})
+
+
+def _taints(raw: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    return [(str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect") or ""))
+            for t in (raw.get("spec") or {}).get("taints") or []]
 
 
 def claim_digest(incident: str) -> str:

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 from healer.adapters.slinky import slurm_name
 from healer.adapters.topograph import RequestState, RequestStatus
-from healer.core.topology import slinky_topology_spec
+from healer.core.topology import TOPOGRAPH, TopologyKeys, slinky_topology_spec
 from healer.errors import NotFoundError, PermanentError, TransientError
 from healer.ports import HookResult, NodeAPI, SlurmNodeState, StepOutcome
 
@@ -105,8 +105,10 @@ class KubeTopology:
     def __init__(self, nodes: NodeAPI, topology_name: str = "default", *,
                  pods: SlurmdPods | None = None, slurm: SlurmNodeReader | None = None,
                  topograph: TopographAPI | None = None,
-                 copies_topology: Callable[[], Awaitable[bool | None]] | None = None) -> None:
+                 copies_topology: Callable[[], Awaitable[bool | None]] | None = None,
+                 keys: TopologyKeys = TOPOGRAPH) -> None:
         self.nodes = nodes
+        self.keys = keys  # the labels its topology is read from (the NodeSet's)
         self.copies_topology = copies_topology
         self.topology_name = topology_name
         self.pods = pods
@@ -133,7 +135,7 @@ class KubeTopology:
 
     async def _from_labels(self, node: str) -> HookResult | tuple[str, list[str]]:
         view = await self.nodes.get(node)
-        spec = slinky_topology_spec(view, self.topology_name)
+        spec = slinky_topology_spec(view, self.topology_name, self.keys)
         if not spec:
             current = view.annotations.get(TOPOLOGY_ANNOTATION, "")
             note = "node has no topology labels" + (

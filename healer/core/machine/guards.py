@@ -71,8 +71,10 @@ def _node_excluded(ctx: Ctx) -> bool:
         return False
     if n.labels.get(EXCLUDE_LABEL, "").lower() == "true":
         return True
-    spares = ctx.view.policies.fleet.spare_selector
-    return bool(spares.match_labels or spares.match_expressions) and spares.matches(n.labels)
+    ps = ctx.view.policies
+    sels = [ps.fleet.spare_selector,
+            *(ns.spare_selector for ns in ps.nodesets.items if ns.spare_selector)]
+    return any(bool(s.match_labels or s.match_expressions) and s.matches(n.labels) for s in sels)
 
 
 # -- the trigger --------------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 checkpoints, validation and telemetry, so a test can kill -9 it and start it again.
 
     python -m tests.integration.daemon.main <healer run flags> --fake-slurm S.json --signals F
+
+With ``--real-slurm`` the Slurm drivers, the workload move and the checkpoints are the real
+ones the settings and the policies' SlurmNodeSet documents name (telemetry and validation stay
+file-backed).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from tests.integration.daemon_process import crash_hooks
 def main() -> int:
     p = argparse.ArgumentParser()
     add_run_flags(p)
-    p.add_argument("--fake-slurm", required=True, help="FakeSlurm state file (JSON)")
+    p.add_argument("--fake-slurm", default=None, help="FakeSlurm state file (JSON)")
+    p.add_argument("--real-slurm", action="store_true",
+                   help="the real Slurm drivers (no --fake-slurm)")
     p.add_argument("--signals", required=True, help="JSON lines of signals to feed")
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--crash-log", default=None,
@@ -33,13 +39,18 @@ def main() -> int:
                         "Slurm) instead of the file-backed fake")
     args = p.parse_args()
     hooks = crash_hooks(Path(args.crash_log) if args.crash_log else None)
+    telemetry = [FileSignals(Path(args.signals))]
+    runtime = RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0)
+    if args.real_slurm:
+        return asyncio.run(run(_settings(args), Overrides(
+            validator=FakeValidator(), telemetry=telemetry, runtime=runtime, **hooks)))
+    if not args.fake_slurm:
+        p.error("--fake-slurm or --real-slurm is required")
     slurm = FakeSlurm(path=Path(args.fake_slurm))
     overrides = Overrides(slurm=slurm, workload=FakeWorkload(slurm),
                           checkpoint=None if args.real_checkpoint_hooks
                           else FakeCheckpoint(slurm), validator=FakeValidator(),
-                          telemetry=[FileSignals(Path(args.signals))],
-                          runtime=RuntimeSettings(warmup_seconds=args.warmup, retry_delay=1.0),
-                          **hooks)
+                          telemetry=telemetry, runtime=runtime, **hooks)
     return asyncio.run(run(_settings(args), overrides))
 
 

@@ -1,0 +1,105 @@
+"""The composition root's part for several NodeSets (``kind: SlurmNodeSet``, issue 14 item 4).
+
+Each NodeSet gets its own ports — its Slurm cluster's driver, its warm spares (selector,
+tolerations, topology labels), its slurmd pods' workload and topology step — built by the same
+builders as the one NodeSet of the command line (:func:`healer.app._ports`), the first time one
+of its nodes needs them and again when a policy reload changes the NodeSet (the old ports'
+connections close at shutdown). :meth:`NodeSetPorts.route` is the executor's route: a node's
+NodeSet's ports, or the command line's for a node in no NodeSet. :meth:`NodeSetPorts.
+node_states` is the Slurm feed over every NodeSet's cluster at once: one listing per cluster
+per read; if any cannot be read, Slurm's view is unknown (the guardrails that count Slurm say
+no).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from healer.core.nodesets import NodeSetRules
+from healer.core.rules import PolicySet
+from healer.ports import SlurmDriver, SlurmNodeState, SlurmStates
+from healer.runtime.executor import Ports
+
+__all__ = ["NodeSetPorts", "NodeSetWiring"]
+
+log = structlog.get_logger("healer.app")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSetWiring:
+    """What one NodeSet acts and reads through."""
+
+    ports: Ports
+    states: SlurmStates | None  # its Slurm cluster's node states (None: cannot list)
+    driver: SlurmDriver  # to close at shutdown
+
+
+class NodeSetPorts:
+    """Each NodeSet's ports, built on first need (see the module docstring)."""
+
+    def __init__(self, build: Callable[[NodeSetRules], NodeSetWiring], default: Ports,
+                 policies: Callable[[], PolicySet],
+                 default_states: SlurmStates | None = None) -> None:
+        self.build = build
+        self.default = default
+        self.policies = policies
+        self.default_states = default_states
+        #: a node's labels as the controller last saw them (None: unknown node); set once the
+        #: controller exists
+        self.labels_of: Callable[[str], Mapping[str, str] | None] = lambda _node: None
+        self._built: dict[str, tuple[NodeSetRules, NodeSetWiring]] = {}
+        self._retired: list[NodeSetWiring] = []
+
+    def wiring(self, ns: NodeSetRules) -> NodeSetWiring:
+        have = self._built.get(ns.name)
+        if have is not None and have[0] == ns:
+            return have[1]
+        wiring = self.build(ns)
+        if have is not None:
+            self._retired.append(have[1])
+            log.info("NodeSet changed: its ports are rebuilt", nodeset=ns.name)
+        self._built[ns.name] = (ns, wiring)
+        return wiring
+
+    def nodeset_of(self, node: str) -> NodeSetRules | None:
+        ps = self.policies()
+        if not ps.nodesets:
+            return None
+        labels = self.labels_of(node)
+        return ps.nodesets.of(labels) if labels is not None else None
+
+    def route(self, node: str) -> Ports:
+        """The ports that act on ``node``: its NodeSet's, else the command line's."""
+        ns = self.nodeset_of(node)
+        return self.wiring(ns).ports if ns is not None else self.default
+
+    def prepare(self) -> None:
+        """Build every NodeSet's ports now (at start: a bad endpoint is found before the
+        first incident needs it)."""
+        for ns in self.policies().nodesets.items:
+            self.wiring(ns)
+
+    async def node_states(self) -> dict[str, SlurmNodeState]:
+        """Every cluster's node states, by Kubernetes node: the NodeSets' clusters when there
+        are NodeSets (the command line's Slurm is then only the fallback for actions on a node
+        in none), else the command line's. Raises what a cluster's read raises."""
+        nodesets = self.policies().nodesets
+        if not nodesets:
+            return dict(await self.default_states.node_states()) \
+                if self.default_states is not None else {}
+        out: dict[str, SlurmNodeState] = {}
+        for ns in nodesets.items:
+            states = self.wiring(ns).states
+            if states is not None:
+                out.update(await states.node_states())
+        return out
+
+    async def close(self) -> None:
+        """Close every NodeSet's Slurm connections (built here; idempotent drivers)."""
+        for wiring in [*(w for _, w in self._built.values()), *self._retired]:
+            await wiring.driver.close()
+        self._built.clear()
+        self._retired.clear()
