@@ -14,7 +14,9 @@ from kubernetes_asyncio import client
 
 from healer.core.spare_validation import SpareCheck, ValidationResult
 from healer.core.vocabulary import NODE_LABEL, SPARE_FAILED_LABEL, SPARE_VALIDATION
+from healer_dev.devstack.kube import KubeStack
 from tests.integration.daemon.conftest import POLICY, Fleet
+from tests.integration.daemon.test_rbac import _slurm_namespace, _token_kubeconfig, kubectl
 from tests.integration.hooks.test_spare_validation_real import (
     dcgm_message,
     nccl_message,
@@ -35,6 +37,30 @@ SPARE_VALIDATION_BLOCK = """\
 @pytest.mark.timeout(240)
 async def test_a_spare_that_fails_validation_leaves_the_pool_and_the_next_one_serves(
         fleet: Fleet) -> None:
+    await _scenario(fleet)
+
+
+@pytest.mark.timeout(300)
+async def test_spare_validation_needs_no_more_than_the_shipped_rbac(
+        kube_stack: KubeStack, kube_api: client.ApiClient, fleet: Fleet) -> None:
+    _slurm_namespace(kube_stack)
+    for f in ("deploy/namespace.yaml", "deploy/crds/noderemediations.healer.io.yaml",
+              "deploy/rbac.yaml"):
+        r = kubectl(kube_stack, "apply", "--server-side", "-f", f)
+        assert r.returncode == 0, r.stderr
+    r = kubectl(kube_stack, "apply", "-k", "deploy/validation/", "--server-side",
+                "--force-conflicts", "--dry-run=server")  # an earlier test may have made them
+    assert r.returncode == 0, r.stderr
+    assert "configmap/healer-validation-nccl-loopback" in r.stdout, r.stdout
+    fleet.kubeconfig = await _token_kubeconfig(kube_stack, kube_api, fleet.dir / "sa.kubeconfig")
+    log = await _scenario(fleet)
+    assert "HTTP 403" not in log, log
+    assert "Forbidden" not in log, log
+
+
+async def _scenario(fleet: Fleet) -> str:
+    """The remediation of an XID 79 node whose nearer spare fails its validation; the daemon's
+    log tail."""
     core = client.CoreV1Api(fleet.api)
     near, far = fleet.spares  # domains a and b; the bad node is in a
     for name, model in ((near, "NVIDIA-H100-80GB-HBM3"), (far, "NVIDIA-H200")):
@@ -81,4 +107,6 @@ async def test_a_spare_that_fails_validation_leaves_the_pool_and_the_next_one_se
     done: bool = await wait_for(lambda: fleet.play_repair(bad), timeout=60,
                                 description=f"remediation of {bad} Done")
     assert done
+    log = d.tail(400)
     assert d.terminate() == 0
+    return log
