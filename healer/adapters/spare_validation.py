@@ -11,7 +11,11 @@ this adapter does what they say through the ports:
   run, in one patch.
 * A spare that fails gets ``SPARE_FAILED_LABEL`` (the spare label someone else set stays; the
   spare taint keeps work away), an Event ``SpareFailedValidation`` naming the check and the
-  figure, and goes to repair through the repair hand-off (the ``RepairHook`` port).
+  figure, and goes to repair through the repair hand-off (the ``RepairHook`` port). A check
+  that could not run at all (its Job ended with no report: admission refused its pod, it never
+  started before its deadline) says nothing about the hardware: the spare is out of the pool
+  (its result failed, ``ran`` false), an Event ``SpareValidationNotRun`` says why, nothing goes
+  to repair, and the periodic loop tries again after ``interval``.
 * :meth:`SpareValidator.for_claim` is what a claim asks of one candidate;
   :meth:`SpareValidator.periodic_round` is one round of the periodic loop
   (:mod:`healer.runtime.spare_validation`), which also returns a failed spare whose repair
@@ -134,6 +138,7 @@ class SpareValidator:
             policy = self.settings()
             model = view.labels.get(GPU_PRODUCT_LABEL, "")
             outcomes: list[CheckOutcome] = []
+            ran = True
             for check in run.checks:
                 report = await self.jobs.run(name, run.run, check, model=model,
                                              deadline=policy.deadline)
@@ -141,16 +146,24 @@ class SpareValidator:
                     return None
                 outcomes.append(_outcome(check, report, model, policy))
                 if not outcomes[-1].passed:
+                    ran = report.exit_code is not None or bool(report.message)
                     break
             passed = all(o.passed for o in outcomes)
             detail = "; ".join(f"{o.check}: {o.detail}" for o in outcomes)
-            result = ValidationResult(passed, self.clock.now(), run.checks, detail)
+            result = ValidationResult(passed, self.clock.now(), run.checks, detail, ran)
             await self.nodes.patch_metadata(
-                name, labels={SPARE_FAILED_LABEL: None if passed else "true"},
+                name, labels={SPARE_FAILED_LABEL: None if passed or not ran else "true"},
                 annotations={SPARE_VALIDATION: result.to_annotation(),
                              SPARE_VALIDATION_RUN: None})
-        if not passed:
+        if not passed and ran:
             await self._fail_out(name, run, outcomes[-1])
+        elif not passed:
+            await self.events.emit(
+                key=f"spare-validation-not-run/{name}/{run.run}", node=name, type="Warning",
+                reason="SpareValidationNotRun",
+                note=f"{outcomes[-1].check} could not run on warm spare {name}: "
+                     f"{outcomes[-1].detail}; the spare is out of the pool (not sent to "
+                     f"repair) until a later run passes")
         return result
 
     async def _fail_out(self, name: str, run: ValidationRun, failed: CheckOutcome) -> None:
@@ -191,9 +204,9 @@ class SpareValidator:
         policy = self.settings()
         idle: list[SpareState] = []
         for v in spares:
-            if is_failed_spare(v):
+            if v.labels.get(SPARE_FAILED_LABEL):  # in repair: back once repaired
                 await self._return_if_repaired(v)
-            elif not v.annotations.get(CLAIMED_BY):
+            elif not v.annotations.get(CLAIMED_BY):  # (a check that could not run: retried)
                 idle.append(spare_state(v))
         plan = plan_periodic(idle, policy, self.clock.now())
         for name in plan.poll:

@@ -100,11 +100,16 @@ class ValidationResult:
     at: float
     checks: tuple[str, ...]
     detail: str = ""
+    #: False: a check could not run at all (its Job ended with no report: not scheduled,
+    #: refused by admission, past its deadline before starting); the spare is out of the pool
+    #: but not sent to repair, and the periodic loop tries again after ``interval``
+    ran: bool = True
 
     def to_annotation(self) -> str:
         return json.dumps({"result": "passed" if self.passed else "failed",
                            "at": rfc3339(self.at), "checks": list(self.checks),
-                           "detail": self.detail[:DETAIL_LIMIT]}, sort_keys=True)
+                           "detail": self.detail[:DETAIL_LIMIT], "ran": self.ran},
+                          sort_keys=True)
 
     @classmethod
     def from_annotation(cls, text: str | None) -> ValidationResult | None:
@@ -118,7 +123,7 @@ class ValidationResult:
         if at is None or not isinstance(checks, list):
             return None
         return cls(doc["result"] == "passed", at, tuple(str(c) for c in checks),
-                   str(doc.get("detail") or ""))
+                   str(doc.get("detail") or ""), doc.get("ran") is not False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,14 +203,15 @@ class PeriodicPlan:
 
 def due(state: SpareState, policy: SpareValidation, now: float) -> bool:
     """An idle spare is due when it has no run in progress and no passed result younger than
-    ``interval`` covering every check (a failed spare waits for repair, not for a rerun)."""
+    ``interval`` covering every check (a failed spare waits for repair, not for a rerun; one
+    whose checks could not run is tried again after ``interval``)."""
     if not policy.enabled or state.run is not None:
         return False
     r = state.result
     if r is None:
         return True
     if not r.passed:
-        return False
+        return not r.ran and now - r.at >= policy.interval
     return not set(policy.checks) <= set(r.checks) or now - r.at >= policy.interval
 
 

@@ -281,6 +281,39 @@ async def test_a_below_threshold_bandwidth_fails_the_spare_with_the_figure() -> 
     assert "below the 400 GB/s threshold" in note
 
 
+async def test_a_check_that_could_not_run_sends_nothing_to_repair_and_is_tried_again(
+        ) -> None:
+    clock = ManualClock()
+    nodes, jobs, events, pool, validator = world(clock)
+    spare(nodes, "near", "d1")
+    spare(nodes, "far", "d2")
+    # near's Job ends with no report (e.g. admission refused its pod; the Job hit its deadline)
+    jobs.outcome["near/dcgm-diag"] = CheckReport(None, "", "spare dcgm-diag Job x failed: "
+                                                           "Job was active longer than deadline")
+    assert isinstance(await pool.claim("bad", "inc-1"), PendingClaim)
+    jobs.finish_all()
+    second = await pool.claim("bad", "inc-1")  # near could not run: the claim moves on
+    assert isinstance(second, PendingClaim)
+    assert "far" in second.detail
+    near = nodes.raw["near"]["metadata"]
+    assert SPARE_FAILED_LABEL not in near["labels"]
+    assert REPAIR_LABEL not in near["labels"]  # no hardware verdict: nothing to repair
+    result = ValidationResult.from_annotation(near["annotations"][SPARE_VALIDATION])
+    assert result is not None
+    assert not result.passed
+    assert not result.ran
+    assert events.reasons("near") == ["SpareValidationNotRun"]
+    (_, _, kind, note), = events.events.values()
+    assert kind == "Warning"
+    assert "dcgm-diag could not run on warm spare near" in note
+    assert "longer than deadline" in note
+    assert await pool.depth() == {"d2": 1}  # out of the pool meanwhile
+    await clock.advance(6 * HOUR)
+    del jobs.outcome["near/dcgm-diag"]
+    plan = await validator.periodic_round(await nodes.list("healer.io/role=spare"))
+    assert "near" in plan.start  # tried again after the interval
+
+
 async def test_the_periodic_round_is_bounded_and_validates_every_spare_in_turn() -> None:
     clock = ManualClock()
     nodes, jobs, _, _, validator = world(clock)

@@ -84,14 +84,17 @@ def test_judge_nccl_below_threshold_and_without_one() -> None:
                           "NVIDIA-H100-80GB-HBM3")
     no_default = SpareValidation(enabled=True, bus_bandwidth_gbps=bandwidth_table({"x": 1.0}))
     out = judge_nccl(0, ALL_REDUCE, "NVIDIA-B200", no_default)
-    assert not out.passed and "no threshold for NVIDIA-B200" in out.detail
+    assert not out.passed
+    assert "no threshold for NVIDIA-B200" in out.detail
     assert not judge_nccl(0, "", "NVIDIA-B200", POLICY).passed
 
 
 def test_report_header_and_judge_from_a_termination_message() -> None:
     msg = "healer-check nccl-loopback exit=0\n" + ALL_REDUCE[-200:]
     rep = parse_report(msg)
-    assert rep is not None and rep.check == "nccl-loopback" and rep.exit_code == 0
+    assert rep is not None
+    assert rep.check == "nccl-loopback"
+    assert rep.exit_code == 0
     assert judge("nccl-loopback", 0, msg, None, "NVIDIA-H100-80GB-HBM3", POLICY).passed
     # the header's exit code is the tool's, not the shell's
     msg = "healer-check nccl-loopback exit=2\n" + ALL_REDUCE[-200:]

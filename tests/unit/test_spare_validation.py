@@ -38,8 +38,9 @@ def passed(age: float, checks: tuple[str, ...] = BOTH) -> ValidationResult:
     return ValidationResult(True, NOW - age, checks, "ok")
 
 
-def failed(age: float) -> ValidationResult:
-    return ValidationResult(False, NOW - age, BOTH, "nccl-loopback: bus bandwidth 300 GB/s")
+def failed(age: float, ran: bool = True) -> ValidationResult:
+    return ValidationResult(False, NOW - age, BOTH, "nccl-loopback: bus bandwidth 300 GB/s",
+                            ran)
 
 
 RUN = ValidationRun("20260105t080000z", NOW - 60, tuple(BOTH))
@@ -57,6 +58,7 @@ RUN = ValidationRun("20260105t080000z", NOW - 60, tuple(BOTH))
     (passed(13 * HOUR), None, NO_ON_CLAIM, Readiness.SKIP),
     (failed(HOUR), None, ON, Readiness.FAILED),
     (failed(100 * HOUR), None, ON, Readiness.FAILED),  # failed stays failed (repair clears it)
+    (failed(HOUR, ran=False), None, ON, Readiness.FAILED),  # could not run: not claimed either
     (None, RUN, ON, Readiness.VALIDATING),
     (passed(HOUR), RUN, ON, Readiness.VALIDATING),  # a run in progress is waited for
 ])
@@ -86,8 +88,12 @@ def test_periodic_plan_polls_runs_and_starts_the_oldest_due_first() -> None:
               SpareState("old", passed(7 * HOUR), None),
               SpareState("never", None, None),
               SpareState("older", passed(9 * HOUR), None),
-              SpareState("broken", failed(HOUR), None)]
+              SpareState("broken", failed(HOUR), None),
+              SpareState("not-run-lately", failed(HOUR, ran=False), None)]
     assert plan_periodic(spares, ON, NOW) == PeriodicPlan((), ("never", "older"))
+    not_run = [SpareState("not-run", failed(7 * HOUR, ran=False), None),
+               SpareState("broken", failed(7 * HOUR), None)]
+    assert plan_periodic(not_run, ON, NOW) == PeriodicPlan((), ("not-run",))  # tried again
     busy = [*spares, SpareState("running", None, RUN)]
     assert plan_periodic(busy, ON, NOW) == PeriodicPlan(("running",), ("never",))
     assert plan_periodic(spares, SpareValidation(), NOW) == PeriodicPlan((), ())
@@ -96,7 +102,8 @@ def test_periodic_plan_polls_runs_and_starts_the_oldest_due_first() -> None:
 states = st.builds(
     SpareState, name=st.text("abcdef", min_size=1, max_size=6),
     result=st.none() | st.builds(ValidationResult, passed=st.booleans(),
-                                 at=st.floats(NOW - 30 * HOUR, NOW), checks=st.just(BOTH)),
+                                 at=st.floats(NOW - 30 * HOUR, NOW), checks=st.just(BOTH),
+                                 ran=st.booleans()),
     run=st.none() | st.just(RUN))
 
 
@@ -111,15 +118,17 @@ def test_periodic_plan_is_bounded(spares: list[SpareState], max_parallel: int) -
     assert len(plan.start) <= max(0, max_parallel - len(running))
     for name in plan.start:
         s = next(x for x in spares if x.name == name)
-        assert s.run is None and (s.result is None or s.result.passed)
+        assert s.run is None
+        assert s.result is None or s.result.passed or not s.result.ran
 
 
 @given(st.booleans(), st.integers(0, 4_000_000_000), st.text(max_size=1200),
-       st.lists(st.sampled_from(["dcgm-diag", "nccl-loopback"]), max_size=2))
-def test_annotations_round_trip(ok: bool, at: int, detail: str, checks: list[str]) -> None:
-    r = ValidationResult(ok, float(at), tuple(checks), detail)
+       st.lists(st.sampled_from(["dcgm-diag", "nccl-loopback"]), max_size=2), st.booleans())
+def test_annotations_round_trip(ok: bool, at: int, detail: str, checks: list[str],
+                                ran: bool) -> None:
+    r = ValidationResult(ok, float(at), tuple(checks), detail, ran)
     back = ValidationResult.from_annotation(r.to_annotation())
-    assert back == ValidationResult(ok, float(at), tuple(checks), detail[:1000])
+    assert back == ValidationResult(ok, float(at), tuple(checks), detail[:1000], ran)
     run = ValidationRun.start(float(at), checks or ["dcgm-diag"])
     assert ValidationRun.from_annotation(run.to_annotation()) == run
 
