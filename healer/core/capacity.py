@@ -27,7 +27,6 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from healer.core.budget import BudgetView, OpenRemediation, PastIncident, Scope
@@ -36,13 +35,19 @@ from healer.core.model import NodeRecord, NodeView
 from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
+from healer.core.scope_counts import (
+    REPLACED,
+    Entry,
+    NodeEntry,
+    Placed,
+    ScopeCounts,
+    domain_keys,
+    drop_incident,
+    entry_time,
+    remove_entry,
+)
 from healer.core.unavailability import claims_in_flight, replaced, unavailable_cause
 from healer.core.vocabulary import PAUSE_ANNOTATION
-
-_Entry = tuple[float, str, str]  # (opened_at, node, incident id), for the breaker
-
-#: The placement of a node a spare replaced (in its scopes, but not a member).
-_REPLACED = "replaced"
 
 #: States of the Slurm feed (:meth:`FleetIndex.set_slurm_view`).
 SLURM_VIEWS = ("off", "ok", "unknown")
@@ -62,84 +67,13 @@ def node_paused(view: NodeView) -> bool:
     return view.annotations.get(PAUSE_ANNOTATION, "").lower() == "true"
 
 
-@dataclass(slots=True)
-class _Scope:
-    """One scope's population: members, unavailable nodes (with causes, counted per cause),
-    replaced nodes, counts per failure domain."""
-
-    policy: Policy | NodeSetRules | None  # None: the fleet
-    keys: tuple[str, ...]  # the failure-domain label keys counted
-    members: set[str] = field(default_factory=set)
-    down: dict[str, str] = field(default_factory=dict)  # node -> cause
-    causes: dict[str, int] = field(default_factory=dict)
-    replaced: set[str] = field(default_factory=set)
-    # key -> value -> [members, unavailable]
-    domains: dict[str, dict[str, list[int]]] = field(default_factory=dict)
-
-    def add(self, view: NodeView, cause: str, sign: int) -> None:
-        """Count (``sign`` 1) or uncount (-1) ``view`` with ``cause`` ("" = available,
-        :data:`_REPLACED` = replaced, not a member)."""
-        name = view.name
-        if cause == _REPLACED:
-            if sign > 0:
-                self.replaced.add(name)
-            else:
-                self.replaced.discard(name)
-            return
-        down = bool(cause)
-        if sign > 0:
-            self.members.add(name)
-            if down:
-                self.down[name] = cause
-        else:
-            self.members.discard(name)
-            if self.down.pop(name, None) is None:
-                down = False
-        if down:
-            n = self.causes.get(cause, 0) + sign
-            if n:
-                self.causes[cause] = n
-            else:
-                del self.causes[cause]
-        for key in self.keys:
-            value = view.labels.get(key)
-            if value is None:
-                continue
-            counts = self.domains.setdefault(key, {}).setdefault(value, [0, 0])
-            counts[0] += sign
-            counts[1] += sign if down else 0
-            if counts[0] == 0:
-                del self.domains[key][value]
-
-
-@dataclass(frozen=True, slots=True)
-class _Node:
-    view: NodeView
-    selected_by: tuple[int, ...]  # indices of the policies that select it
-    spare: bool
-    nodeset: str = ""  # the NodeSet it belongs to
-
-
-@dataclass(frozen=True, slots=True)
-class _Placed:
-    """Where a node was counted (to take it out again): its view then, its scopes, cause."""
-
-    view: NodeView
-    scopes: tuple[int, ...]
-    cause: str
-
-
-def _keys(policy_keys: Iterable[str]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(policy_keys))
-
-
 class FleetIndex:
     """The guardrails' tables, changed one node or record at a time (see the module doc)."""
 
     def __init__(self, policies: PolicySet) -> None:
         self._nodes: dict[str, NodeView] = {}
-        self._info: dict[str, _Node] = {}
-        self._placed: dict[str, _Placed] = {}
+        self._info: dict[str, NodeEntry] = {}
+        self._placed: dict[str, Placed] = {}
         self._paused: dict[str, None] = {}
         self._open: dict[str, OpenRemediation] = {}
         self._open_incident: dict[str, str] = {}  # node -> id of its open record's incident
@@ -147,11 +81,11 @@ class FleetIndex:
         self._active_ns: dict[str, int] = {}  # NodeSet name -> open records holding a slot
         self._open_ns: dict[str, str] = {}  # node -> its open record's NodeSet (if any)
         self._incident_ns: dict[str, str] = {}  # incident id -> its node's NodeSet (if any)
-        self._times_by_ns: dict[str, list[_Entry]] = {}
+        self._times_by_ns: dict[str, list[Entry]] = {}
         self._active_total = 0
         self._incidents: dict[str, PastIncident] = {}
-        self._times: list[_Entry] = []
-        self._times_by_policy: dict[str, list[_Entry]] = {}
+        self._times: list[Entry] = []
+        self._times_by_policy: dict[str, list[Entry]] = {}
         self._by_node: dict[str, dict[str, PastIncident]] = {}
         self._by_serial: dict[str, dict[str, PastIncident]] = {}
         self._nodes_ro: Mapping[str, NodeView] = MappingProxyType(self._nodes)
@@ -161,7 +95,7 @@ class FleetIndex:
         self._slurm_view = "off"
         self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
         self._policies = policies
-        self._scopes: list[_Scope] = []
+        self._scopes: list[ScopeCounts] = []
         self._scope_of: dict[str, list[int]] = {}
         self._ns_scope: dict[str, int] = {}
         self.set_policies(policies)
@@ -206,29 +140,29 @@ class FleetIndex:
         """New policies (a reload): rebuild the populations from what the index holds.
         O(fleet x policies)."""
         self._policies = policies
-        fleet_keys = _keys(fd.key for fd in policies.fleet.guardrails.failure_domains)
-        self._scopes = [_Scope(None, fleet_keys)]
+        fleet_keys = domain_keys(policies.fleet.guardrails)
+        self._scopes = [ScopeCounts(None, fleet_keys)]
         self._scope_of = {}
         for i, p in enumerate(policies.policies):
-            self._scopes.append(_Scope(p, _keys(fd.key for fd in p.guardrails.failure_domains)))
+            self._scopes.append(ScopeCounts(p, domain_keys(p.guardrails)))
             self._scope_of.setdefault(p.name, []).append(i + 1)
         self._ns_scope = {}
         for ns in policies.nodesets.items:
             self._ns_scope[ns.name] = len(self._scopes)
-            self._scopes.append(_Scope(ns, _keys(fd.key for fd in ns.guardrails.failure_domains)))
+            self._scopes.append(ScopeCounts(ns, domain_keys(ns.guardrails)))
         self._placed.clear()
         for name, view in self._nodes.items():
             self._info[name] = self._describe(view)
             self._place(name)
         self._retag()
 
-    def _describe(self, view: NodeView, before: _Node | None = None) -> _Node:
+    def _describe(self, view: NodeView, before: NodeEntry | None = None) -> NodeEntry:
         if before is not None and before.view.labels == view.labels:
-            return _Node(view, before.selected_by, before.spare, before.nodeset)
+            return NodeEntry(view, before.selected_by, before.spare, before.nodeset)
         spare = self._policies.is_spare(view.labels)
         selected = tuple(i for i, p in enumerate(self._policies.policies) if p.applies_to(view))
         ns = self._policies.nodesets.of(view.labels) if self._policies.nodesets else None
-        return _Node(view, selected, spare, ns.name if ns is not None else "")
+        return NodeEntry(view, selected, spare, ns.name if ns is not None else "")
 
     def _nodeset_of(self, node: str) -> str:
         info = self._info.get(node)
@@ -262,7 +196,7 @@ class FleetIndex:
     def _untag_incident(self, inc: PastIncident) -> None:
         ns = self._incident_ns.pop(inc.id, "")
         if ns:
-            _remove(self._times_by_ns[ns], (inc.opened_at, inc.node, inc.id))
+            remove_entry(self._times_by_ns[ns], (inc.opened_at, inc.node, inc.id))
             if not self._times_by_ns[ns]:
                 del self._times_by_ns[ns]
 
@@ -346,17 +280,17 @@ class FleetIndex:
             scopes = (*scopes, self._ns_scope[info.nodeset])
         for s in scopes:
             self._scopes[s].add(info.view, cause, 1)
-        self._placed[name] = _Placed(info.view, scopes, cause)
+        self._placed[name] = Placed(info.view, scopes, cause)
 
-    def _cause(self, info: _Node) -> str | None:
-        """Why the node is unavailable ("" = it is not, :data:`_REPLACED` = a spare replaced
+    def _cause(self, info: NodeEntry) -> str | None:
+        """Why the node is unavailable ("" = it is not, :data:`REPLACED` = a spare replaced
         it). None: it is in no population (a spare, free or claimed and not yet serving)."""
         if info.spare or info.view.name in self._claimed:
             return None
         v = info.view
         rec = self._open.get(v.name)
         if replaced(rec):
-            return _REPLACED  # its spare serves in its place
+            return REPLACED  # its spare serves in its place
         return unavailable_cause(v, rec, self._slurm.get(v.name, ""))
 
     # -- records ---------------------------------------------------------------------------
@@ -443,21 +377,21 @@ class FleetIndex:
         if inc is None:
             return
         entry = (inc.opened_at, inc.node, inc.id)
-        _remove(self._times, entry)
-        _remove(self._times_by_policy[inc.policy], entry)
+        remove_entry(self._times, entry)
+        remove_entry(self._times_by_policy[inc.policy], entry)
         if not self._times_by_policy[inc.policy]:
             del self._times_by_policy[inc.policy]
         self._untag_incident(inc)
-        _drop(self._by_node, inc.node, inc.id)
+        drop_incident(self._by_node, inc.node, inc.id)
         for serial in set(inc.serials):
-            _drop(self._by_serial, serial, inc.id)
+            drop_incident(self._by_serial, serial, inc.id)
 
     def prune(self, now: float, retention: float) -> list[str]:
         """Forget incidents opened before ``now - retention``, except open records' own.
         Returns the ids forgotten. O(forgotten + old open incidents)."""
         cutoff = now - retention
         keep = set(self._open_incident.values())
-        old = [e[2] for e in self._times[:bisect_left(self._times, cutoff, key=_time)]
+        old = [e[2] for e in self._times[:bisect_left(self._times, cutoff, key=entry_time)]
                if e[0] < cutoff and e[2] not in keep]
         for incident_id in old:
             self.forget_incident(incident_id)
@@ -465,7 +399,7 @@ class FleetIndex:
 
     # -- GuardrailFacts --------------------------------------------------------------------
 
-    def _scope(self, policy: Scope) -> _Scope:
+    def _scope(self, policy: Scope) -> ScopeCounts:
         if policy is None:
             return self._scopes[0]
         if isinstance(policy, NodeSetRules):
@@ -480,10 +414,10 @@ class FleetIndex:
                 return scope
         return self._adhoc(policy)
 
-    def _adhoc(self, policy: Policy | NodeSetRules) -> _Scope:
+    def _adhoc(self, policy: Policy | NodeSetRules) -> ScopeCounts:
         """The scope of a policy or NodeSet the index does not know: by a scan, O(fleet).
         The engine only asks about its own."""
-        scope = _Scope(policy, ())
+        scope = ScopeCounts(policy, ())
         for info in self._info.values():
             cause = self._cause(info)
             if cause is None:
@@ -551,8 +485,8 @@ class FleetIndex:
         else:
             times = self._times if policy is None else \
                 self._times_by_policy.get(policy.name, [])
-        lo = bisect_left(times, since, key=_time)
-        hi = bisect_right(times, now, key=_time)
+        lo = bisect_left(times, since, key=entry_time)
+        hi = bisect_right(times, now, key=entry_time)
         return [(t, n) for t, n, _ in times[lo:hi]]
 
     def incidents_on_node(self, node: str) -> Iterable[PastIncident]:
@@ -560,21 +494,3 @@ class FleetIndex:
 
     def incidents_with_serial(self, serial: str) -> Iterable[PastIncident]:
         return self._by_serial.get(serial, {}).values()
-
-
-def _time(entry: _Entry) -> float:
-    return entry[0]
-
-
-def _remove(entries: list[_Entry], entry: _Entry) -> None:
-    i = bisect_left(entries, entry)
-    if i < len(entries) and entries[i] == entry:
-        del entries[i]
-
-
-def _drop(table: dict[str, dict[str, PastIncident]], key: str, incident_id: str) -> None:
-    bucket = table.get(key)
-    if bucket is not None:
-        bucket.pop(incident_id, None)
-        if not bucket:
-            del table[key]

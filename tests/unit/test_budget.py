@@ -11,7 +11,6 @@ from healer.core import rules as cp
 from healer.core.budget import (
     BudgetView,
     PastIncident,
-    ScanFacts,
     breaker_status,
     breaker_threshold,
     check_admission,
@@ -21,6 +20,7 @@ from healer.core.capacity import FleetIndex, open_remediation
 from healer.core.fleet import budget_view
 from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
+from healer.core.scan_facts import ScanFacts
 from healer.core.unavailability import CAUSES, slurm_cause, unavailable_cause
 from tests.builders import T0, done_step, node, policies, policy, record, view
 
