@@ -8,10 +8,16 @@ import gzip
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from healer.adapters.kube.check_jobs import MAX_JSON, decode_dcgm_json
+from healer.adapters.kube.check_jobs import (
+    MAX_JSON,
+    decode_dcgm_json,
+    parse_template,
+    pinned_job,
+)
 from healer.core.spare_checks import (
     bus_bandwidth,
     dcgm_failures,
@@ -21,6 +27,7 @@ from healer.core.spare_checks import (
     parse_report,
 )
 from healer.core.spare_validation import SpareCheck, SpareValidation, bandwidth_table
+from healer.errors import PermanentError
 
 DATA = Path(__file__).parent / "data" / "spare_checks"
 ALL_REDUCE = (DATA / "all_reduce_perf_h100x8.txt").read_text()
@@ -129,3 +136,54 @@ def test_judging_never_raises(text: str) -> None:
         out = judge(check, 0, text, text, text[:20], POLICY)
         assert isinstance(out.passed, bool)
     decode_dcgm_json(text)
+
+
+SHIPPED = Path(__file__).parents[2] / "deploy" / "validation"
+
+
+@pytest.mark.parametrize("check", ["dcgm-diag", "nccl-loopback"])
+def test_shipped_templates_parse_and_are_pinned_to_the_spare(check: str) -> None:
+    cm = yaml.safe_load((SHIPPED / f"{check}-job.yaml").read_text())
+    assert cm["metadata"]["name"] == f"healer-validation-{check}"
+    job = pinned_job(parse_template("cm", cm["data"]["job.yaml"]), name="j", namespace="ns",
+                     node="spare-1", run="r1", check=check, model="NVIDIA-H200", deadline=600)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == "spare-1"
+    assert job["spec"]["activeDeadlineSeconds"] == 600
+    assert job["spec"]["backoffLimit"] == 0
+    assert {t["key"] for t in pod["tolerations"]} >= {"healer.io/spare", "healer.io/remediation"}
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env == {"HEALER_NODE": "spare-1", "HEALER_CHECK": check, "HEALER_RUN": "r1",
+                   "HEALER_GPU_MODEL": "NVIDIA-H200"}
+    # PodSecurity "restricted" (healer's namespace)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = pod["containers"][0]["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    script = pod["containers"][0]["args"][0]
+    assert f"healer-check {check} exit=$rc" in script
+    assert "/dev/termination-log" in script
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (None, "has no job.yaml"),
+    ("", "has no job.yaml"),
+    ("kind: Job\nspec: [", "job.yaml is not YAML"),
+    ("kind: Pod", "is not a Job manifest"),
+    ("- 1", "is not a Job manifest"),
+    ("kind: Job\nspec: []", "field spec: expected a mapping"),
+    ("kind: Job\nspec: {template: {spec: {containers: {}}}}",
+     "field spec.template.spec.containers: expected a list"),
+    ("kind: Job\nspec: {template: {spec: {}}}", "expected a list of containers"),
+    ("kind: Job\nspec: {template: {spec: {containers: [1]}}}", "expected a list of containers"),
+])
+def test_a_bad_template_is_a_clear_error(text: str | None, says: str) -> None:
+    with pytest.raises(PermanentError, match="ConfigMap ns/healer-validation-x") as err:
+        parse_template("ConfigMap ns/healer-validation-x", text)
+    assert says in str(err.value)
+
+
+def test_a_template_of_an_unexpected_shape_fails_pinning_with_a_type_error() -> None:
+    job = parse_template("cm", "kind: Job\nspec: {template: {spec: {containers: [{env: 1}]}}}")
+    with pytest.raises((AttributeError, TypeError)):  # run() turns it into a PermanentError
+        pinned_job(job, name="j", namespace="ns", node="n", run="r", check="c", model="",
+                   deadline=60)

@@ -49,6 +49,60 @@ def decode_dcgm_json(body: str) -> str | None:
     return text.decode("utf-8", errors="replace")
 
 
+def parse_template(where: str, text: Any) -> dict[str, Any]:
+    """A check's Job template (``job.yaml``), or a PermanentError saying what is wrong with it:
+    a bad template stops that check (the step or the loop reports it), never the daemon."""
+    if not isinstance(text, str) or not text.strip():
+        raise PermanentError(f"{where} has no job.yaml")
+    try:
+        job = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PermanentError(f"{where}: job.yaml is not YAML: {e}") from None
+    if not isinstance(job, dict) or job.get("kind") != "Job":
+        raise PermanentError(f"{where}: job.yaml is not a Job manifest (kind: Job)")
+    for path, want in ((("metadata",), dict), (("spec",), dict), (("spec", "template"), dict),
+                       (("spec", "template", "metadata"), dict),
+                       (("spec", "template", "spec"), dict),
+                       (("spec", "template", "spec", "containers"), list)):
+        node: Any = job
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None and not isinstance(node, want):
+            raise PermanentError(f"{where}: job.yaml field {'.'.join(path)}: expected "
+                                 f"{'a mapping' if want is dict else 'a list'}")
+    containers = (((job.get("spec") or {}).get("template") or {}).get("spec") or {}).get(
+        "containers") or []
+    if not containers or not all(isinstance(c, dict) for c in containers):
+        raise PermanentError(f"{where}: job.yaml field spec.template.spec.containers: expected "
+                             "a list of containers")
+    return job
+
+
+def pinned_job(job: dict[str, Any], *, name: str, namespace: str, node: str, run: str,
+               check: str, model: str, deadline: float) -> dict[str, Any]:
+    """The template as healer runs it: named, bounded (no retries, ``deadline``), pinned to the
+    spare (``nodeName``, tolerating healer's taints), with the run's environment."""
+    labels = {"app.kubernetes.io/managed-by": "healer",
+              PURPOSE_LABEL: f"validate-spare-{check}"}
+    job.setdefault("metadata", {}).update({"name": name, "namespace": namespace})
+    job["metadata"].setdefault("labels", {}).update(labels)
+    spec = job.setdefault("spec", {})
+    spec["activeDeadlineSeconds"] = int(deadline)
+    spec["backoffLimit"] = 0
+    template = spec.setdefault("template", {})
+    template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    pod = template.setdefault("spec", {})
+    pod["nodeName"] = node
+    pod["restartPolicy"] = "Never"
+    pod.setdefault("tolerations", []).extend(TOLERATE_ALL_HEALER)
+    env = [{"name": "HEALER_NODE", "value": node},
+           {"name": "HEALER_CHECK", "value": check}, {"name": "HEALER_RUN", "value": run},
+           {"name": "HEALER_GPU_MODEL", "value": model}]
+    for c in pod.get("containers") or []:
+        c.setdefault("env", []).extend(env)
+    return job
+
+
 class KubeCheckJobs:
     def __init__(self, api: client.ApiClient, *, namespace: str) -> None:
         self.api = api
@@ -60,14 +114,8 @@ class KubeCheckJobs:
         raw = to_dict(self.api, await call(
             f"read ConfigMap {self.namespace}/{name}",
             lambda: self.core.read_namespaced_config_map(name, self.namespace)))
-        text = (raw.get("data") or {}).get("job.yaml")
-        if not text:
-            raise PermanentError(f"ConfigMap {self.namespace}/{name} has no job.yaml")
-        job = yaml.safe_load(text)
-        if not isinstance(job, dict) or job.get("kind") != "Job":
-            raise PermanentError(f"ConfigMap {self.namespace}/{name}: job.yaml is not a Job "
-                                 "manifest")
-        return job
+        return parse_template(f"ConfigMap {self.namespace}/{name}",
+                              (raw.get("data") or {}).get("job.yaml"))
 
     async def run(self, node: str, run: str, check: str, *, model: str,
                   deadline: float) -> CheckReport | None:
@@ -75,25 +123,12 @@ class KubeCheckJobs:
 
         async def body() -> dict[str, Any]:
             job = await self._template(check)
-            labels = {"app.kubernetes.io/managed-by": "healer",
-                      PURPOSE_LABEL: f"validate-spare-{check}"}
-            job.setdefault("metadata", {}).update({"name": name, "namespace": self.namespace})
-            job["metadata"].setdefault("labels", {}).update(labels)
-            spec = job.setdefault("spec", {})
-            spec["activeDeadlineSeconds"] = int(deadline)
-            spec["backoffLimit"] = 0
-            template = spec.setdefault("template", {})
-            template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
-            pod = template.setdefault("spec", {})
-            pod["nodeName"] = node
-            pod["restartPolicy"] = "Never"
-            pod.setdefault("tolerations", []).extend(TOLERATE_ALL_HEALER)
-            env = [{"name": "HEALER_NODE", "value": node}, {"name": "HEALER_CHECK", "value": check},
-                   {"name": "HEALER_RUN", "value": run},
-                   {"name": "HEALER_GPU_MODEL", "value": model}]
-            for c in pod.get("containers") or []:
-                c.setdefault("env", []).extend(env)
-            return job
+            try:
+                return pinned_job(job, name=name, namespace=self.namespace, node=node,
+                                  run=run, check=check, model=model, deadline=deadline)
+            except (AttributeError, TypeError) as e:  # e.g. env: or tolerations: not a list
+                raise PermanentError(f"ConfigMap {self.namespace}/{TEMPLATE_PREFIX}{check}: "
+                                     f"job.yaml has an unexpected shape ({e})") from None
 
         out = await run_once(self.api, self.namespace, name, body, f"spare {check}",
                              f" on {node}")
