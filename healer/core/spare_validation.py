@@ -141,8 +141,10 @@ class ValidationRun:
 
     @classmethod
     def start(cls, now: float, checks: Sequence[str]) -> ValidationRun:
-        return cls(datetime.fromtimestamp(now, UTC).strftime("%Y%m%dt%H%M%Sz"), now,
-                   tuple(checks))
+        """A run started at ``now``, named after it to the millisecond (a later run of the same
+        spare never reuses an earlier run's Jobs)."""
+        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dt%H%M%S")
+        return cls(f"{stamp}{int(now * 1000) % 1000:03d}z", now, tuple(checks))
 
     @classmethod
     def from_annotation(cls, text: str | None) -> ValidationRun | None:
