@@ -58,12 +58,14 @@ docs: venv ## regenerate generated docs (workflow, XID catalog, policy reference
 	$(BIN)/healer docs --write
 
 .PHONY: chart-files
-chart-files: ## refresh the Helm chart's copies under deploy/helm/healer/files/ (dashboards, alert rules)
+chart-files: ## refresh the Helm chart's copies under deploy/helm/healer/files/ (dashboards, alert rules, spare checks)
 	rm -f deploy/helm/healer/files/dashboards/*.json
 	mkdir -p deploy/helm/healer/files/dashboards
 	cp dashboards/*.json deploy/helm/healer/files/dashboards/
 	cp deploy/grafana/alerting.yaml deploy/helm/healer/files/grafana-alerting.yaml
 	cp deploy/prometheus/healer-rules.yaml deploy/helm/healer/files/healer-rules.yaml
+	mkdir -p deploy/helm/healer/files/validation
+	cp deploy/validation/*-job.yaml deploy/helm/healer/files/validation/
 
 verify: venv ## fail if generated files are stale
 	$(BIN)/python -m pytest tests/unit/test_generated.py
