@@ -172,7 +172,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     sources: list[TelemetrySource] = [*(o.telemetry or []), *prom]
     depth: dict[str, int] = {}
     metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed))
-    runner = await _serve(settings, health, metrics, ctl, nodes, secrets)
+    runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
     reloader = _reloader(settings, api, metrics, health,
                          apply=lambda new: switch_policies(new, ctl, sources))
     await reloader.prime()
@@ -407,14 +407,21 @@ def _state_source(ctl: Controller, prom: Sequence[PrometheusSource], depth: Mapp
 
 
 async def _serve(settings: Settings, health: Health, metrics: Metrics, ctl: Controller,
-                 nodes: KubeNodes, secrets: Secrets) -> web.AppRunner:
+                 nodes: KubeNodes, secrets: Secrets,
+                 slurm_feed: SlurmFeed | None) -> web.AppRunner:
     """/healthz, /readyz, /metrics, /debug/state (when enabled) and the webhook acks."""
     def ack_target(incident: str) -> AckTarget | None:  # the incident's node and hook keys
         rec = ctl.history.get(incident)
         return target_of(rec, ctl.policies.get(rec.policy) if rec is not None else None)
 
     ack = AckReceiver(nodes, secrets, ack_target)
-    debug = ctl.debug_state if settings.http.debug_state else None
+    def debug_state() -> dict[str, object]:  # the controller's, with the Slurm feed's findings
+        state = ctl.debug_state()
+        if slurm_feed is not None:
+            state["slurmFeed"] = slurm_feed.debug()
+        return state
+
+    debug = debug_state if settings.http.debug_state else None
     try:
         return await serve(make_app(health, metrics.registry, debug, ack.handle),
                            settings.http.host, settings.http.port)

@@ -110,7 +110,7 @@ class TwoClusters:
                 "--http-port", str(port), "--namespace", "healer-system",
                 "--log-format", "json", "--identity", f"d-{self.tid}",
                 "--slurm-driver", "scontrol", "--slurm-state-interval", "1",
-                "--no-leader-election", "--shutdown-grace", "2"]
+                "--no-leader-election", "--shutdown-grace", "2", "--debug-state"]
         d = Daemon.spawn(argv, port=port, log=self.dir / "daemon.log")
         self.daemons.append(d)
         return d
@@ -189,6 +189,12 @@ async def test_each_nodeset_acts_on_its_own_cluster_under_its_own_limit(
         await wait_for(counted, timeout=60, description="NodeSet west counts the admin's drain")
     except TimeoutError as e:
         raise AssertionError(f"{e}\n{d.tail(30)}") from None
+
+    # /debug/state shows the merged Slurm feed: both clusters read, west's drain counted
+    _, text = await d.get("/debug/state")
+    feed = json.loads(text)["slurmFeed"]
+    assert feed["known"] is True, feed
+    assert feed["unavailable"] == {west0: "slurm-drain"}, feed
 
     world.xid(west1)
     world.xid(east0)
