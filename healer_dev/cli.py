@@ -32,10 +32,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def add_demo_flags(d: argparse.ArgumentParser) -> None:
     d.add_argument("--scenario", default="xid79",
-                   choices=["xid79", "storm", "degrading", "fabric"],
+                   choices=["xid79", "storm", "degrading", "fabric", "slurm"],
                    help="xid79 (default): XID 79 → warm spare; storm: the guardrails hold a "
                         "fault storm; degrading: checkpoint a job before replacing its node; "
-                        "fabric: an InfiniBand port down → warm spare")
+                        "fabric: an InfiniBand port down → warm spare; slurm: Slurm's health "
+                        "check drains a node → incident with its reason, the swap holds until "
+                        "the owner clears the drain")
     d.add_argument("--keep", action="store_true",
                    help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
     d.add_argument("--operator-version", default="v1.1.0", choices=["v1.1.0", "v1.0.0"],

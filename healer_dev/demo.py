@@ -27,6 +27,11 @@ slurmd) whose pods, hence Slurm nodes, are gpu-0..gpu-7, one per GPU node. Scena
   by the same simulated exporters) while a job runs there; with
   ``policies/examples/infiniband.yaml`` also in act, healer replaces the node like a failed GPU
   and the NodeRemediation names the port.
+* ``slurm``: Slurm itself takes node-01 out: its HealthCheckProgram (NHC) drains Slurm node
+  gpu-1 with an ``NHC: ...`` reason. With ``policies/examples/slurm-detector.yaml`` also in act,
+  the Slurm feed turns that into an incident carrying NHC's reason; healer cordons and claims a
+  spare but never touches the drain, so the swap holds and says why (moving the slurmd pod would
+  delete NHC's drain, docs/adr/0006); once the owner clears it, the swap goes on.
 """
 
 from __future__ import annotations
@@ -50,7 +55,9 @@ from healer_dev.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from healer_dev.sim.infiniband import IbFault, IbFaultKind
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("xid79", "storm", "degrading", "fabric")
+SCENARIOS = ("xid79", "storm", "degrading", "fabric", "slurm")
+#: the reason NHC (Slurm's usual HealthCheckProgram) writes when it drains a node
+NHC_REASON = "NHC: GPU 2 ECC double bit errors (check_nv_healthmon)"
 
 
 @dataclass
@@ -220,6 +227,46 @@ async def _scenario_fabric(s: DemoStack, tl: Timeline) -> bool:
     return f"device {device} port 1" in str(incident.get("summary", ""))
 
 
+async def _scenario_slurm(s: DemoStack, tl: Timeline) -> bool:
+    assert s.slurm is not None
+    bad = "node-01"
+    sn = await s.slurm_node_on(bad)
+    await asyncio.to_thread(s.slurm.run, ["scontrol", "update", f"nodename={sn}", "state=drain",
+                                          f"reason={NHC_REASON}"])
+    tl.say(f"inject: NHC drains Slurm node {sn} (on {bad}): {NHC_REASON!r}")
+
+    async def held() -> bool:
+        items = [i for i in await s.remediations() if i["spec"]["node"] == bad]
+        tl.remediations(items)
+        st = (items[-1].get("status") or {}) if items else {}
+        return "someone else" in str(st.get("reason", ""))
+
+    await s.wait(held, 120, f"an incident on {bad} whose swap holds for NHC's drain")
+    item = [i for i in await s.remediations() if i["spec"]["node"] == bad][-1]
+    tl.say(f"NodeRemediation {item['metadata']['name']}: "
+           f"{(item['spec'].get('incident') or {}).get('summary', '?')}")
+    tl.say(f"  held: {item['status'].get('reason')}")
+    real = await s.slurm_state(sn)
+    tl.say(f"scontrol show node {sn}: reason {real.reason if real else '?'!r} (NHC's, untouched)")
+    await asyncio.to_thread(s.slurm.run, ["scontrol", "update", f"nodename={sn}",
+                                          "state=undrain"])
+    tl.say(f"the owner (NHC, or an admin after a look) clears its drain on {sn}")
+
+    async def done() -> bool:
+        items = await s.remediations()
+        tl.remediations(items)
+        if _phase(items, bad) != "Repair":
+            return False
+        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
+        st = pod_state(pod) if pod else None
+        return bool(pod and st and pod["spec"].get("nodeName") != bad and not st.drain)
+
+    await s.wait(done, 240, f"{bad} replaced and {sn} serving from a spare")
+    item = [i for i in await s.remediations() if i["spec"]["node"] == bad][-1]
+    tl.say(f"Slurm node {sn} serves from {item['status'].get('spare')}; {bad} handed to repair")
+    return NHC_REASON in str((item["spec"].get("incident") or {}).get("summary", ""))
+
+
 async def run_demo(scenario: str = "xid79", *, keep: bool = False,
                    out: Callable[[str], None] = print,
                    operator_version: str = DEFAULT_VERSION) -> int:
@@ -237,8 +284,9 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
     ok = False
     try:
         await stack.start()
-        extra = ((ROOT / "policies" / "examples" / "infiniband.yaml",)
-                 if scenario == "fabric" else ())
+        extra = {"fabric": (ROOT / "policies" / "examples" / "infiniband.yaml",),
+                 "slurm": (ROOT / "policies" / "examples" / "slurm-detector.yaml",),
+                 }.get(scenario, ())
         stack.start_healer(_act_policies(workdir / "policies", *extra))
         await stack.wait(lambda: _http_ok(stack.port), 60, "healer /readyz")
         await stack.wait(lambda: _telemetry_fresh(stack.port), 60,
@@ -249,7 +297,8 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
             f"metrics on http://127.0.0.1:{stack.port}/metrics")
         tl = Timeline(out)
         run = {"xid79": _scenario_xid79, "storm": _scenario_storm,
-               "degrading": _scenario_degrading, "fabric": _scenario_fabric}[scenario]
+               "degrading": _scenario_degrading, "fabric": _scenario_fabric,
+               "slurm": _scenario_slurm}[scenario]
         ok = await run(stack, tl)
         tl.say("result: " + ("OK" if ok else "FAILED"))
     except ConfigError as e:
