@@ -1,10 +1,12 @@
 """The spare-validation loop: warm spares stay healthy while they wait.
 
-Every :data:`SPARE_VALIDATION_EVERY` seconds, while leading and while the fleet's
-``spareValidation`` is on, one label-selected read of the spare pool (cost follows the number of
-spares, never the fleet) and one ``SpareValidator.periodic_round``: runs in progress
-advanced, due idle spares started (at most ``maxParallel`` runs at once), a repaired failed
-spare returned to the pool. The loop beats its own ``/healthz`` heartbeat
+Every :data:`SPARE_VALIDATION_EVERY` seconds, while leading, while the fleet's
+``spareValidation`` is on and while some policy acts (``mode: act``: validating runs Jobs on
+spares and changes their labels, which neither ``observe`` nor ``dryRun`` — nor ``--dry-run``,
+which caps every policy there — may do), one label-selected read of the spare pool (cost
+follows the number of spares, never the fleet) and one ``SpareValidator.periodic_round``: runs
+in progress advanced, due idle spares started (at most ``maxParallel`` runs at once), a
+repaired failed spare returned to the pool. The loop beats its own ``/healthz`` heartbeat
 (``spare-validation``).
 
 :func:`spare_validation` builds the validator from the daemon's ports and hands it to the
@@ -24,6 +26,7 @@ from healer.adapters.kube.check_jobs import KubeCheckJobs
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import SpareValidator
 from healer.core.model import NodeView
+from healer.core.modes import Mode
 from healer.errors import HealerError
 from healer.obs.http import Health
 from healer.runtime.controller import Controller
@@ -50,17 +53,23 @@ def spare_validation(health: Health, ports: Ports, ctl: Controller, api: client.
     async def spares() -> Sequence[NodeView]:
         return await ports.nodes.list(ctl.policies.fleet.spare_selector.to_query())
 
-    return validate_spares(health, validator, spares, lambda: ctl.leading)
+    def acting() -> bool:
+        return ctl.leading and any(p.mode is Mode.ACT for p in ctl.policies.policies)
+
+    return validate_spares(health, validator, spares, acting)
 
 
 async def validate_spares(health: Health, validator: SpareValidator,
                           spares: Callable[[], Awaitable[Sequence[NodeView]]],
-                          leading: Callable[[], bool],
-                          every: float = SPARE_VALIDATION_EVERY) -> None:
+                          acting: Callable[[], bool],
+                          every: float = SPARE_VALIDATION_EVERY,
+                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """The loop: a round every ``every`` seconds while ``acting()`` (leading, and some policy
+    acts) and validation is on; a failed round is logged once, its recovery once."""
     failing = False
     while True:
         health.beat("spare-validation", every + LOOP_SLACK)
-        if leading() and validator.enabled:
+        if acting() and validator.enabled:
             try:
                 plan = await validator.periodic_round(await spares())
                 if plan.start:
@@ -73,4 +82,4 @@ async def validate_spares(health: Health, validator: SpareValidator,
                 if not failing:  # an outage is logged once, its recovery once
                     log.warning("spare validation round failed", error=str(e))
                 failing = True
-        await asyncio.sleep(every)
+        await sleep(every)

@@ -4,6 +4,7 @@ API server does) and scripted check Jobs."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 from collections.abc import AsyncIterator, Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from healer.adapters.hooks import RepairRouter
 from healer.adapters.kube.nodes import node_view
@@ -37,8 +39,10 @@ from healer.core.vocabulary import (
     SPARE_VALIDATION_RUN,
     StepName,
 )
-from healer.errors import ConflictError
+from healer.errors import ConflictError, TransientError
+from healer.obs.http import Health
 from healer.ports import NodeEvent, PendingClaim
+from healer.runtime.spare_validation import validate_spares
 from healer_dev.testing import FakeEvents, ManualClock, fake_ports
 from tests.component.test_controller import fleet, make
 
@@ -410,3 +414,44 @@ async def test_the_remediation_waits_in_its_claim_step_while_the_spare_is_valida
         assert h.phase("gpu-1") is Phase.REPAIR  # swapped; the bad node went to repair
     finally:
         await h.close()
+
+
+async def test_the_loop_validates_only_while_acting_and_survives_a_failing_round() -> None:
+    clock = ManualClock()
+    nodes, jobs, _, _, validator = world(clock)
+    spare(nodes, "s0", "d1")
+    health = Health(clock=clock.now)
+    acting = {"now": False}
+    lists = {"n": 0}
+
+    async def spares() -> list[NodeView]:
+        lists["n"] += 1
+        if lists["n"] == 2:
+            raise TransientError("list nodes: HTTP 503")
+        return await nodes.list("healer.io/role=spare")
+
+    task = asyncio.create_task(validate_spares(health, validator, spares, lambda: acting["now"],
+                                               every=30.0, sleep=clock.sleep))
+    try:
+        await clock.advance(120)
+        assert lists["n"] == 0  # observe / dryRun / follower: no round, no Job
+        assert jobs.created == []
+        acting["now"] = True
+        await clock.advance(30)
+        assert lists["n"] == 1
+        assert [j[0] for j in jobs.created] == ["s0"]
+        with capture_logs() as logs:
+            await clock.advance(30)  # the failing round is logged, the loop goes on
+            await clock.advance(30)
+        assert lists["n"] == 3
+        assert not task.done()
+        assert [(e["event"], e.get("error")) for e in logs
+                if "round failed" in e["event"] or "recovered" in e["event"]] == [
+            ("spare validation round failed", "list nodes: HTTP 503"),
+            ("spare validation recovered", None)]
+        ok, beats = health.healthy()
+        assert ok
+        assert "spare-validation" in beats
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
