@@ -40,7 +40,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 1
     for p in ps.policies:
         print(f"ok  {p.name:28s} mode={p.mode.value:8s} rules={len(p.rules):2d}  {p.source}")
-    print(f"{len(ps.policies)} policies valid (digest {ps.digest})")
+    for n in ps.nodesets.items:
+        where = f"{n.namespace}/{n.nodeset}" if n.nodeset else "-"
+        print(f"ok  nodeset {n.name:20s} cluster={n.cluster} driver={n.slurm.driver} "
+              f"nodeSet={where}  {n.source}")
+    more = f", {len(ps.nodesets.items)} NodeSets" if ps.nodesets else ""
+    print(f"{len(ps.policies)} policies valid{more} (digest {ps.digest})")
     return 0
 
 

@@ -148,3 +148,13 @@ def test_the_two_cluster_example_compiles_to_what_it_says() -> None:
     assert west.topology.domain == "accelerator.topograph.run/domain"  # topograph's default
     assert ps.nodesets.of({"example.com/nodeset": "h200-east"}) is east
     assert ps.nodesets.of({"example.com/nodeset": "a100"}) is None
+
+
+def test_validate_lists_the_nodesets(capsys: pytest.CaptureFixture[str]) -> None:
+    from healer.cli import main
+
+    assert main(["validate", str(ROOT / "policies" / "examples" / "two-clusters.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "ok  nodeset h100-west" in out
+    assert "cluster=west driver=slinky nodeSet=slurm-west/h100" in out
+    assert "1 policies valid, 2 NodeSets" in out
