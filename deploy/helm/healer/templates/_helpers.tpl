@@ -149,16 +149,32 @@ missing (values.schema.json says the same). */}}
   webhooks:    true when any policy has a webhook hook (the ack callback is then passed)
   slurmSignal: ["file: policy", ...]     enabled slurm-signal checkpoints of policies that are
                                          not `mode: observe` (they will signal Slurm jobs)
-Only RemediationPolicy documents count; a document that does not parse is left to healer's
-own validation (the controller refuses it with file:line). */}}
+  slurmNamespaces: [namespace, ...]      the Slinky NodeSets' namespaces of the SlurmNodeSet
+                                         documents (slurmd pods, NodeSets read there)
+RemediationPolicy documents count for the hooks; SlurmNodeSet documents for their NodeSet's
+namespace and their slurmrestd token Secret (into secrets). A document that does not parse is
+left to healer's own validation (the controller refuses it with file:line). */}}
 {{- define "healer.policyNeeds" -}}
 {{- $secrets := dict -}}
 {{- $cms := dict -}}
 {{- $signal := list -}}
 {{- $webhooks := false -}}
+{{- $slurmNs := list -}}
 {{- range $file, $text := .Values.policies -}}
 {{- range $doc := regexSplit "(?m)^---[ \\t]*$" (toString $text) -1 -}}
 {{- $p := fromYaml $doc -}}
+{{- if and $p (eq (toString (get $p "kind")) "SlurmNodeSet") -}}
+{{- $spec := get $p "spec" | default dict -}}
+{{- $ref := get $spec "nodeSet" | default dict -}}
+{{- if get $ref "namespace" -}}
+{{- $slurmNs = append $slurmNs (toString (get $ref "namespace")) | uniq | sortAlpha -}}
+{{- end -}}
+{{- $token := toString (get (get $spec "slurm" | default dict) "tokenSecret" | default "") -}}
+{{- $parts := splitList "/" ((splitList ":" $token) | first) -}}
+{{- if eq (len $parts) 2 -}}
+{{- $_ := set $secrets (index $parts 0) (append (get $secrets (index $parts 0) | default list) (index $parts 1) | uniq | sortAlpha) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $p (eq (toString (get $p "kind")) "RemediationPolicy") -}}
 {{- $spec := get $p "spec" | default dict -}}
 {{- $steps := get $spec "steps" | default dict -}}
@@ -194,7 +210,7 @@ own validation (the controller refuses it with file:line). */}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- dict "secrets" $secrets "configMaps" $cms "webhooks" $webhooks "slurmSignal" $signal | toJson -}}
+{{- dict "secrets" $secrets "configMaps" $cms "webhooks" $webhooks "slurmSignal" $signal "slurmNamespaces" $slurmNs | toJson -}}
 {{- end -}}
 
 {{/* Does the controller reach Slurm's job API (to list and signal jobs)? slurmrestd: always;
