@@ -3,11 +3,11 @@
 Every :data:`SPARE_VALIDATION_EVERY` seconds, while leading, while the fleet's
 ``spareValidation`` is on and while some policy acts (``mode: act``: validating runs Jobs on
 spares and changes their labels, which neither ``observe`` nor ``dryRun`` — nor ``--dry-run``,
-which caps every policy there — may do), one label-selected read of the spare pool (cost
-follows the number of spares, never the fleet) and one ``SpareValidator.periodic_round``: runs
-in progress advanced, due idle spares started (at most ``maxParallel`` runs at once), a
-repaired failed spare returned to the pool. The loop beats its own ``/healthz`` heartbeat
-(``spare-validation``).
+which caps every policy there — may do), one label-selected read per spare selector (the
+fleet's and each NodeSet's; cost follows the number of spares, never the fleet) and one
+``SpareValidator.periodic_round``: runs in progress advanced, due idle spares started (at most
+``maxParallel`` runs at once), a repaired failed spare returned to the pool. The loop beats
+its own ``/healthz`` heartbeat (``spare-validation``).
 
 :func:`spare_validation` builds the validator from the daemon's ports and hands it to the
 spare pool too, so a claim validates through the same object (one lock per spare, one run).
@@ -27,8 +27,10 @@ from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import SpareValidator
 from healer.core.model import NodeView
 from healer.core.modes import Mode
+from healer.core.rules import PolicySet
 from healer.errors import HealerError
 from healer.obs.http import Health
+from healer.ports import NodeAPI
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Ports
 from healer.runtime.loops import LOOP_SLACK
@@ -51,12 +53,24 @@ def spare_validation(health: Health, ports: Ports, ctl: Controller, api: client.
         ports.spares.validation = validator
 
     async def spares() -> Sequence[NodeView]:
-        return await ports.nodes.list(ctl.policies.fleet.spare_selector.to_query())
+        return await spare_nodes(ports.nodes, ctl.policies)
 
     def acting() -> bool:
         return ctl.leading and any(p.mode is Mode.ACT for p in ctl.policies.policies)
 
     return validate_spares(health, validator, spares, acting)
+
+
+async def spare_nodes(nodes: NodeAPI, policies: PolicySet) -> list[NodeView]:
+    """Every warm spare: of the fleet's spare selector and of each NodeSet's own, one
+    label-selected read per distinct selector (a selector without matchLabels picks none)."""
+    selectors = [policies.fleet.spare_selector,
+                 *(n.spare_selector for n in policies.nodesets.items if n.spare_selector)]
+    found: dict[str, NodeView] = {}
+    for query in dict.fromkeys(s.to_query() for s in selectors if s.match_labels):
+        for v in await nodes.list(query):
+            found.setdefault(v.name, v)
+    return sorted(found.values(), key=lambda v: v.name)
 
 
 async def validate_spares(health: Health, validator: SpareValidator,

@@ -19,8 +19,9 @@ from healer.adapters.kube.nodes import node_view
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import CheckReport, SpareValidator
 from healer.core.model import NodeView
+from healer.core.nodesets import NodeSetRules, NodeSets
 from healer.core.phases import Phase
-from healer.core.rules import LabelSelector
+from healer.core.rules import FleetRules, LabelSelector, PolicySet
 from healer.core.spare_validation import (
     SpareCheck,
     SpareValidation,
@@ -42,7 +43,7 @@ from healer.core.vocabulary import (
 from healer.errors import ConflictError, TransientError
 from healer.obs.http import Health
 from healer.ports import NodeEvent, PendingClaim
-from healer.runtime.spare_validation import validate_spares
+from healer.runtime.spare_validation import spare_nodes, validate_spares
 from healer_dev.testing import FakeEvents, ManualClock, fake_ports
 from tests.component.test_controller import fleet, make
 
@@ -455,3 +456,21 @@ async def test_the_loop_validates_only_while_acting_and_survives_a_failing_round
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_the_loop_reads_the_fleets_and_every_nodesets_spares_once_each() -> None:
+    nodes = RawNodes()
+    nodes.add("fleet-spare", {"healer.io/role": "spare"})
+    nodes.add("east-spare", {"pool": "east"})
+    nodes.add("both", {"healer.io/role": "spare", "pool": "east"})
+    nodes.add("worker", {"pool": "west"})
+    east = NodeSetRules("east", LabelSelector({"nodeset": "east"}), "c1",
+                        spare_selector=LabelSelector({"pool": "east"}))
+    same = NodeSetRules("same", LabelSelector({"nodeset": "same"}), "c1",
+                        spare_selector=LabelSelector({"pool": "east"}))
+    default = NodeSetRules("default", LabelSelector({"nodeset": "d"}), "c1")  # the fleet's
+    ps = PolicySet((), FleetRules(spare_selector=SPARE),
+                   nodesets=NodeSets((east, same, default)))
+    found = await spare_nodes(nodes, ps)
+    assert [v.name for v in found] == ["both", "east-spare", "fleet-spare"]
+    assert nodes.lists == 2  # one read per distinct selector
