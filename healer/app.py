@@ -37,6 +37,7 @@ from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.adapters.kube.topology_step import KubeTopology
 from healer.adapters.slinky import OperatorCapabilities
+from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
@@ -70,7 +71,7 @@ from healer.runtime.loops import (
 from healer.runtime.node_events import NodeEvents
 from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated, switch_policies
 from healer.runtime.slurm_feed import SlurmFeed
-from healer.runtime.spare_validation import spare_validation
+from healer.runtime.spare_validation import spare_validation, spare_validator
 from healer.settings import Settings
 
 if TYPE_CHECKING:
@@ -147,11 +148,14 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
     slurm = side.driver
-    ports = _ports(settings, o, api, nodes, secrets, side, policies)
+    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies)
     clock = SYSTEM_CLOCK
+    validator = spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
+    spares.validation = validator  # claims validate through the loop's one validator
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
-        lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies, ns),
+        lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies,
+                                   validator, ns),
         ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
@@ -180,7 +184,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         "heartbeat": health.loop_heartbeat(),
         "node-watch": NodeEvents(nodes, ctl, health).run(),
         "spare-depth": spare_depth(health, ports.spares, ctl, depth),
-        "spare-validation": spare_validation(health, ports, ctl, api, settings.kube.namespace),
+        "spare-validation": spare_validation(health, validator, ports, ctl),
         "policy-reload": reloader.run(settings.policy_reload_seconds),
         "retention": retention(health, ctl),
         "reconcile": reconcile_heartbeat(health, ctl.probe),
@@ -315,7 +319,7 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets, side: SlurmSide, policies: PolicySet,
-           nodeset: NodeSetRules | None = None) -> Ports:
+           nodeset: NodeSetRules | None = None) -> tuple[Ports, KubeSparePool]:
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
     its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
@@ -355,7 +359,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
                                     slinky_pods=o.workload is None),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
-                 slurm_names=slurm_names or same_name, topology_keys=keys)
+                 slurm_names=slurm_names or same_name, topology_keys=keys), spares
 
 
 def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
@@ -369,12 +373,13 @@ def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
 
 def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
                     secrets: Secrets, policies: Callable[[], PolicySet],
-                    ns: NodeSetRules) -> NodeSetWiring:
+                    validator: SpareValidator, ns: NodeSetRules) -> NodeSetWiring:
     """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
     own = _nodeset_settings(settings, ns)
     side = _slurm_side(own, api, nodes, o.slurm)
-    return NodeSetWiring(_ports(own, o, api, nodes, secrets, side, policies(), ns),
-                         _slurm_states(own, api, side.driver), side.driver)
+    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns)
+    spares.validation = validator  # claims validate through the loop's one validator
+    return NodeSetWiring(ports, _slurm_states(own, api, side.driver), side.driver)
 
 
 def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSource]:

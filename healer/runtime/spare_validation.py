@@ -9,8 +9,9 @@ fleet's and each NodeSet's; cost follows the number of spares, never the fleet) 
 ``maxParallel`` runs at once), a repaired failed spare returned to the pool. The loop beats
 its own ``/healthz`` heartbeat (``spare-validation``).
 
-:func:`spare_validation` builds the validator from the daemon's ports and hands it to the
-spare pool too, so a claim validates through the same object (one lock per spare, one run).
+:func:`spare_validator` builds the one validator from the daemon's ports; the composition root
+hands it to every spare pool too (the fleet's and each NodeSet's), so a claim validates through
+the same object as the loop (one lock per spare, one run).
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ import structlog
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.check_jobs import KubeCheckJobs
-from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import SpareValidator
 from healer.core.model import NodeView
 from healer.core.modes import Mode
 from healer.core.rules import PolicySet
 from healer.errors import HealerError
 from healer.obs.http import Health
-from healer.ports import NodeAPI
+from healer.ports import Clock, NodeAPI
 from healer.runtime.controller import Controller
 from healer.runtime.executor import Ports
 from healer.runtime.loops import LOOP_SLACK
@@ -41,17 +41,17 @@ log = structlog.get_logger("healer.spare_validation")
 SPARE_VALIDATION_EVERY = 30.0
 
 
-def spare_validation(health: Health, ports: Ports, ctl: Controller, api: client.ApiClient,
-                     namespace: str) -> Coroutine[Any, Any, None]:
-    """The loop, with its validator built from ``ports`` and given to a Kubernetes spare pool's
-    claims as well. Check Jobs run in ``namespace`` (healer's own)."""
-    validator = SpareValidator(ports.nodes, ports.events, ports.repair,
-                               KubeCheckJobs(api, namespace=namespace),
-                               settings=lambda: ctl.policies.fleet.spare_validation,
-                               clock=ctl.clock)
-    if isinstance(ports.spares, KubeSparePool):
-        ports.spares.validation = validator
+def spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
+                    policies: Callable[[], PolicySet], clock: Clock) -> SpareValidator:
+    """The daemon's one spare validator; its check Jobs run in ``namespace`` (healer's own)."""
+    return SpareValidator(ports.nodes, ports.events, ports.repair,
+                          KubeCheckJobs(api, namespace=namespace),
+                          settings=lambda: policies().fleet.spare_validation, clock=clock)
 
+
+def spare_validation(health: Health, validator: SpareValidator, ports: Ports,
+                     ctl: Controller) -> Coroutine[Any, Any, None]:
+    """The loop over every warm spare (the fleet's and each NodeSet's selector)."""
     async def spares() -> Sequence[NodeView]:
         return await spare_nodes(ports.nodes, ctl.policies)
 

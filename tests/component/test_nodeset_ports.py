@@ -101,3 +101,33 @@ async def test_the_slurm_feed_reads_every_cluster_and_fails_with_any() -> None:
     with pytest.raises(TransientError):
         await w.router.node_states()  # one cluster unreadable: Slurm's view is unknown
     await w.router.close()
+
+
+def test_a_nodesets_ports_carry_its_spares_and_the_loops_validator() -> None:
+    """The composition root's builder: the NodeSet's spare selector, tolerations and topology
+    keys on its spare pool, which validates through the one validator the loop uses."""
+    from typing import Any, cast
+
+    from healer.adapters.hooks import Secrets
+    from healer.adapters.kube.nodes import KubeNodes
+    from healer.adapters.kube.spares import KubeSparePool
+    from healer.app import Overrides, _nodeset_wiring
+    from healer.core.nodesets import Toleration, TolerationOperator
+    from healer.core.topology import TopologyKeys
+    from healer.settings import Settings
+
+    api = cast(Any, object())  # the builders only keep it: nothing here calls the API server
+    keys = TopologyKeys("nvidia.com/gpu.clique", ("example.com/leaf",))
+    ns = replace(EAST, spare_selector=cp.LabelSelector({"pool": "east-spares"}),
+                 tolerations=(Toleration("nvidia.com/gpu", TolerationOperator.EXISTS),),
+                 topology=keys)
+    validator = cast(Any, object())
+    w = _nodeset_wiring(Settings(), Overrides(), api, KubeNodes(api), Secrets(api),
+                        lambda: cp.PolicySet((), nodesets=NodeSets((ns,))), validator, ns)
+    pool = w.ports.spares
+    assert isinstance(pool, KubeSparePool)
+    assert pool.validation is validator
+    assert pool.selector == cp.LabelSelector({"pool": "east-spares"})
+    assert pool.tolerations == ns.tolerations
+    assert pool.keys == keys
+    assert w.ports.topology_keys == keys
