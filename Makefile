@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps operator lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
+.PHONY: help venv deps operator image lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -25,18 +25,21 @@ deps: ## Debian packages (Slurm, Prometheus) and the Go-built control plane (cac
 operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go module proxy (cached)
 	bash hack/build-operator.sh
 
+image: venv deps ## the controller/agent image from Debian packages and healer's wheel, no container engine (OCI layout + tarball in build/image/; cached; ADR 0011)
+	$(BIN)/python -m healer_dev.image --out build/image
+
 lint: venv ## ruff, mypy --strict, import-linter
 	$(BIN)/ruff check healer healer_dev tests
 	$(BIN)/mypy healer healer_dev
 	$(BIN)/lint-imports
 
-test: lint deps operator ## the whole suite (lint first); what CI runs
+test: lint deps operator image ## the whole suite (lint first); what CI runs
 	$(BIN)/python -m pytest tests
 
 test-unit: venv ## unit and component tests only (fast, no real components)
 	$(BIN)/python -m pytest tests/unit tests/component
 
-test-integration: venv deps operator ## the tests against the real stack only
+test-integration: venv deps operator image ## the tests against the real stack only
 	$(BIN)/python -m pytest tests/integration
 
 stack: venv deps ## start the local control plane in .devstack/ (detached)

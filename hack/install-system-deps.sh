@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages the real-stack tests and the demo start on loopback: Slurm
-# (slurmctld, slurmd, slurmrestd + its JWT plugin, munge) and Prometheus (+ promtool).
+# (slurmctld, slurmd, slurmrestd + its JWT plugin, munge) and Prometheus (+ promtool); and what
+# `make image` builds and inspects the image with, without a container engine: mmdebstrap (a root
+# filesystem from Debian packages) and skopeo (reads the OCI layout in tests/integration/test_image.py).
 # Idempotent: does nothing when they are present. Never installs slurm-wlm-emulator (it hijacks
 # /usr/sbin/slurmd through update-alternatives).
 set -euo pipefail
-PKGS=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge prometheus)
+PKGS=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge prometheus mmdebstrap skopeo)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
