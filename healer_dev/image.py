@@ -48,7 +48,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: the Debian release the image is built from (its python3 is 3.11, healer's requires-python)
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
+#: the archive: the release, its updates and its security fixes (what the host's apt sees)
+SOURCES: tuple[str, ...] = (
+    f"deb http://deb.debian.org/debian {SUITE} main",
+    f"deb http://deb.debian.org/debian {SUITE}-updates main",
+    f"deb http://deb.debian.org/debian-security {SUITE}-security main",
+)
 #: the Debian packages on top of the Essential set
 PACKAGES: tuple[str, ...] = ("python3", "ca-certificates", "libstdc++6")
 #: the non-root user the image runs as
@@ -226,7 +231,7 @@ def rootfs(work: Path, epoch: int) -> Path:
     argv = ["mmdebstrap", "--quiet", "--mode=root", "--variant=essential",
             f"--include={','.join(PACKAGES)}",
             *(f"--dpkgopt=path-exclude={p}" for p in DPKG_EXCLUDE),
-            f"--customize-hook={_hook(work)} \"$1\"", SUITE, str(target), MIRROR]
+            f"--customize-hook={_hook(work)} \"$1\"", SUITE, str(target), *SOURCES]
     _run(argv, "mmdebstrap", env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
     # Debian's own byte-code, written at install time, is the one thing that would differ
     # between two builds: Python compiles what it needs at start (and may not write it)
