@@ -127,7 +127,8 @@ def test_the_image_holds_no_dev_tooling_tests_caches_or_secrets(built: image.Ima
           f"{built.size / 1e6:.1f} MB compressed, {built.digest}")
 
 
-def test_skopeo_reads_the_layout_non_root_user_and_entrypoint(built: image.Image) -> None:
+def test_skopeo_reads_the_layout_and_the_tarball_non_root_user_and_entrypoint(
+        built: image.Image) -> None:
     skopeo = shutil.which("skopeo")
     assert skopeo, "skopeo is missing: make deps (hack/install-system-deps.sh) installs it"
     proc = subprocess.run([skopeo, "inspect", f"oci:{built.layout}:{built.tag}"],
@@ -140,9 +141,17 @@ def test_skopeo_reads_the_layout_non_root_user_and_entrypoint(built: image.Image
     assert cfg["User"] == f"{image.UID}:{image.UID}"
     assert cfg["Entrypoint"] == list(image.ENTRYPOINT)
     assert cfg["Cmd"] == list(image.CMD)
-    with tarfile.open(built.tarball) as tar:
-        names = set(tar.getnames())
-    assert {"oci-layout", "index.json", "manifest.json"} <= names
+    # the tarball: the same image as an OCI archive (skopeo copy, docker load >= 25) and as the
+    # docker-archive format older `docker load`s read (its manifest.json)
+    def inspect(ref: str, *flags: str) -> dict[str, Any]:
+        p = subprocess.run([skopeo, "inspect", *flags, ref], capture_output=True, text=True,
+                           timeout=60, check=False)
+        assert p.returncode == 0, f"skopeo inspect {ref}: {p.stderr}"
+        return dict(json.loads(p.stdout))
+
+    assert inspect(f"oci-archive:{built.tarball}:{built.tag}")["Digest"] == built.digest
+    docker = inspect(f"docker-archive:{built.tarball}", "--config")["config"]
+    assert (docker["User"], docker["Entrypoint"]) == (cfg["User"], cfg["Entrypoint"])
 
 
 def test_packing_the_unpacked_image_again_gives_the_same_digest(
