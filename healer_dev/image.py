@@ -398,6 +398,19 @@ def _build(out: Path, pins: str, epoch: int, tag: str, log: bool) -> None:
         if out.exists():
             shutil.rmtree(out)
         stage.rename(out)
+    _prune(out.parent, keep=out)
+
+
+#: how many built images the cache keeps (each ~110 MB: the layout and its tarball)
+KEEP = 3
+
+
+def _prune(cache: Path, keep: Path) -> None:
+    """Drop all but the newest :data:`KEEP` builds (never ``keep``, the one just made)."""
+    built = sorted((d for d in cache.iterdir() if (d / "image.json").exists() and d != keep),
+                   key=lambda d: (d / "image.json").stat().st_mtime, reverse=True)
+    for d in built[KEEP - 1:]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
