@@ -1,6 +1,7 @@
 """The Dockerfile and ``make image``'s recipe (``healer_dev/image.py``) describe one image: the
 same Debian release and packages, user, venv, environment, port, files, entrypoint and command
-(ADR 0011). The chart's default image is the one ``make image`` names."""
+(ADR 0011). The chart's default image, the plain manifests' and the README's are the one
+``make image`` names."""
 
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def test_the_charts_default_image_is_the_one_make_image_builds() -> None:
     chart = yaml.safe_load((ROOT / "deploy/helm/healer/Chart.yaml").read_text())
     assert values["image"]["repository"] == image.REPOSITORY
     assert (values["image"]["tag"] or chart["appVersion"]) == image.version()
+    for manifest in ("deploy/deployment.yaml", "deploy/agent/daemonset.yaml"):
+        images = re.findall(r"image: (\S+)", (ROOT / manifest).read_text())
+        assert images == [f"{image.REPOSITORY}:{image.version()}"], (manifest, images)
     readme = (ROOT / "README.md").read_text()
     assert "make image" in readme
     assert f"{image.REPOSITORY}:{image.version()}" in readme
