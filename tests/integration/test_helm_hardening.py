@@ -51,10 +51,15 @@ def test_hook_secrets_and_templates_are_granted_by_name_from_the_policies(
         assert rb["roleRef"]["name"] == f"{RELEASE}-hooks"
         assert rb["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE,
                                    "namespace": "healer-system"}]
-    # nothing else grants Secrets or ConfigMaps
-    grants = [(k, n) for k, n, r in rules_of(objs)
+    # nothing else grants Secrets or ConfigMaps, but `get` on the two spare-validation check
+    # templates by name in healer's own namespace
+    grants = [(k, n, r) for k, n, r in rules_of(objs)
               if {"secrets", "configmaps", "*"} & set(r.get("resources", []))]
-    assert grants == [("Role", f"{RELEASE}-hooks")] * 3  # the three rules above
+    assert [(k, n) for k, n, _ in grants] == [("Role", RELEASE)] + \
+        [("Role", f"{RELEASE}-hooks")] * 3  # the three rules above
+    assert grants[0][2] == {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                            "resourceNames": ["healer-validation-dcgm-diag",
+                                              "healer-validation-nccl-loopback"]}
     # the receivers learn where to ack: the metrics Service
     [c] = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"]
     assert parse_run_args(c["args"]).callback_url == \
@@ -65,7 +70,11 @@ def test_pods_and_evictions_only_in_the_slurm_namespace(helm: Helm) -> None:
     objs = helm.template("--set", "slurm.namespace=hpc")
     pod_rules = [(k, n, r) for k, n, r in rules_of(objs)
                  if {"pods", "pods/eviction", "nodesets"} & set(r["resources"])]
-    assert {(k, n) for k, n, _ in pod_rules} == {("Role", f"{RELEASE}-slurm")}
+    assert {(k, n) for k, n, _ in pod_rules} == {("Role", f"{RELEASE}-slurm"), ("Role", RELEASE)}
+    # in healer's own namespace only `list pods` (the spare-validation Jobs' pods report there)
+    own = [r for k, n, r in pod_rules if n == RELEASE]
+    assert own == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert one(objs, "Role", RELEASE)["metadata"]["namespace"] == "healer-system"
     role = one(objs, "Role", f"{RELEASE}-slurm")
     assert role["metadata"]["namespace"] == "hpc"
     assert one(objs, "RoleBinding", f"{RELEASE}-slurm")["metadata"]["namespace"] == "hpc"
