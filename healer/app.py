@@ -343,7 +343,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     spares = KubeSparePool(nodes, spare_selector, labels_provider=labels_provider,
                            topology_name="default" if settings.topology.source == "labels"
                            else None, keys=keys,
-                           tolerations=nodeset.tolerations if nodeset is not None else ())
+                           tolerations=nodeset.tolerations if nodeset is not None else None)
     validator = o.validator
     if validator is None:
         from healer.adapters.kube.jobs import JobValidator

@@ -81,7 +81,7 @@ class NodeSetRules:
     namespace: str = "slurm"  # the Slinky NodeSet's namespace
     nodeset: str = ""  # the Slinky NodeSet's name ("" for bare Slurm)
     spare_selector: LabelSelector | None = None  # None: the fleet's
-    tolerations: tuple[Toleration, ...] = ()
+    tolerations: tuple[Toleration, ...] | None = None  # None: not said, spares not filtered
     topology: TopologyKeys = TOPOGRAPH
     guardrails: Guardrails = field(default_factory=Guardrails)
     source: str = ""

@@ -45,7 +45,7 @@ def compile_nodeset(doc: s.SlurmNodeSet, source: str = "") -> NodeSetRules:
         issues.append(Issue(("spec", "nodeSet"), "the slinky driver needs the NodeSet "
                                                  "(namespace and name)"))
     tolerations = []
-    for i, t in enumerate(spec.tolerations):
+    for i, t in enumerate(spec.tolerations or ()):
         if t.operator == "Exists" and t.value:
             issues.append(Issue(("spec", "tolerations", i, "value"),
                                 "expected no value with operator Exists"))
@@ -69,7 +69,7 @@ def compile_nodeset(doc: s.SlurmNodeSet, source: str = "") -> NodeSetRules:
                             slurm.slurm_conf or ""),
         namespace=ref.namespace if ref is not None else "",
         nodeset=ref.name if ref is not None else "", spare_selector=spares,
-        tolerations=tuple(tolerations),
+        tolerations=tuple(tolerations) if spec.tolerations is not None else None,
         topology=TopologyKeys(spec.topology.domain, tuple(tiers)), guardrails=guardrails,
         source=source)
 

@@ -425,10 +425,11 @@ class SlurmNodeSetSpec(Model):
     spare_selector: Selector | None = Field(
         default=None, description="the warm spares that may replace its nodes (default: the "
         "fleet's spareSelector)")
-    tolerations: list[TolerationSpec] = Field(
-        default_factory=list, max_length=64,
+    tolerations: list[TolerationSpec] | None = Field(
+        default=None, max_length=64,
         description="the tolerations of its slurmd pods: a spare with a taint they do not "
-        "tolerate (healer's own spare taint aside) is never claimed for it")
+        "tolerate (healer's own spare taint aside) is never claimed for it; absent: spares are "
+        "not filtered by their taints")
     topology: TopologyKeysSpec = Field(default_factory=TopologyKeysSpec)
     guardrails: GuardrailsSpec = Field(
         default_factory=GuardrailsSpec,

@@ -62,14 +62,14 @@ class KubeSparePool:
                  claim_labels: Mapping[str, str] | None = None,
                  labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
                  *, topology_name: str | None = None, keys: TopologyKeys = TOPOGRAPH,
-                 tolerations: Sequence[Toleration] = ()) -> None:
+                 tolerations: Sequence[Toleration] | None = None) -> None:
         self.nodes = nodes
         self.selector = selector
         #: the labels placement reads (the NodeSet's), and the taints its slurmd pods
         #: tolerate: a spare with another taint (healer's own spare taint aside) can never
-        #: host one, so it is no candidate
+        #: host one, so it is no candidate (None: not said, no spare is left out for taints)
         self.keys = keys
-        self.tolerations = tuple(tolerations)
+        self.tolerations = tuple(tolerations) if tolerations is not None else None
         self.claim_labels = dict(claim_labels or {})
         self._provider = labels_provider
         # with a topology name, the claim itself writes the spare's topology annotation (from
@@ -91,7 +91,8 @@ class KubeSparePool:
                 continue
             if not self.selector.matches(v.labels):
                 continue
-            if untolerated(_taints(raw), self.tolerations, _OWN_TAINTS):
+            if self.tolerations is not None and untolerated(_taints(raw), self.tolerations,
+                                                            _OWN_TAINTS):
                 continue
             out.append((v, raw))
         return out
