@@ -41,7 +41,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,6 +107,22 @@ def _phase(items: list[dict[str, Any]], node: str) -> str:
     """The phase of ``node``'s latest remediation in ``items`` ("" if none)."""
     mine = [i for i in items if i["spec"]["node"] == node]
     return str((mine[-1].get("status") or {}).get("phase", "")) if mine else ""
+
+
+def _replaced(s: DemoStack, tl: Timeline, bad: str,
+              sn: str) -> Callable[[], Awaitable[bool]]:
+    """A predicate: ``bad``'s remediation is in Repair and Slurm node ``sn`` serves, undrained,
+    from another Node (the slurmd pod's mirror of Slurm)."""
+    async def done() -> bool:
+        items = await s.remediations()
+        tl.remediations(items)
+        if _phase(items, bad) != "Repair":
+            return False
+        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
+        st = pod_state(pod) if pod else None
+        return bool(pod and st and pod["spec"].get("nodeName") != bad and not st.drain)
+
+    return done
 
 
 async def _scenario_xid79(s: DemoStack, tl: Timeline) -> bool:
@@ -209,16 +225,7 @@ async def _scenario_fabric(s: DemoStack, tl: Timeline) -> bool:
     tl.say(f"inject: InfiniBand port {device}/1 of {bad} down (state DOWN, link Disabled, "
            "link_downed +1); mlx5_0 stays up")
 
-    async def done() -> bool:
-        items = await s.remediations()
-        tl.remediations(items)
-        if _phase(items, bad) != "Repair":
-            return False
-        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
-        st = pod_state(pod) if pod else None
-        return bool(pod and st and pod["spec"].get("nodeName") != bad and not st.drain)
-
-    await s.wait(done, 240, f"{bad} replaced and {sn} undrained")
+    await s.wait(_replaced(s, tl, bad, sn), 240, f"{bad} replaced and {sn} undrained")
     item = [i for i in await s.remediations() if i["spec"]["node"] == bad][-1]
     incident = item["spec"].get("incident") or {}
     tl.say(f"NodeRemediation {item['metadata']['name']}: {incident.get('summary', '?')}")
@@ -252,16 +259,7 @@ async def _scenario_slurm(s: DemoStack, tl: Timeline) -> bool:
                                           "state=undrain"])
     tl.say(f"the owner (NHC, or an admin after a look) clears its drain on {sn}")
 
-    async def done() -> bool:
-        items = await s.remediations()
-        tl.remediations(items)
-        if _phase(items, bad) != "Repair":
-            return False
-        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
-        st = pod_state(pod) if pod else None
-        return bool(pod and st and pod["spec"].get("nodeName") != bad and not st.drain)
-
-    await s.wait(done, 240, f"{bad} replaced and {sn} serving from a spare")
+    await s.wait(_replaced(s, tl, bad, sn), 240, f"{bad} replaced and {sn} serving from a spare")
     item = [i for i in await s.remediations() if i["spec"]["node"] == bad][-1]
     tl.say(f"Slurm node {sn} serves from {item['status'].get('spare')}; {bad} handed to repair")
     return NHC_REASON in str((item["spec"].get("incident") or {}).get("summary", ""))

@@ -95,11 +95,24 @@ class World:
         self.slurm_node = f"{ns}-0"
         return self.slurm_node
 
-    async def pod_on(self, host: str, *, within: float = 60.0) -> dict[str, Any]:
-        """Wait until the slurmd pod is serving on ``host``."""
-        return await self.rig.wait_pod(
-            self.slurm_node, lambda p: host_of(p) == host and serving(p), within=within,
-            description=f"the slurmd pod of {self.slurm_node} serving on {host}")
+    async def pod_on(self, host: str, *, within: float = 150.0) -> dict[str, Any]:
+        """Wait until the slurmd pod is serving on ``host`` (the operator mirrors Slurm into
+        the pod on its re-list, every 30 s; after a long suite the first NodeSet of a module
+        waited over 60 s once); on a timeout, say what the pod and the Node show."""
+        try:
+            return await self.rig.wait_pod(
+                self.slurm_node, lambda p: host_of(p) == host and serving(p), within=within,
+                description=f"the slurmd pod of {self.slurm_node} serving on {host}")
+        except TimeoutError as e:
+            pods = [(p["metadata"]["name"], host_of(p), (p.get("status") or {}).get("phase"),
+                     [(c.get("type"), c.get("status")) for c in
+                      (p.get("status") or {}).get("conditions") or []])
+                    for p in await SlinkyPods(self.api, self.namespace).pods()]
+            node = await self.core.read_node(host)
+            raise AssertionError(
+                f"{e}\npods: {pods}\nnode {host}: taints "
+                f"{[(t.key, t.effect) for t in node.spec.taints or []]}, conditions "
+                f"{[(c.type, c.status) for c in node.status.conditions or []]}") from None
 
     def slurm2505(self) -> Slurm2505:
         return Slurm2505(self.scontrol, self.rig.stack)
