@@ -386,12 +386,16 @@ class PolicySet:
     """The ``kind: SlurmNodeSet`` documents (:mod:`healer.core.nodesets`); none: the one
     NodeSet the command line names."""
 
+    @property
+    def spare_selectors(self) -> list[LabelSelector]:
+        """The fleet's spare selector and each NodeSet's own."""
+        return [self.fleet.spare_selector,
+                *(n.spare_selector for n in self.nodesets.items if n.spare_selector)]
+
     def is_spare(self, labels: Mapping[str, str]) -> bool:
         """Is a node with ``labels`` a warm spare: of the fleet, or of one of its NodeSets?
         (A selector without matchLabels picks no spare.)"""
-        sels = [self.fleet.spare_selector,
-                *(n.spare_selector for n in self.nodesets.items if n.spare_selector)]
-        return any(sel.match_labels and sel.matches(labels) for sel in sels)
+        return any(sel.match_labels and sel.matches(labels) for sel in self.spare_selectors)
 
     def policies_for(self, node: NodeView) -> list[Policy]:
         """Every policy that selects ``node``, highest priority first (then by name)."""

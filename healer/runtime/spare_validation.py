@@ -64,10 +64,9 @@ def spare_validation(health: Health, validator: SpareValidator, ports: Ports,
 async def spare_nodes(nodes: NodeAPI, policies: PolicySet) -> list[NodeView]:
     """Every warm spare: of the fleet's spare selector and of each NodeSet's own, one
     label-selected read per distinct selector (a selector without matchLabels picks none)."""
-    selectors = [policies.fleet.spare_selector,
-                 *(n.spare_selector for n in policies.nodesets.items if n.spare_selector)]
     found: dict[str, NodeView] = {}
-    for query in dict.fromkeys(s.to_query() for s in selectors if s.match_labels):
+    for query in dict.fromkeys(s.to_query() for s in policies.spare_selectors
+                               if s.match_labels):
         for v in await nodes.list(query):
             found.setdefault(v.name, v)
     return sorted(found.values(), key=lambda v: v.name)

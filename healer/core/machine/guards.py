@@ -71,10 +71,8 @@ def _node_excluded(ctx: Ctx) -> bool:
         return False
     if n.labels.get(EXCLUDE_LABEL, "").lower() == "true":
         return True
-    ps = ctx.view.policies
-    sels = [ps.fleet.spare_selector,
-            *(ns.spare_selector for ns in ps.nodesets.items if ns.spare_selector)]
-    return any(bool(s.match_labels or s.match_expressions) and s.matches(n.labels) for s in sels)
+    return any(bool(s.match_labels or s.match_expressions) and s.matches(n.labels)
+               for s in ctx.view.policies.spare_selectors)
 
 
 # -- the trigger --------------------------------------------------------------------------------
