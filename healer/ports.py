@@ -36,6 +36,16 @@ class SlurmNodeState:
     registered: bool = True  # slurmd responding (not NOT_RESPONDING / not DOWN for that reason)
     topology: str = ""  # node "topology" (slurmrestd v0.0.44, Slurm >= 25.05); "" = not reported
     reason_time: str = ""  # when the reason was set, as Slurm says it ("" = not reported)
+    #: Slurm reports per-node topology strings (Slurm >= 25.05): an empty ``topology`` then
+    #: means "none set", not "not reported"
+    reports_topology: bool = False
+    features: frozenset[str] = frozenset()  # the node's (available) features
+    gres: str = ""  # Slurm's GRES string, e.g. ``gpu:h100:8`` ("" = none or not reported)
+
+    @property
+    def invalid_registration(self) -> bool:
+        """Slurm refused the node's registration (INVALID_REG; older Slurm: INVAL...)."""
+        return bool(self.flags & {"INVALID_REG", "INVALID", "INVAL"}) or self.base == "INVAL"
 
     @property
     def drain(self) -> bool:

@@ -1,9 +1,18 @@
-"""A private, real Slurm 22.05 cluster on loopback, for tests and the demo.
+"""A private, real Slurm cluster on loopback (22.05, 24.11 or 26.05), for tests and the demo.
 
 One ``slurmctld`` and one ``slurmd -N <node>`` per node, each slurmd on its own port, all on
 127.0.0.1, all in the foreground (``-D``) in their own session so every PID is known and a stop
 can kill whatever they left behind. Optionally munged (``auth="munge"``) and slurmrestd
-(``with_restd=True``: ``openapi/v0.0.38`` on a loopback TCP port, JWT auth).
+(``with_restd=True`` or :meth:`LocalSlurm.start_restd`: on a loopback TCP port, JWT auth;
+22.05 serves ``openapi/v0.0.38``, 24.11 v0.0.40..42, 26.05 v0.0.42..45).
+
+``version`` picks the Slurm (:class:`~healer_dev.devstack.slurm_root.SlurmVersion`): 22.05 is
+the host's Debian 12 packages; 24.11 and 26.05 run every daemon and client from a Debian root
+filesystem (:mod:`healer_dev.devstack.slurm_root`, ADR 0012) on the same loopback and paths.
+What differs there: ``SlurmUser=slurm`` (the Slinky charts' user: a JWT for ``slurm`` may then
+update nodes, as the operator's does), slurmrestd runs as ``nobody`` (newer slurmrestd refuses
+root and SlurmUser), ``CgroupPlugin=disabled`` (Slurm >= 24.05), and on 26.05 a topology.yaml
+with one tree topology ``default`` (:data:`~healer_dev.devstack.slurm_root.DEFAULT_SWITCHES`).
 
 Follows the recipe verified on the CI machine kind (``local-infra.md`` section A):
 
@@ -49,8 +58,17 @@ from healer_dev.devstack.slurm_dynamic import (
     validate_pod_ip,
     wait_dynamic_registered,
 )
+from healer_dev.devstack.slurm_root import (
+    DEFAULT_SWITCHES,
+    SlurmRoot,
+    SlurmVersion,
+    ensure_root,
+    runner_script,
+    topology_yaml,
+    write_client_wrappers,
+)
 
-__all__ = ["LocalSlurm", "SlurmStartupError"]
+__all__ = ["LocalSlurm", "SlurmStartupError", "SlurmVersion"]
 
 SBIN = Path("/usr/sbin")
 POLL = 0.05
@@ -140,7 +158,10 @@ class LocalSlurm:
                  *, gpus_per_node: int = 8, auth: Literal["munge", "none"] = "munge",
                  with_restd: bool = False, cpus_per_node: int = 2,
                  start_timeout: float = 30.0, sbin: Path = SBIN,
-                 max_dynamic_nodes: int = 0) -> None:
+                 max_dynamic_nodes: int = 0,
+                 version: SlurmVersion | str = SlurmVersion.V22_05,
+                 jwt_key: bytes | None = None, restd_port: int = 0,
+                 topology: Mapping[str, Sequence[str]] | None = None) -> None:
         if not nodes and max_dynamic_nodes <= 0:
             raise ConfigError("LocalSlurm needs at least one node")
         bad = [n for n in nodes if not _NODE_NAME.match(n)]
@@ -150,6 +171,12 @@ class LocalSlurm:
         if auth not in ("munge", "none"):
             raise ConfigError(f"LocalSlurm auth must be 'munge' or 'none', not {auth!r}")
         self.workdir = Path(workdir).resolve()
+        self.version = SlurmVersion.parse(version)
+        #: the root filesystem Slurm runs from (None: the host's 22.05); set by :meth:`start`
+        self.root: SlurmRoot | None = None
+        self.jwt_key = bytes(jwt_key) if jwt_key else os.urandom(32)
+        #: the ``default`` tree topology (26.05 only): switch -> child switches
+        self.topology = dict(topology if topology is not None else DEFAULT_SWITCHES)
         self.sbin = Path(sbin)  # where Debian puts slurmctld-wlm, slurmd-wlm, slurmrestd
         self.nodes = tuple(nodes)
         self.gpus_per_node = gpus_per_node
@@ -161,7 +188,7 @@ class LocalSlurm:
         self.logdir = self.workdir / "log"
         self.jobdir = self.workdir / "jobs"
         self.ctld_port = 0
-        self.restd_port = 0
+        self.restd_port = restd_port  # 0: a free port, chosen at start
         self._node_ports: dict[str, int] = {}
         self._munged: _Daemon | None = None
         self._ctld: _Daemon | None = None
@@ -184,14 +211,32 @@ class LocalSlurm:
 
     @property
     def restd_url(self) -> str:
-        """``http://127.0.0.1:PORT`` of slurmrestd (only with ``with_restd=True``)."""
+        """``http://127.0.0.1:PORT`` of slurmrestd (with ``with_restd=True`` or after
+        :meth:`start_restd`)."""
         if not self.with_restd:
             raise ConfigError("LocalSlurm was created without slurmrestd (with_restd=False)")
         return f"http://127.0.0.1:{self.restd_port}"
 
+    @property
+    def release(self) -> str:
+        """The exact Slurm release, e.g. ``26.05.5`` (after :meth:`start`)."""
+        if self.root is not None:
+            return self.root.release
+        r = subprocess.run([str(self.sbin / "slurmctld-wlm"), "-V"], capture_output=True,
+                           text=True, check=False)
+        return r.stdout.split()[-1] if r.returncode == 0 and r.stdout.split() else \
+            self.version.value
+
+    @property
+    def slurm_user(self) -> str:
+        """``SlurmUser``: ``root`` on 22.05 (as before), ``slurm`` from a root (Slinky's)."""
+        return "root" if self.root is None else "slurm"
+
     def start(self) -> None:
         """Write the configuration, start every daemon, wait until every node is ``idle``."""
         t0 = time.monotonic()
+        if self.version.suite is not None and self.root is None:
+            self.root = ensure_root(self.version)
         self._check_binaries()
         try:
             self._write_config()
@@ -202,7 +247,7 @@ class LocalSlurm:
                 self.start_slurmd(node, wait=False)
             self.wait_all_idle()
             if self.with_restd:
-                self._start_restd()
+                self.start_restd()
         except BaseException:
             self.stop()
             raise
@@ -223,6 +268,9 @@ class LocalSlurm:
         self._slurmd.clear()
         self._dynamic.clear()
         self._kill_leftovers()
+        if self.root is not None:  # the empty mount point made in the shared root
+            with contextlib.suppress(OSError):
+                (self.root.path / self.workdir.relative_to("/")).rmdir()
         self.timings["stop"] = time.monotonic() - t0
 
     def restart_slurmctld(self) -> None:
@@ -239,8 +287,8 @@ class LocalSlurm:
         """Start slurmctld (again) and wait until it answers ``scontrol ping``."""
         if self._ctld is None:
             self._ctld = _Daemon(
-                "slurmctld", [str(self.workdir / "bin" / "slurmctld"), "-D", "-f", str(self.conf)],
-                self.logdir / "slurmctld.stderr", self.env())
+                "slurmctld", [*self._exe("slurmctld"), "-D", "-f", str(self.conf)],
+                self.logdir / "slurmctld.stderr", self._daemon_env())
         if self._ctld.alive:
             return
         self._ctld.spawn()
@@ -277,9 +325,9 @@ class LocalSlurm:
         if d is None:
             d = self._slurmd[node] = _Daemon(
                 f"slurmd {node}",
-                [str(self.workdir / "bin" / "slurmd"), "-D", "-f", str(self.conf), "-N", node,
-                 "-d", str(self.workdir / "bin" / "slurmstepd")],
-                self.logdir / f"slurmd-{node}.stderr", self.env())
+                [*self._exe("slurmd"), "-D", "-f", str(self.conf), "-N", node,
+                 "-d", self._stepd()],
+                self.logdir / f"slurmd-{node}.stderr", self._daemon_env())
         if d.alive:
             return
         d.spawn()
@@ -314,11 +362,11 @@ class LocalSlurm:
                                   f"{d.env.get('HEALER_POD_IP')}, not {pod_ip}")
             return
         (self.workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
-        env = {**self.env(), "LD_PRELOAD": str(podip_library()), "HEALER_POD_IP": pod_ip}
+        env = {**self._daemon_env(), "LD_PRELOAD": str(self._podip()), "HEALER_POD_IP": pod_ip}
         d = self._dynamic[name] = _Daemon(
             f"slurmd {name} (dynamic, {pod_ip})",
-            [str(self.workdir / "bin" / "slurmd"), "-D", "-f", str(self.conf), "-Z", "-N", name,
-             "--conf", conf, "-d", str(self.workdir / "bin" / "slurmstepd")],
+            [*self._exe("slurmd"), "-D", "-f", str(self.conf), "-Z", "-N", name,
+             "--conf", conf, "-d", self._stepd()],
             self.logdir / f"slurmd-{name}.stderr", env)
         d.spawn()
         if wait:
@@ -389,14 +437,57 @@ class LocalSlurm:
     # -- clients ---------------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        """Environment for Slurm clients: ``SLURM_CONF`` (and ``PATH`` with /usr/sbin)."""
+        """Environment for Slurm clients: ``SLURM_CONF`` and ``PATH`` (with /usr/sbin; from a
+        root, the wrappers that run the root's clients come first)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMRESTD_"))}
         path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
         if "/usr/sbin" not in path.split(os.pathsep):
             path = f"{path}{os.pathsep}/usr/sbin"
+        if self.version.suite is not None:
+            path = f"{self.client_bindir}{os.pathsep}{path}"
         env["PATH"] = path
         env["SLURM_CONF"] = str(self.conf)
         return env
+
+    @property
+    def client_bindir(self) -> Path:
+        """Where ``scontrol``, ``sinfo``, ... of this cluster's Slurm are: the wrappers into
+        the root, or /usr/bin for the host's 22.05 (healer's ``ScontrolDriver(bindir=)``)."""
+        return self.workdir / "clients" if self.version.suite is not None else Path("/usr/bin")
+
+    def _daemon_env(self) -> dict[str, str]:
+        """The daemons' environment: the clients' minus the wrappers (inside a root, jobs and
+        scripts find the root's own programs)."""
+        env = self.env()
+        if self.root is not None:
+            env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        return env
+
+    def _exe(self, daemon: str) -> list[str]:
+        """argv[0..] that runs ``daemon`` (slurmctld, slurmd, slurmrestd, munged) under its
+        plain name: Slurm compares the program name (see the module docstring)."""
+        if self.root is not None:
+            return [str(self.workdir / "bin" / "inroot"), f"/usr/sbin/{daemon}"]
+        if daemon in ("slurmctld", "slurmd", "slurmstepd"):
+            return [str(self.workdir / "bin" / daemon)]
+        if daemon == "munged":
+            return [self._munged_bin() or "munged"]
+        return [str(self.sbin / daemon)]
+
+    def _stepd(self) -> str:
+        return "/usr/sbin/slurmstepd" if self.root is not None else \
+            str(self.workdir / "bin" / "slurmstepd")
+
+    def _podip(self) -> Path:
+        """The pod-IP library, copied into the work directory when slurmd runs in a root."""
+        lib = podip_library()
+        if self.root is None:
+            return lib
+        dest = self.workdir / "lib" / lib.name
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib, dest)
+        return dest
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 30.0,
             env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -495,6 +586,16 @@ class LocalSlurm:
             raise ConfigError(f"unknown node {node!r}; this cluster has {', '.join(self.nodes)}")
 
     def _check_binaries(self) -> None:
+        if self.root is not None:
+            missing = [p for p in ("usr/sbin/slurmctld", "usr/sbin/slurmd", "usr/sbin/slurmrestd",
+                                   "usr/sbin/munged", "usr/bin/scontrol",
+                                   "usr/lib/x86_64-linux-gnu/slurm-wlm/auth_jwt.so")
+                       if not (self.root.path / p).exists()]
+            if missing:
+                raise SlurmStartupError(f"the Slurm {self.root.release} root {self.root.path} "
+                                        f"lacks {', '.join(missing)}; remove it and run "
+                                        "hack/build-slurm-roots.sh")
+            return
         need = ["slurmctld-wlm", "slurmd-wlm", "slurmstepd-wlm"]
         if self.with_restd:
             need.append("slurmrestd")
@@ -519,21 +620,35 @@ class LocalSlurm:
         for sub in ("state", "log", "bin", "dev", "jobs", "spool"):
             (w / sub).mkdir(parents=True, exist_ok=True)
         w.chmod(0o711)  # munged refuses group/world-writable dirs; sockets need o+x
-        # Slurm compares the program name with "slurmctld"/"slurmd": run through plain names.
-        for b in ("slurmctld", "slurmd", "slurmstepd"):
-            link = w / "bin" / b
-            link.unlink(missing_ok=True)
-            link.symlink_to(self.sbin / f"{b}-wlm")
+        if self.root is not None:
+            runner = w / "bin" / "inroot"
+            runner.write_text(runner_script(self.root.path, (w,)))
+            runner.chmod(0o755)
+            write_client_wrappers(self.client_bindir, runner)
+            (self.root.path / w.relative_to("/")).mkdir(parents=True, exist_ok=True)
+        else:
+            # Slurm compares the program name with "slurmctld"/"slurmd": run through plain
+            # names.
+            for b in ("slurmctld", "slurmd", "slurmstepd"):
+                link = w / "bin" / b
+                link.unlink(missing_ok=True)
+                link.symlink_to(self.sbin / f"{b}-wlm")
         for g in range(self.gpus_per_node):
             dev = w / "dev" / f"nvidia{g}"
             dev.unlink(missing_ok=True)
             dev.symlink_to("/dev/null")  # GRES files must be character devices
         key = w / "jwt.key"
-        key.write_bytes(os.urandom(32))
+        key.unlink(missing_ok=True)
+        key.write_bytes(self.jwt_key)
         key.chmod(0o600)
+        if self.root is not None:  # slurmctld runs as SlurmUser: its files are its own
+            uid = self.root.uid("slurm")
+            for p in (key, w / "state", self.logdir):
+                os.chown(p, uid, uid)
 
         ports = free_ports(3 + len(self.nodes))
-        self.ctld_port, slurmd_port, self.restd_port = ports[:3]
+        self.ctld_port, slurmd_port, restd_port = ports[:3]
+        self.restd_port = self.restd_port or restd_port
         self.slurmd_port = slurmd_port
         self._node_ports = dict(zip(self.nodes, ports[3:], strict=True))
 
@@ -553,7 +668,7 @@ class LocalSlurm:
             f"SlurmctldPort={self.ctld_port}",
             f"SlurmdPort={slurmd_port}",
             "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny",
-            "SlurmUser=root",
+            f"SlurmUser={self.slurm_user}",
             "SlurmdUser=root",
             auth,
             "AuthAltTypes=auth/jwt",
@@ -583,6 +698,10 @@ class LocalSlurm:
         ]
         if self.max_dynamic_nodes:
             lines += dynamic_conf_lines(len(self.nodes), self.max_dynamic_nodes)
+        if self.version.has_topology_str and self.topology:
+            # nodes outside the tree (no topology string yet) still take jobs: the tree
+            # shapes only the jobs that ask for --switches
+            lines.append("TopologyParam=TopoOptional")
         for node in self.nodes:
             (w / "spool" / node).mkdir(parents=True, exist_ok=True)
             lines.append(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 "
@@ -597,19 +716,26 @@ class LocalSlurm:
         (w / "gres.conf").write_text(  # dynamic nodes: one line for every node
             f"Name=gpu Type=h100 File={files}\n" if self.max_dynamic_nodes else "".join(
                 f"NodeName={n} Name=gpu Type=h100 File={files}\n" for n in self.nodes))
-        # slurmd always loads a cgroup plugin (even with proctrack/linuxproc + task/none);
-        # autodetect picks v1 or v2 from /sys/fs/cgroup, IgnoreSystemd keeps it off dbus.
-        (w / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        # slurmd 22.05 always loads a cgroup plugin (even with proctrack/linuxproc +
+        # task/none); autodetect picks v1 or v2 from /sys/fs/cgroup, IgnoreSystemd keeps it
+        # off dbus. From 24.05 on the plugin can be off.
+        (w / "cgroup.conf").write_text(
+            "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n" if self.root is None
+            else "CgroupPlugin=disabled\n")
+        topo = w / "topology.yaml"  # read from slurm.conf's directory when it exists
+        topo.unlink(missing_ok=True)
+        if self.version.has_topology_str and self.topology:
+            topo.write_text(topology_yaml(self.topology))
 
     def _start_munged(self) -> None:
         w = self.workdir
         sock = w / "munge.sock"
         self._munged = _Daemon(
             "munged",
-            [self._munged_bin() or "munged", "-F", "--force",
+            [*self._exe("munged"), "-F", "--force",
              f"--socket={sock}", f"--key-file={w}/munge.key", f"--pid-file={w}/munged.pid",
              f"--log-file={self.logdir}/munged.log", f"--seed-file={w}/munged.seed"],
-            self.logdir / "munged.stderr", self.env())
+            self.logdir / "munged.stderr", self._daemon_env())
         self._munged.spawn()
         deadline = time.monotonic() + self.start_timeout
         while not sock.exists():
@@ -619,13 +745,26 @@ class LocalSlurm:
                                           f"created no socket {sock}")
             time.sleep(POLL / 5)
 
-    def _start_restd(self) -> None:
-        env = self.env()
-        env.update(SLURM_JWT="daemon", SLURMRESTD_SECURITY="disable_user_check")
+    def start_restd(self, port: int | None = None) -> None:
+        """Start slurmrestd (JWT auth) on 127.0.0.1:``port`` (default: the port chosen at
+        start) and wait until it listens. 22.05 runs as root with ``disable_user_check``
+        and ``openapi/v0.0.38``; 24.11 and 26.05 refuse root and SlurmUser, so they run as
+        ``nobody`` and serve every data parser they have (``openapi/slurmctld``)."""
+        if self._restd is not None and self._restd.alive:
+            return
+        if port:
+            self.restd_port = port
+        self.with_restd = True
+        env = self._daemon_env()
+        env["SLURM_JWT"] = "daemon"
+        if self.root is None:
+            env["SLURMRESTD_SECURITY"] = "disable_user_check"
+            args = ["-a", "rest_auth/jwt", "-s", "openapi/v0.0.38"]
+        else:
+            nobody = str(self.root.uid("nobody"))
+            args = ["-u", nobody, "-g", nobody, "-a", "rest_auth/jwt", "-s", "openapi/slurmctld"]
         self._restd = _Daemon(
-            "slurmrestd",
-            [str(self.sbin / "slurmrestd"), "-a", "rest_auth/jwt", "-s", "openapi/v0.0.38",
-             f"127.0.0.1:{self.restd_port}"],
+            "slurmrestd", [*self._exe("slurmrestd"), *args, f"127.0.0.1:{self.restd_port}"],
             self.logdir / "slurmrestd.log", env)
         self._restd.spawn()
         deadline = time.monotonic() + self.start_timeout
@@ -635,6 +774,13 @@ class LocalSlurm:
                 raise self._startup_error(self._restd, self.logdir / "slurmrestd.log",
                                           f"is not listening on 127.0.0.1:{self.restd_port}")
             time.sleep(POLL / 5)
+
+    def stop_restd(self, timeout: float = 10.0) -> None:
+        """Stop slurmrestd (SIGTERM; SIGKILL after ``timeout``). Idempotent."""
+        if self._restd is not None:
+            self._restd.terminate()
+            self._restd.reap(time.monotonic() + timeout)
+            self._restd = None
 
     def _kill_leftovers(self) -> None:
         """SIGKILL job processes and slurmstepds of this cluster that outlived their slurmd.

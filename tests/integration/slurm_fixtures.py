@@ -1,19 +1,24 @@
-"""pytest fixtures for a real local Slurm 22.05 (``healer_dev.devstack.slurm.LocalSlurm``).
+"""pytest fixtures for real local Slurm clusters (``healer_dev.devstack.slurm.LocalSlurm``):
+Slurm 22.05 (the host's Debian packages), 24.11 and 26.05 (Debian roots, ADR 0012).
 
 Load them from a conftest with ``from tests.integration.slurm_fixtures import *`` (as
 ``tests/integration/slurm/conftest.py`` does) or list this module in a top-level
 ``pytest_plugins``.
 
-* ``local_slurm`` (session): slurmctld + 4 slurmd (gpu-0..3) + slurmrestd v0.0.38 with JWT;
-  stopped at the end of the session. If Slurm cannot start, every test using it FAILS with
-  the reason (the daemon and the tail of its log); nothing is skipped.
-* ``slurm`` (function): the same cluster, reset before the test (no jobs, every node idle).
+* ``slurm_clusters`` (session): ``clusters(version)`` starts, once per session, slurmctld + 4
+  slurmd (gpu-0..3) + slurmrestd with JWT of that Slurm; all are stopped at the end of the
+  session. If one cannot start, every test using it FAILS with the reason (the daemon and the
+  tail of its log); nothing is skipped.
+* ``local_slurm`` (session): the 22.05 one; ``slurm`` (function): it, reset before the test (no
+  jobs, every node idle).
+* ``any_slurm`` (function, parametrized over :data:`VERSIONS`): each version's cluster in turn,
+  reset before the test.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,9 +26,13 @@ from typing import Any
 import pytest
 
 from healer.errors import ConfigError
-from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurm import LocalSlurm, SlurmVersion
 
-__all__ = ["HOLD_SCRIPT", "local_slurm", "release", "running_slurm", "slurm", "wait_for_file"]
+__all__ = ["HOLD_SCRIPT", "VERSIONS", "any_slurm", "local_slurm", "release", "running_slurm",
+           "slurm", "slurm_clusters", "wait_for_file"]
+
+#: every Slurm the local stack runs, each the real program
+VERSIONS = tuple(SlurmVersion)
 
 #: A job that traps USR1 (appending to ``$OUTDIR/usr1-<jobid>``) and runs until the test
 #: creates ``$OUTDIR/release-<jobid>`` (at most 60 s). Short sleeps so the trap runs promptly.
@@ -52,18 +61,52 @@ def running_slurm(workdir: Path, **options: Any) -> Iterator[LocalSlurm]:
 
 
 @pytest.fixture(scope="session")
-def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    with running_slurm(tmp_path_factory.mktemp("slurm"), with_restd=True) as cluster:
+def slurm_clusters(tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[Callable[[SlurmVersion], LocalSlurm]]:
+    started: dict[SlurmVersion, LocalSlurm] = {}
+
+    def cluster(version: SlurmVersion) -> LocalSlurm:
+        if version not in started:
+            c = LocalSlurm(tmp_path_factory.mktemp(f"slurm-{version.value}"), with_restd=True,
+                           version=version)
+            try:
+                c.start()
+            except ConfigError as e:
+                pytest.fail(f"the local Slurm {version} cluster did not start:\n{e}",
+                            pytrace=False)
+            started[version] = c
+        return started[version]
+
+    try:
         yield cluster
+    finally:
+        for c in started.values():
+            c.stop()
+
+
+def _reset(cluster: LocalSlurm) -> LocalSlurm:
+    try:
+        cluster.reset()
+    except ConfigError as e:
+        pytest.fail(f"the local Slurm {cluster.version} cluster could not be reset:\n{e}",
+                    pytrace=False)
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def local_slurm(slurm_clusters: Callable[[SlurmVersion], LocalSlurm]) -> LocalSlurm:
+    return slurm_clusters(SlurmVersion.V22_05)
 
 
 @pytest.fixture
 def slurm(local_slurm: LocalSlurm) -> LocalSlurm:
-    try:
-        local_slurm.reset()
-    except ConfigError as e:
-        pytest.fail(f"the local Slurm cluster could not be reset:\n{e}", pytrace=False)
-    return local_slurm
+    return _reset(local_slurm)
+
+
+@pytest.fixture(params=VERSIONS, ids=[f"slurm-{v.value}" for v in VERSIONS])
+def any_slurm(request: pytest.FixtureRequest,
+              slurm_clusters: Callable[[SlurmVersion], LocalSlurm]) -> LocalSlurm:
+    return _reset(slurm_clusters(request.param))
 
 
 def release(cluster: LocalSlurm, job_id: int) -> None:

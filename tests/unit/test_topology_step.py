@@ -123,7 +123,8 @@ async def test_labels_mode_writes_then_waits_for_the_operator_then_is_done() -> 
     r = await topo.annotate("inc-1", "spare", "worker-0")
     assert r.outcome is StepOutcome.DONE
     assert dict(r.data) == {"topology": SPEC, "source": "labels", "slurmNode": "worker-0",
-                            "checks": "placement,pod", "operatorCopiesTopology": "true"}
+                            "checks": "placement,pod,registration",
+                            "operatorCopiesTopology": "true"}
     assert "Slurm does not report the topology" in r.detail
 
 
@@ -180,7 +181,7 @@ async def test_slurm_topology_must_match_when_reported() -> None:
     slurm.topology["worker-0"] = f" {SPEC} "
     r = await topo.annotate("inc-1", "spare", "worker-0")
     assert r.outcome is StepOutcome.DONE
-    assert r.data["checks"] == "placement,pod,slurm"
+    assert r.data["checks"] == "placement,pod,registration,slurm"
     assert r.detail == ""
     slurm.known.clear()
     r = await topo.annotate("inc-1", "spare", "worker-0")
@@ -194,7 +195,7 @@ async def test_without_slinky_pods_placement_is_skipped_and_said() -> None:
         r = await KubeTopology(nodes, pods=pods, slurm=slurm).annotate("i", "spare", "worker-0")
         assert r.outcome is StepOutcome.DONE
         assert "no Slinky slurmd pods" in r.detail
-        assert r.data["checks"] == ""
+        assert r.data["checks"] == "registration"
         assert r.data["topology"] == SPEC
 
 
@@ -244,7 +245,7 @@ async def test_topograph_mode_posts_once_waits_then_verifies() -> None:
     assert r.outcome is StepOutcome.DONE, r.detail
     assert r.data["topology"] == "default:b7"
     assert r.data["source"] == "topograph"
-    assert r.data["checks"] == "placement,pod,slurm"
+    assert r.data["checks"] == "placement,pod,registration,slurm"
     assert tg.posts == 1
     await topo.annotate("inc-2", "spare", "worker-0")
     assert tg.posts == 2  # once per incident

@@ -1,4 +1,5 @@
-"""The topology step: the Slinky annotation on a replacement node, and the proof that Slurm got it.
+"""The topology step: the Slinky annotation on a replacement node, the proof that Slurm got it,
+and that Slurm registered the replacement so that it will really schedule on it.
 
 The step ends DONE only when the replacement is placed and annotated the way Slurm will see it:
 
@@ -22,8 +23,16 @@ The step ends DONE only when the replacement is placed and annotated the way Slu
       pod-binding webhook and on every NodeSet sync, and the slurmd reads it from there), with
       the same value. slurm-operator v1.0 never copies it: when the ``copies_topology`` probe
       says so, b is skipped and the note says so (a probe that cannot tell: b is awaited);
-   c. where Slurm reports the node's topology (slurmrestd v0.0.44 node ``topology``, Slurm >=
-      25.05), it equals the annotation. Empty = not reported (scontrol, older Slurm): skipped.
+   c. where Slurm reports the node's topology (slurmrestd v0.0.44 node ``topology``,
+      ``scontrol`` on Slurm >= 25.05), it equals the annotation; where Slurm keeps topology
+      strings but has none for the node yet and the operator pushes them (v1.1+), it is
+      awaited. Not reported (older Slurm): skipped.
+
+3. **Registration** (ADR 0012, :mod:`healer.adapters.slurm.registration`): the replacement's
+   Slurm node is valid as the NodeSet declared it: no ``INVALID_REG`` (in Slurm's view, or in
+   the pod's mirrored conditions), the ``--conf`` features, the GPU count. A replacement that
+   fails is never undrained by healer: the step FAILS with the reason, which escalates the
+   remediation with an Event saying it (an ``INVALID_REG`` node stays drained by Slurm).
 
    Without Slinky (no slurmd pods in the NodeSet namespace, or no pod finder) a and b are
    skipped, and the result says so. Anything not yet true is PENDING with a message naming what
@@ -39,7 +48,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from healer.adapters.slinky import slurm_name
+from healer.adapters.slinky import pod_state, slurm_name
+from healer.adapters.slurm.registration import Declared, declared_by_pod, registration_problems
 from healer.adapters.topograph import RequestState, RequestStatus
 from healer.core.topology import TOPOGRAPH, TopologyKeys, slinky_topology_spec
 from healer.errors import NotFoundError, PermanentError, TransientError
@@ -200,6 +210,8 @@ class KubeTopology:
         checks: list[str] = []
         data: dict[str, str] = {}
         name = slurm_node
+        declared = Declared()
+        pushes: bool | None = None  # whether the operator pushes topology_str (None: no Slinky)
         pods = await self.pods.pods() if self.pods is not None else []
         if not pods:
             notes.append("no Slinky slurmd pods (no NodeSet): placement and the operator's "
@@ -222,7 +234,14 @@ class KubeTopology:
                                   f"placement: the slurmd pod {_pod_ref(pod)} of Slurm node "
                                   f"{name} {where}, not on {node}")
             checks.append("placement")
+            declared = declared_by_pod(pod)
+            mirrored = pod_state(pod)
+            if mirrored.invalid_registration:
+                return self._invalid(name, node, [
+                    f"Slurm refused its registration (INVALID_REG on pod {_pod_ref(pod)}: "
+                    f"{mirrored.reason or 'no reason given'})"])
             copies = await self.copies_topology() if self.copies_topology is not None else None
+            pushes = copies is not False
             if copies is False:
                 notes.append(NO_COPY_NOTE)
                 data["operatorCopiesTopology"] = "false"
@@ -239,14 +258,27 @@ class KubeTopology:
                         f"{copied or 'none'}){unknown}")
                 checks.append("pod")
                 data["operatorCopiesTopology"] = "true"
-        if spec and self.slurm is not None and name:
+        if self.slurm is not None and name:
             try:
                 st = await self.slurm.state(name)
             except NotFoundError:
                 return HookResult(StepOutcome.PENDING, f"Slurm does not know node {name} yet")
-            if not st.topology:
-                notes.append(f"Slurm does not report the topology of {name} (Slurm < 25.05 or "
-                             "the scontrol driver): not checked")
+            problems = registration_problems(st, declared)
+            if problems:
+                return self._invalid(name, node, problems)
+            checks.append("registration")
+            if not spec:
+                pass
+            elif not st.topology and st.reports_topology and pushes:
+                return HookResult(StepOutcome.PENDING,
+                                  f"Slurm has no topology for {name} yet, the annotation on "
+                                  f"{node} says {spec}: waiting for the operator to push it")
+            elif not st.topology:
+                notes.append(f"Slurm has no topology string for {name} (slurm-operator < v1.1"
+                             " or no Slinky: nothing pushes it): not checked"
+                             if st.reports_topology else
+                             f"Slurm does not report the topology of {name} (Slurm < 25.05): "
+                             "not checked")
             elif not same_topology(st.topology, spec):
                 return HookResult(StepOutcome.PENDING,
                                   f"Slurm reports topology {st.topology} for {name}, the "
@@ -257,3 +289,9 @@ class KubeTopology:
         return HookResult(StepOutcome.DONE, "; ".join(notes),
                           {"topology": spec, "source": self.source, "slurmNode": name,
                            "checks": ",".join(checks), **data})
+
+    @staticmethod
+    def _invalid(name: str, node: str, problems: Sequence[str]) -> HookResult:
+        return HookResult(StepOutcome.FAILED,
+                          f"the replacement Slurm node {name} on {node} did not register "
+                          f"validly: {'; '.join(problems)}; healer does not undrain it")

@@ -5,10 +5,14 @@ No I/O here: the drivers run the commands and hand the text (or decoded JSON) in
 * ``scontrol show node -o``: one line per node, ``Key=value`` fields separated by blanks, where
   some values contain blanks (``OS=Linux 6.1 #1 SMP ...``, ``Reason=XID 79 on GPU 3 [root@...]``).
   The reason is followed by ``[user@timestamp]``; every other field is cut at the next
-  `` Key=``. Missing fields get defaults; odd spacing is tolerated.
+  `` Key=``. Missing fields get defaults; odd spacing is tolerated. The same parser reads
+  Slurm 22.05, 24.11 and 26.05: 26.05 adds ``Topology=`` (only when the node has one; a
+  ``Version=`` >= 25.05 says an absent one means none set) and flags such as
+  ``INVALID_REG`` and ``DYNAMIC_NORM``.
+* ``scontrol --json show node`` (Slurm >= 23.02): the slurmrestd node objects below.
 * ``squeue -h -O SQUEUE_FIELDS``: fields separated by the ASCII unit separator (0x1f), so a
   ``|`` or a blank in a job name or comment is just text.
-* slurmrestd JSON, v0.0.38 (``"state": "idle"`` + ``"state_flags": ["DRAIN"]``) through v0.0.44
+* slurmrestd JSON, v0.0.38 (``"state": "idle"`` + ``"state_flags": ["DRAIN"]``) through v0.0.45
   (``"state": ["IDLE", "DRAIN"]``, and the node's ``topology`` string); jobs with ``job_state``
   as a string or an array.
 """
@@ -118,10 +122,29 @@ def parse_state(state: str | Iterable[str],
 
 
 def _node(name: str, base: str, flags: frozenset[str], reason: str, user: str,
-          topology: str = "", reason_time: str = "") -> SlurmNodeState:
+          topology: str = "", reason_time: str = "", *, reports_topology: bool = False,
+          features: frozenset[str] = frozenset(), gres: str = "") -> SlurmNodeState:
     registered = "NOT_RESPONDING" not in flags and base not in ("FUTURE", "UNKNOWN")
     return SlurmNodeState(name=name, base=base, flags=flags, reason=reason, reason_user=user,
-                          registered=registered, topology=topology, reason_time=reason_time)
+                          registered=registered, topology=topology, reason_time=reason_time,
+                          reports_topology=reports_topology, features=features, gres=gres)
+
+
+def _features(raw: Any) -> frozenset[str]:
+    """``a,b`` (CLI, v0.0.38) or ``["a", "b"]`` (v0.0.39+) → {"a", "b"}; ``(null)`` → {}."""
+    items = raw.split(",") if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    return frozenset(str(x).strip() for x in items
+                     if str(x).strip() and str(x).strip() != "(null)")
+
+
+def _gres(raw: Any) -> str:
+    text = raw.strip() if isinstance(raw, str) else ""
+    return "" if text in ("(null)", "N/A") else text
+
+
+def _version_at_least(version: str, major: int, minor: int) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", version.strip())
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (major, minor)
 
 
 def parse_node_line(line: str) -> SlurmNodeState:
@@ -134,8 +157,14 @@ def parse_node_line(line: str) -> SlurmNodeState:
     reason = kv.get("Reason", "")
     if reason in ("(null)", "None"):
         reason = ""
+    topology = kv.get("Topology", "").strip()
     return _node(name, base, flags, reason, kv.get("ReasonUser", ""),
-                 reason_time=kv.get("ReasonTime", "") if reason else "")
+                 topology="" if topology == "(null)" else topology,
+                 reason_time=kv.get("ReasonTime", "") if reason else "",
+                 reports_topology="Topology" in kv or _version_at_least(kv.get("Version", ""),
+                                                                        25, 5),
+                 features=_features(kv.get("AvailableFeatures", "")),
+                 gres=_gres(kv.get("Gres", "")))
 
 
 def parse_nodes(text: str) -> list[SlurmNodeState]:
@@ -207,7 +236,7 @@ def _null(text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# slurmrestd JSON (v0.0.38 .. v0.0.44)
+# slurmrestd JSON (v0.0.38 .. v0.0.45)
 
 
 def _text(value: Any) -> str:
@@ -220,9 +249,10 @@ def _text(value: Any) -> str:
 
 def parse_node_json(obj: Mapping[str, Any]) -> SlurmNodeState:
     """A node object of ``GET /slurm/v0.0.XX/node(s)``: ``state`` as a string (v0.0.38) or an
-    array (v0.0.39+), ``state_flags`` (v0.0.38), ``reason``, ``reason_set_by_user``, and
-    ``topology`` (v0.0.44, Slurm >= 25.05: the node's dynamic topology string, as set by
-    ``topology_str``; absent, null or not a string → "" = not reported)."""
+    array (v0.0.39+), ``state_flags`` (v0.0.38), ``reason``, ``reason_set_by_user``,
+    ``features``, ``gres`` and ``topology`` (v0.0.44, Slurm >= 25.05: the node's dynamic
+    topology string, as set by ``topology_str``; absent, null or not a string → "" = not
+    reported)."""
     name = _text(obj.get("name"))
     if not name:
         raise ValueError("slurmrestd node object without a name")
@@ -233,7 +263,8 @@ def parse_node_json(obj: Mapping[str, Any]) -> SlurmNodeState:
     topo = obj.get("topology")
     return _node(name, base, flags, _text(obj.get("reason")), _text(obj.get("reason_set_by_user")),
                  topo.strip() if isinstance(topo, str) else "",
-                 _epoch(obj.get("reason_changed_at")))
+                 _epoch(obj.get("reason_changed_at")), reports_topology=isinstance(topo, str),
+                 features=_features(obj.get("features")), gres=_gres(obj.get("gres")))
 
 
 def _epoch(raw: Any) -> str:

@@ -11,6 +11,11 @@ shell), with a timeout. Failures become healer errors:
 * any other non-zero exit → TransientError (Slurm client errors are overwhelmingly about
   reaching slurmctld; the runtime's retry budget bounds the retries).
 
+One node's state is read with ``scontrol --json show node`` where the client has it (Slurm >=
+23.02: the slurmrestd node objects, so a reason with brackets or ``Key=`` in it, the GRES,
+the features and the topology string come back exact); a client without it (22.05 says
+``unrecognized option '--json'``) is asked ``scontrol show node -o`` from then on.
+
 Ownership of drains (see :class:`~healer.ports.SlurmDriver`): healer's reasons start with
 ``healer: ``. A node already drained with another reason is left alone (``drain`` returns
 False, ``undrain`` never clears it). A node that is not drained gets healer's reason even when
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from healer.adapters.calls import timed
 from healer.adapters.slurm.parse import (
     SQUEUE_FIELDS,
+    parse_node_json,
     parse_node_line,
     parse_nodes,
     parse_squeue,
@@ -83,10 +90,18 @@ class ScontrolDriver:
         self.env = dict(env) if env is not None else None
         self.timeout = timeout
         self.bindir = bindir
+        #: whether ``scontrol --json`` works here (None: not tried yet)
+        self.json: bool | None = None
 
     # -- SlurmDriver -----------------------------------------------------------------------
 
     async def state(self, node: str) -> SlurmNodeState:
+        found = await self._json_nodes(_node_name(node))
+        if found is not None:
+            for st in found:
+                if st.name == node:
+                    return st
+            raise NotFoundError(f"Slurm node {node!r} not found (scontrol --json lists none)")
         r = await self._run(["scontrol", "show", "node", _node_name(node), "-o"])
         for line in r.stdout.splitlines():
             if "NodeName=" not in line:
@@ -97,9 +112,33 @@ class ScontrolDriver:
         raise NotFoundError(f"Slurm node {node!r} not found: {r.message!r}")
 
     async def nodes(self) -> list[SlurmNodeState]:
-        """Every Slurm node's state: one ``scontrol show node -o`` (the guardrails' feed)."""
+        """Every Slurm node's state: one ``scontrol show node -o`` (the guardrails' feed; the
+        one-line form, about a fifth of the JSON's bytes per node on a large cluster)."""
         r = await self._run(["scontrol", "show", "node", "-o"])
         return parse_nodes(r.stdout)
+
+    async def _json_nodes(self, node: str) -> list[SlurmNodeState] | None:
+        """``scontrol --json show node NODE`` parsed; None where the client has no ``--json``
+        (remembered)."""
+        if self.json is False:
+            return None
+        r = await self._run(["scontrol", "--json", "show", "node", node], check=False)
+        if r.returncode != 0:
+            if "unrecognized option" in r.message and "--json" in r.message:
+                self.json = False
+                return None
+            self._raise(r)
+        try:
+            body = json.loads(r.stdout)
+            items = body.get("nodes") if isinstance(body, dict) else None
+            if not isinstance(items, list):
+                raise ValueError("no nodes list")
+            nodes = [parse_node_json(n) for n in items if isinstance(n, dict)]
+        except ValueError as e:
+            raise TransientError(f"`scontrol --json show node` printed no node list ({e}): "
+                                 f"{r.stdout[:200]!r}") from e
+        self.json = True
+        return nodes
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         r = await self._run(["squeue", "-h", "-w", _node_name(node), "-O", SQUEUE_FIELDS])

@@ -1,6 +1,8 @@
 """The :class:`~healer.ports.SlurmDriver` over slurmrestd (Slurm's REST API), with a JWT.
 
-Contract followed (SchedMD's OpenAPI for v0.0.40 .. v0.0.44; ``gpu-slurm-facts.md`` section 5):
+Contract followed (SchedMD's OpenAPI for v0.0.40 .. v0.0.45; ``gpu-slurm-facts.md`` section 5),
+checked against the real slurmrestd of Slurm 24.11 (v0.0.40 .. v0.0.42) and 26.05 (v0.0.42 ..
+v0.0.45) in ``tests/integration/slurm/test_slurmrestd.py``:
 
 * Version: negotiated once from ``GET /openapi/v3`` (which needs auth too): the first of
   ``versions`` whose ``/slurm/v0.0.XX/`` paths the server lists. A server offering only
@@ -11,7 +13,7 @@ Contract followed (SchedMD's OpenAPI for v0.0.40 .. v0.0.44; ``gpu-slurm-facts.m
   the token provider forget its token and the request is sent once more with a fresh one.
 * Reads: ``GET /slurm/V/node/{name}``, ``GET /slurm/V/jobs/`` (filtered here by node). Node
   ``state`` is a string plus ``state_flags`` (v0.0.38) or an array (v0.0.39+); the node's
-  ``topology`` string (v0.0.44, Slurm >= 25.05) is reported as ``SlurmNodeState.topology``
+  ``topology`` string (v0.0.44+, Slurm >= 25.05) is reported as ``SlurmNodeState.topology``
   (empty where the version has no such field).
 * Drain / undrain: ``POST /slurm/V/node/{name}`` with ``{"state": ["DRAIN"], "reason": ...}`` /
   ``{"state": ["UNDRAIN"]}`` (UNDRAIN, not RESUME: a DOWN node stays DOWN, as in the scontrol
@@ -73,7 +75,7 @@ __all__ = [
 ]
 
 #: Versions with node updates and job signal flags (Slurm 23.11 .. 26.05), preferred first.
-WRITE_VERSIONS = ("v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40")
+WRITE_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40")
 #: Versions healer can read but not write through (Slurm 22.05 .. 23.02).
 READ_ONLY_VERSIONS = ("v0.0.39", "v0.0.38", "v0.0.37", "v0.0.36")
 

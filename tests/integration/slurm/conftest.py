@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tests.integration.slurm_fixtures import local_slurm, slurm
+from tests.integration.slurm_fixtures import any_slurm, local_slurm, slurm, slurm_clusters
 
-__all__ = ["local_slurm", "slurm"]
+__all__ = ["any_slurm", "local_slurm", "slurm", "slurm_clusters"]
