@@ -71,7 +71,7 @@ class SlurmVersion(enum.StrEnum):
     @property
     def restd_versions(self) -> tuple[str, ...]:
         """The slurmrestd OpenAPI versions it serves (data parsers), newest first."""
-        return {"22.05": ("v0.0.38", "v0.0.37", "v0.0.36"),
+        return {"22.05": ("v0.0.38",),  # what LocalSlurm loads (-s openapi/v0.0.38)
                 "24.11": ("v0.0.42", "v0.0.41", "v0.0.40"),
                 "26.05": ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42")}[self.value]
 

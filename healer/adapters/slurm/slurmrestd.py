@@ -28,12 +28,27 @@ v0.0.45) in ``tests/integration/slurm/test_slurmrestd.py``:
   ``errno`` in v0.0.38) and, for job signals, ``status[].error.code`` are checked.
 
 Errors: connection failures, timeouts, 429 and 5xx without a Slurm error, and Slurm's
-communication errnos → TransientError; 401/403 and Slurm's authentication errnos →
+communication errnos → TransientError; 401/403/511 and Slurm's authentication errnos →
 ForbiddenError (after one resend with a freshly fetched token); an unknown node or job →
-NotFoundError; anything else → PermanentError. slurmrestd 22.05 answers both "slurmctld
-unreachable" and "JWT rejected by slurmctld" with HTTP 500 + errno -1 "Unspecified error" (it
-passes the token through unverified, and even serves ``/openapi/v3`` with a bad one): that is a
-TransientError, and the token is dropped so the next attempt fetches a fresh one.
+NotFoundError; anything else → PermanentError. What the real servers do, seen here:
+
+* a token slurmctld refuses (expired, another key) → HTTP 511 "Network Authentication
+  Required" with errno 1007 (24.11, 26.05). slurmrestd 26.05 writes that answer twice (the JSON
+  511, then a ``text/plain`` 511 "Protocol authentication error") on one connection, which
+  aiohttp's parser refuses ("Data after `Connection: close`"): read as the 511 it is;
+* ``GET .../node/{name}`` (slurmctld's single-node query) can go on showing a node MIXED or
+  ALLOCATED after its last job ended (24.11, 26.05: the allocation it shows is refreshed only
+  by a query of every node; seen here for as long as a client went on polling the one node).
+  The stale value can only make a node look busier than it is, never idle while a job holds it; so
+  a node that reads busy (and not COMPLETING) is checked against the jobs: none active on it →
+  it is reported IDLE. Costs one ``GET .../jobs/`` per state read only while a node looks busy;
+* an unknown node on ``GET .../node/{name}`` → HTTP 200, no node, and an error with errno 0
+  "No error" ("Failure to query node ..."): a read whose errors all carry errno 0 returns its
+  body (the node is then not found); a write with such an error is still a failure;
+* slurmrestd 22.05 answers both "slurmctld unreachable" and "JWT rejected by slurmctld" with
+  HTTP 500 + errno -1 "Unspecified error" (it passes the token through unverified, and even
+  serves ``/openapi/v3`` with a bad one): that is a TransientError, and the token is dropped so
+  the next attempt fetches a fresh one.
 
 Transient failures are retried (:data:`healer.adapters.retry.QUICK`: ``attempts`` in all, short
 waits); writes are retried only when the request never reached the server (a connect error),
@@ -47,6 +62,7 @@ import json as jsonlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -93,6 +109,10 @@ _ESLURM_INVALID_NODE_NAME = 2018
 _ESLURM_ALREADY_DONE = 2021
 _ESLURM_IN_STANDBY_MODE = 2027
 _TRANSIENT_ERRNO_RANGES = ((1000, 1099), (1800, 1899), (5000, 5099))
+#: base states a single-node read may show from a stale allocation (see the module doc)
+_SHOWN_MIXED = frozenset({"MIXED", "ALLOCATED"})
+#: what aiohttp's error says when slurmrestd 26.05 sent its 511 twice (see the module doc)
+_DOUBLED_511 = "HTTP/1.1 511"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +293,12 @@ class SlurmrestdDriver:
         body = await self._request("GET", api.node + _quote(node))
         for obj in _objects(body, "nodes"):
             if obj.get("name") == node:
-                return parse_node_json(obj)
+                st = parse_node_json(obj)
+                if st.base in _SHOWN_MIXED and "COMPLETING" not in st.flags and \
+                        not await self.jobs_on(node):
+                    # a stale allocation (see the module doc): no job holds the node
+                    return replace(st, base="IDLE")
+                return st
         raise NotFoundError(f"Slurm node {node!r} not found by slurmrestd")
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
@@ -382,6 +407,10 @@ class SlurmrestdDriver:
                     text = await resp.text()
             except aiohttp.ClientConnectorError as e:
                 raise _ConnectFailed(f"{where}: cannot connect to slurmrestd: {e}") from e
+            except aiohttp.ClientResponseError as e:
+                if _DOUBLED_511 not in str(e.message):
+                    raise TransientError(f"{where}: {type(e).__name__}: {e}") from e
+                status, text = 511, "(slurmrestd sent its HTTP 511 twice) " + str(e.message)
             except (aiohttp.ClientError, TimeoutError) as e:
                 raise TransientError(f"{where}: {type(e).__name__}: {e}") from e
             suspect = _auth_suspect(status, text)
@@ -390,7 +419,7 @@ class SlurmrestdDriver:
                 continue
             if suspect == "maybe":
                 self.tokens.invalidate()  # the next attempt (if any) fetches a fresh token
-            return _check(where, status, text)
+            return _check(where, status, text, read=method == "GET")
         raise AssertionError("unreachable")
 
 
@@ -424,7 +453,7 @@ def _auth_suspect(status: int, text: str) -> str:
     """``"rejected"``: the token was refused (401, or slurmctld's authentication errnos);
     ``"maybe"``: HTTP 500 with errno -1 "Unspecified error", which is how slurmrestd 22.05
     reports both a JWT that slurmctld rejected *and* an unreachable slurmctld; ``""``: no."""
-    if status == 401:
+    if status in (401, 511):
         return "rejected"
     if status < 400 and '"err' not in text:
         return ""
@@ -436,14 +465,17 @@ def _auth_suspect(status: int, text: str) -> str:
     return ""
 
 
-def _check(where: str, status: int, text: str) -> dict[str, Any]:
-    """Decode a slurmrestd response and raise healer's error for a failure."""
+def _check(where: str, status: int, text: str, *, read: bool = False) -> dict[str, Any]:
+    """Decode a slurmrestd response and raise healer's error for a failure (``read``: errors
+    that all carry errno 0 "No error" leave the body to the caller, see the module doc)."""
     body = _decode(text)
     errors = [e for e in body.get("errors") or () if isinstance(e, Mapping)]
     snippet = " ".join(text.split())[:300]
-    if status == 401:
-        raise ForbiddenError(f"{where}: 401 from slurmrestd (token rejected or expired, or "
-                             f"X-SLURM-USER-NAME missing): {snippet}")
+    if status in (401, 511):
+        raise ForbiddenError(f"{where}: {status} from slurmrestd (token rejected or expired, "
+                             f"or X-SLURM-USER-NAME missing): {snippet}")
+    if read and status < 400 and errors and all(n == 0 for n in _errnos(body)):
+        return body
     if status == 403:
         raise ForbiddenError(f"{where}: 403 from slurmrestd: {snippet}")
     if errors:
