@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps operator image lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
+.PHONY: help venv deps slurm-roots operator image lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -18,9 +18,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install healer with its dev tools
 
-deps: ## Debian packages (Slurm, Prometheus) and the Go-built control plane (cached)
+deps: ## Debian packages (Slurm, Prometheus), the Slurm 24.11/26.05 roots and the Go-built control plane (cached)
 	bash hack/install-system-deps.sh
+	bash hack/build-slurm-roots.sh >/dev/null
 	bash hack/build-k8s.sh
+
+slurm-roots: ## Slurm 26.05 (Debian sid) and 24.11 (trixie) root filesystems for the local stack (cached; ADR 0012)
+	bash hack/build-slurm-roots.sh
 
 operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go module proxy (cached)
 	bash hack/build-operator.sh

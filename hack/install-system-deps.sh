@@ -2,7 +2,8 @@
 # Install the Debian packages the real-stack tests and the demo start on loopback: Slurm
 # (slurmctld, slurmd, slurmrestd + its JWT plugin, munge) and Prometheus (+ promtool); and what
 # `make image` builds and inspects the image with, without a container engine: mmdebstrap (a root
-# filesystem from Debian packages) and skopeo (reads the OCI layout in tests/integration/test_image.py).
+# filesystem from Debian packages; it also builds the Slurm 24.11 and 26.05 roots,
+# hack/build-slurm-roots.sh) and skopeo (reads the OCI layout in tests/integration/test_image.py).
 # Idempotent: does nothing when they are present. Never installs slurm-wlm-emulator (it hijacks
 # /usr/sbin/slurmd through update-alternatives).
 set -euo pipefail

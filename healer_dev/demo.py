@@ -3,12 +3,12 @@ SchedMD's real slurm-operator.
 
 Starts, on loopback (:class:`healer_dev.demo_world.DemoStack`): kube-apiserver + etcd +
 kube-controller-manager + kube-scheduler + kwok (fake GPU Nodes that look alive), a real Slurm
-22.05 (slurmctld; slurmds register as dynamic nodes), SchedMD's slurm-operator (its manager, and
-from v1.1 its pod-binding webhook, built from the Go module proxy and run out of cluster) with
-the slurmrestd v0.0.44 shim it talks to and the kwok pod runtime that runs a real ``slurmd -Z``
-for every Running slurmd pod, the DCGM exporter simulator scraped by a real Prometheus, and
-healer itself (``healer.app.run``, the same code as ``healer run``, slinky driver with slurmrestd
-as its job backend) with the shipped default policies switched to ``mode: act``.
+26.05 from Debian (slurmctld; slurmds register as dynamic nodes), SchedMD's slurm-operator (its
+manager, and from v1.1 its pod-binding webhook, built from the Go module proxy and run out of
+cluster) talking to that Slurm's real slurmrestd, the kwok pod runtime that runs a real
+``slurmd -Z`` for every Running slurmd pod, the DCGM exporter simulator scraped by a real
+Prometheus, and healer itself (``healer.app.run``, the same code as ``healer run``, slinky driver
+with slurmrestd as its job backend) with the shipped default policies switched to ``mode: act``.
 
 The fleet: 8 GPU nodes in two NVLink domains (node-00..03 in nvl-a, node-04..07 in nvl-b) and
 two warm spares (spare-a in nvl-a, spare-b in nvl-b); a NodeSet ``gpu`` (8 replicas, 8 GPUs per

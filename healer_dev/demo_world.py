@@ -1,11 +1,12 @@
 """The world ``make demo`` runs in (:mod:`healer_dev.demo`), started and stopped in one place.
 
 On loopback: kube-apiserver + etcd + kube-controller-manager + kube-scheduler + kwok
-(:class:`~healer_dev.devstack.kube.KubeStack`), a real Slurm 22.05 that admits dynamic nodes
-(:class:`~healer_dev.devstack.slurm.LocalSlurm`), SchedMD's real slurm-operator with the slurmrestd
-v0.0.44 shim and the kwok pod runtime that runs a real ``slurmd -Z`` per Running slurmd pod
-(:class:`~healer_dev.devstack.slinky_stack.SlinkyStack`), the DCGM exporter simulator scraped by a
-real Prometheus, and healer itself (``healer.app.run``, the code of ``healer run``).
+(:class:`~healer_dev.devstack.kube.KubeStack`), a real Slurm 26.05 from its Debian root that
+admits dynamic nodes (:class:`~healer_dev.devstack.slurm.LocalSlurm`), SchedMD's real
+slurm-operator talking to that Slurm's real slurmrestd, and the kwok pod runtime that runs a real
+``slurmd -Z`` per Running slurmd pod (:class:`~healer_dev.devstack.slinky_stack.SlinkyStack`),
+the DCGM exporter simulator scraped by a real Prometheus, and healer itself
+(``healer.app.run``, the code of ``healer run``).
 
 The fleet: 8 kwok GPU Nodes (``nvidia.com/gpu: 8`` each) in two NVLink domains (node-00..03 in
 nvl-a, node-04..07 in nvl-b), two tainted warm spares (spare-a in nvl-a, spare-b in nvl-b), and
@@ -54,6 +55,8 @@ from healer_dev.devstack.operator import (
 from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurm_root import SlurmVersion
+from healer_dev.devstack.slurm_root import root_built as slurm_root_built
 from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
 from healer_dev.sim.infiniband import InfinibandSim
 
@@ -105,19 +108,24 @@ class DemoStack:
         self.kube = KubeStack(self.dir / "kube", controllers=True, kwok=True)
         await asyncio.to_thread(self.kube.start)
         self.out(f"  control plane up ({time.monotonic() - t0:.1f}s): {self.kube.server}")
+        if not slurm_root_built(SlurmVersion.V26_05):
+            self.out("  building the Slurm 26.05 root from Debian with mmdebstrap (once; under "
+                     "a minute here) ...")
         self.slurm = LocalSlurm(self.dir / "slurm", nodes=(), gpus_per_node=GPUS,
-                                max_dynamic_nodes=16)
+                                max_dynamic_nodes=16, version=SlurmVersion.V26_05)
         await asyncio.to_thread(self.slurm.start)
-        self.out(f"  Slurm 22.05 up: slurmctld, no static nodes (slurmds register "
-                 f"dynamically), SLURM_CONF={self.slurm.conf}")
+        self.out(f"  Slurm {self.slurm.release} up (Debian {SlurmVersion.V26_05.suite}, run from "
+                 f"its root): slurmctld, no static nodes (slurmds register dynamically), "
+                 f"SLURM_CONF={self.slurm.conf}")
         t1 = time.monotonic()
         self.slinky = SlinkyStack(self.kube, self.slurm, workdir=self.dir / "slinky",
                                   version=v)
         await asyncio.to_thread(self.slinky.start)  # may wait for another stack's lock
         await asyncio.to_thread(self.slinky.add_cluster, NAMESPACE)
         self.out(f"  slurm-operator {v} running out of cluster ({time.monotonic() - t1:.1f}s), "
-                 f"slurmrestd v0.0.44 shim on 127.0.0.1:{self.slinky.restd_port}, Controller "
-                 f"+ RestApi in namespace {NAMESPACE}")
+                 f"talking v0.0.44 to Slurm {self.slurm.release}'s real slurmrestd (JWT) on "
+                 f"127.0.0.1:{self.slinky.restd_port}; Controller + RestApi in namespace "
+                 f"{NAMESPACE}")
         self.sim = DcgmSim([make_node(n, GPUS) for n in self.gpu_nodes + self.spares])
         self.ib = InfinibandSim(self.gpu_nodes + self.spares).attach(self.sim)
         self.dcgm = DcgmFleet(self.sim)
@@ -245,7 +253,7 @@ class DemoStack:
 
     async def stop(self) -> None:
         """healer first, then Prometheus and the exporters, then the operator (before the
-        slurmds it watches), the pod runtime and the shim, Slurm, and the control plane."""
+        slurmds it watches), the pod runtime and slurmrestd, Slurm, and the control plane."""
         for t in reversed(self.tasks):
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)

@@ -13,8 +13,9 @@ cluster, with what differs out of cluster said here:
   copies the Node's ``topology.slinky.slurm.net/spec`` to the pod as on a real cluster. (The
   chart also registers validating/defaulting hooks for the CRs; they are not registered here.)
 * the manager runs with ``DEBUG=1``: its Slurm client then calls ``http://localhost:6820``
-  instead of the RestApi's in-cluster Service, which is where the devstack's slurmrestd shim
-  (:mod:`healer_dev.devstack.slurmrestd_shim`) listens. Hence one operator per machine at a time.
+  instead of the RestApi's in-cluster Service, which is where the devstack's Slurm 26.05 serves
+  its real slurmrestd (:mod:`healer_dev.devstack.slinky_stack`). Hence one operator per machine
+  at a time.
 
 :func:`cluster_objects` and :func:`nodeset` build the objects the ``slurm`` Helm chart creates
 (Secrets for the Slurm and JWT keys, Controller, RestApi, NodeSets with ``controllerRef`` name and

@@ -1,5 +1,5 @@
 /*
- * podip.c -- a SHIM standing in for pod networking, for the local devstack only.
+ * podip.c -- a STAND-IN for pod networking, for the local devstack only.
  *
  * On a real cluster every slurmd pod has its own IP, so every dynamic slurmd (`slurmd -Z`)
  * listens on the one global SlurmdPort and slurmctld reaches it at the address it registered

@@ -1,6 +1,6 @@
 """A pod runtime for kwok: a real ``slurmd -Z`` for every Running Slinky worker pod.
 
-This is a SHIM standing in for kubelet + container runtime, for slurmd pods only. kwok fakes
+This is a STAND-IN for kubelet + container runtime, for slurmd pods only. kwok fakes
 kubelets (it moves pods to Running, runs no container); slurm-operator's NodeSet worker pods
 (labels ``app.kubernetes.io/name=slurmd``, ``app.kubernetes.io/component=worker``) would each
 run ``slurmd -Z --conf-server … --conf 'Features=…'`` and, when terminating, the preStop hook
@@ -13,8 +13,12 @@ delete nodename=$(hostname)``. :class:`PodRuntime` does that against a
 * for a pod that is Running, bound (``spec.nodeName``) and not terminating it adds the
   finalizer :data:`FINALIZER` to the pod, then starts a dynamic slurmd under the pod's Slurm
   name (label ``nodeset.slinky.slurm.net/pod-hostname``; else ``spec.nodeName`` with
-  ``hostNetwork``; else ``spec.hostname``; else the pod name) with the ``Features`` of the
-  slurmd container's ``--conf`` argument and CPUs/RealMemory/Gres of this runtime, on a
+  ``hostNetwork``; else ``spec.hostname``; else the pod name) with the slurmd container's
+  ``--conf`` argument as the operator wrote it (``Features=…`` and the NodeSet's ``extraConf``
+  items), followed, as the slurmd image's entrypoint appends its own, by ``CPUs=``,
+  ``RealMemory=`` and ``Gres=gpu:h100:<the container's nvidia.com/gpu limit>`` (else this
+  runtime's) where the ``--conf`` has none: so a ``--conf`` Slurm refuses (an empty
+  ``Topology=``, SlinkyProject/slurm-operator#261) registers as it would in the pod; on a
   loopback "pod IP" (127.0.0.N, one per pod uid, released when it stops);
 * when the pod gets a ``deletionTimestamp`` (or vanishes) it runs the operator's preStop
   commands, stops that slurmd (SIGTERM, then its process group and slurmstepds are killed)
@@ -25,9 +29,10 @@ delete nodename=$(hostname)``. :class:`PodRuntime` does that against a
   gets its slurmd only after the old pod's preStop and stop are done.
 
 It does not: run the container image, configless mode (``--conf-server``; slurmd reads the
-LocalSlurm's slurm.conf), probes, restarts of a slurmd that died on its own, other
-``--conf`` keys than ``Features``, resource limits, volumes, or the grace period (preStop
-commands have their own timeouts). It does not update pod status (kwok does). :meth:`aclose`
+LocalSlurm's slurm.conf), probes, restarts of a slurmd that died on its own, resource limits
+(beyond the GPU count), volumes, or the grace period (preStop commands have their own
+timeouts). The slurmds run the LocalSlurm's Slurm (26.05 under the Slinky stack), so their
+preStop ``scontrol`` is that Slurm's too. It does not update pod status (kwok does). :meth:`aclose`
 stops every slurmd without a preStop (as a dying node would) and removes its finalizers.
 """
 
@@ -67,6 +72,8 @@ FINALIZER = "devstack.healer.io/slurmd"
 SELECTOR = "app.kubernetes.io/name=slurmd,app.kubernetes.io/component=worker"
 POD_HOSTNAME_LABEL = "nodeset.slinky.slurm.net/pod-hostname"
 CONTAINER = "slurmd"
+#: the Node's topology spec the operator copies to the pod (v1.1+)
+TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
 #: the reason text of the operator's preStop hook (workerbuilder/worker_app.go)
 PRESTOP_REASON = "Pod is terminating"
 
@@ -91,6 +98,9 @@ class _Pod:
     terminating: bool
     finalized: bool  # carries our finalizer
     features: str | None
+    conf: str = ""  # the slurmd container's --conf value, unquoted
+    gpus: int | None = None  # the slurmd container's nvidia.com/gpu limit
+    topology: str = ""  # the pod's topology.slinky.slurm.net/spec annotation
 
     @property
     def key(self) -> str:
@@ -121,35 +131,50 @@ def slurm_name_of(pod: Any) -> str:
     return str(md.name)
 
 
-def conf_features(args: Sequence[str]) -> str | None:
-    """``Features`` of a slurmd ``--conf`` argument (the operator quotes it: ``'A=1 B=2'``)."""
+def conf_value(args: Sequence[str]) -> str:
+    """The value of a slurmd ``--conf`` argument, unquoted (the operator quotes it: ``'A=1
+    B=2'``); "" when there is none."""
     args = list(args)
     for i, a in enumerate(args):
         if a == "--conf" and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith("--conf="):
-            value = a.split("=", 1)[1]
-        else:
-            continue
-        for item in value.strip().strip("'\"").split():
-            key, _, val = item.partition("=")
-            if key.lower() in ("features", "feature") and val:
-                return val
+            return args[i + 1].strip().strip("'\"")
+        if a.startswith("--conf="):
+            return a.split("=", 1)[1].strip().strip("'\"")
+    return ""
+
+
+def conf_features(args: Sequence[str]) -> str | None:
+    """``Features`` of a slurmd ``--conf`` argument (the operator quotes it: ``'A=1 B=2'``)."""
+    for item in conf_value(args).split():
+        key, _, val = item.partition("=")
+        if key.lower() in ("features", "feature") and val:
+            return val
     return None
+
+
+def _conf_keys(conf: str) -> set[str]:
+    return {item.partition("=")[0].lower() for item in conf.split() if "=" in item}
 
 
 def _view(pod: Any) -> _Pod:
     md, spec, st = pod.metadata, pod.spec, pod.status
     features = None
+    conf = ""
+    gpus: int | None = None
     for c in (spec.containers or []) if spec is not None else []:
         if c.name == CONTAINER:
             features = conf_features(c.args or [])
+            conf = conf_value(c.args or [])
+            limit = ((c.resources.limits if c.resources is not None else None) or {}).get(
+                "nvidia.com/gpu")
+            gpus = int(limit) if limit is not None and str(limit).isdigit() else None
     return _Pod(
         uid=str(md.uid), namespace=str(md.namespace), name=str(md.name),
         slurm_name=slurm_name_of(pod), node=str((spec.node_name if spec else None) or ""),
         running=st is not None and st.phase == "Running",
         terminating=md.deletion_timestamp is not None,
-        finalized=FINALIZER in (md.finalizers or []), features=features)
+        finalized=FINALIZER in (md.finalizers or []), features=features, conf=conf, gpus=gpus,
+        topology=str((md.annotations or {}).get(TOPOLOGY_ANNOTATION, "")))
 
 
 class _IPs:
@@ -211,6 +236,12 @@ class PodRuntime:
         #: would); thread-safe, so a test on another event loop can hold and release it
         self.start_gate = threading.Event()
         self.start_gate.set()
+        #: set, a slurmd's ``--conf`` carries ``Topology=<the pod's topology annotation>``
+        #: (empty when it has none) before what the image appends, as slurm-operator 1.2's
+        #: pods do: an empty one makes Slurm read the next item as the topology and refuse
+        #: the registration (SlinkyProject/slurm-operator#261). Off: v1.1's pods, which get
+        #: their topology from the operator through slurmrestd after registering.
+        self.conf_topology = False
         self._pods: dict[str, _Pod] = {}  # uid -> latest view
         self._slots: dict[str, _Slot] = {}  # Slurm name -> the slurmd running for a pod
         self._dirty: set[str] = set()
@@ -398,11 +429,7 @@ class PodRuntime:
                 raise
             self._record("finalizer-added", name, pod)
         slot = self._slots[name] = _Slot(pod, self._ips.get(pod.uid))
-        conf = f"CPUs={self.cpus} RealMemory={self.real_memory}"
-        if self.gres:
-            conf += f" Gres={self.gres}"
-        if pod.features:
-            conf += f" Features={pod.features}"
+        conf = self.slurmd_conf(pod)
         self._record("starting", name, pod)
         try:
             await asyncio.to_thread(self.slurm.start_dynamic_slurmd, name, pod_ip=slot.ip,
@@ -415,6 +442,21 @@ class PodRuntime:
             raise RuntimeError(f"slurmd for pod {pod.key} did not start: {e}") from e
         self._record("registered", name, pod)
         await self._mark_ready(pod)
+
+    def slurmd_conf(self, pod: _Pod) -> str:
+        """The pod's ``--conf``, then what the slurmd image appends where it is absent."""
+        have = _conf_keys(pod.conf)
+        extra = []
+        if self.conf_topology and "topology" not in have:
+            extra.append(f"Topology={pod.topology}")
+        if "cpus" not in have:
+            extra.append(f"CPUs={self.cpus}")
+        if "realmemory" not in have:
+            extra.append(f"RealMemory={self.real_memory}")
+        gres = f"gpu:h100:{pod.gpus}" if pod.gpus else self.gres
+        if "gres" not in have and gres:
+            extra.append(f"Gres={gres}")
+        return " ".join(x for x in (pod.conf, *extra) if x)
 
     async def _mark_ready(self, pod: _Pod) -> None:
         """The slurmd container's readiness probe passes once slurmd serves: the pod turns

@@ -1,20 +1,23 @@
-"""The Slinky world on the local stack: SchedMD's real operator, a real Slurm, and the two shims
-that stand in for what cannot run here.
+"""The Slinky world on the local stack: SchedMD's real operator over a real Slurm 26.05 and its
+real slurmrestd, with a pod runtime standing in for the kubelet of the slurmd pods.
 
 :class:`SlinkyStack` puts together, on one :class:`~healer_dev.devstack.kube.KubeStack` and one
-:class:`~healer_dev.devstack.slurm.LocalSlurm` started with dynamic nodes:
+:class:`~healer_dev.devstack.slurm.LocalSlurm` of Slurm 26.05 (from its Debian root, ADR 0014)
+started with dynamic nodes:
 
 * :class:`~healer_dev.devstack.operator.SlinkyOperator`: the operator's manager (+ webhook from
   v1.1), built from the Go module proxy, out of cluster;
-* :class:`~healer_dev.devstack.slurmrestd_shim.SlurmrestdShim` on ``127.0.0.1:6820`` (where the
-  operator's client calls with ``DEBUG=1``): slurmrestd v0.0.44 over the real slurmctld, checking
-  the operator's HS256 JWTs against the key of the clusters' JWT Secrets;
+* that Slurm's own slurmrestd (``auth/jwt``, data parsers v0.0.42 .. v0.0.45) on
+  ``127.0.0.1:6820``, where the operator's client calls with ``DEBUG=1``. The operator mints
+  HS256 JWTs (``sun: slurm``) from the key in the clusters' ``<cluster>-auth-jwths256``
+  Secrets; slurmctld checks them with its ``jwt_key``: the two hold the same bytes, as a Helm
+  install of Slinky mounts the Secret into slurmctld;
 * :class:`~healer_dev.devstack.podruntime.PodRuntime`: a real ``slurmd -Z`` for every Running slurmd
   worker pod (kwok runs no containers), with the pod's preStop when it terminates.
 
-The shim and the runtime run on an event loop of their own in a background thread, so that the
-synchronous test fixtures and the demo can share one stack. :meth:`add_cluster` creates what the
-``slurm`` Helm chart would in a namespace (Secrets, Controller, RestApi; their pods run on a
+The runtime runs on an event loop of its own in a background thread, so that the synchronous
+test fixtures and the demo can share one stack. :meth:`add_cluster` creates what the ``slurm``
+Helm chart would in a namespace (Secrets, Controller, RestApi; their pods run on a
 ``devstack-system`` kwok Node), :meth:`use` switches the operator version (one operator at a
 time: the client's port is fixed).
 """
@@ -32,7 +35,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-import jwt
 from kubernetes_asyncio import client, config
 
 from healer.errors import ConfigError
@@ -46,7 +48,6 @@ from healer_dev.devstack.operator import (
 )
 from healer_dev.devstack.podruntime import PodRuntime
 from healer_dev.devstack.slurm import LocalSlurm
-from healer_dev.devstack.slurmrestd_shim import SlurmrestdShim
 
 __all__ = ["SYSTEM_LABEL", "SYSTEM_NODE", "SlinkyStack"]
 
@@ -59,20 +60,28 @@ SYSTEM_LABEL = ("healer.io/devstack-role", "system")
 
 
 class SlinkyStack:
-    """Operator + slurmrestd shim + pod runtime over a running KubeStack and LocalSlurm."""
+    """Operator + the Slurm's real slurmrestd + pod runtime over a running KubeStack and a
+    LocalSlurm of Slurm 26.05 (its slurmrestd is started here, on ``restd_port``)."""
 
     def __init__(self, kube: KubeStack, slurm: LocalSlurm, *, workdir: Path,
                  version: str = DEFAULT_VERSION, jwt_key: bytes | None = None,
                  restd_port: int = RESTD_PORT) -> None:
+        if "v0.0.44" not in slurm.version.restd_versions:
+            raise ConfigError(f"SchedMD's slurm-operator speaks slurmrestd v0.0.44: it needs "
+                              f"Slurm >= 25.11, not the LocalSlurm's {slurm.version} (create "
+                              "it with version='26.05')")
+        if jwt_key is not None and jwt_key != slurm.jwt_key:
+            raise ConfigError("the JWT key of the operator's Secret must be slurmctld's: "
+                              "create the LocalSlurm with jwt_key=... instead")
         self.kube = kube
         self.slurm = slurm
         self.workdir = Path(workdir)
         self.version = version
-        self.jwt_key = jwt_key or os.urandom(32)
+        #: the HS256 key in the clusters' JWT Secrets: slurmctld's own ``jwt_key``
+        self.jwt_key = slurm.jwt_key
         self.slurm_key = os.urandom(64)
         self.restd_port = restd_port
         self.operator: SlinkyOperator | None = None
-        self.shim: SlurmrestdShim | None = None
         self.runtime: PodRuntime | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -94,6 +103,7 @@ class SlinkyStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._take_machine_lock()
         try:
+            self.slurm.start_restd(self.restd_port)
             self._start_loop()
             self._call(self._start_async())
             self._system_node()
@@ -126,7 +136,8 @@ class SlinkyStack:
         self._start_operator(version)
 
     def stop(self) -> None:
-        """Operator first (it must not see slurmds vanish), then runtime and shim. Idempotent."""
+        """Operator first (it must not see slurmds vanish), then the runtime and slurmrestd.
+        Idempotent."""
         if self.operator is not None:
             self.operator.stop()
             self.operator = None
@@ -139,6 +150,7 @@ class SlinkyStack:
                     self._thread.join(timeout=10)
         self._loop = None
         self._thread = None
+        self.slurm.stop_restd()
         if self._lock is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._lock, fcntl.LOCK_UN)
@@ -166,10 +178,12 @@ class SlinkyStack:
             self._call(handle())
 
     def token(self, user: str = "root", lifetime: float = 24 * 3600) -> str:
-        """A JWT the shim accepts (what ``scontrol token`` gives a user of this Slurm)."""
-        now = int(time.time())
-        return jwt.encode({"sun": user, "iat": now, "exp": now + int(lifetime)},
-                          self.jwt_key, algorithm="HS256")
+        """A JWT for ``user`` from ``scontrol token`` (slurmctld signs it with its key)."""
+        return self.slurm.token(user, lifespan=int(lifetime))
+
+    @property
+    def restd_url(self) -> str:
+        return f"http://127.0.0.1:{self.restd_port}"
 
     # -- internals -----------------------------------------------------------------------
 
@@ -237,9 +251,6 @@ class SlinkyStack:
         return fut.result(timeout)
 
     async def _start_async(self) -> None:
-        self.shim = SlurmrestdShim(self.slurm.env(), jwt_key=self.jwt_key,
-                                   port=self.restd_port)
-        await self.shim.start()
         cfg = client.Configuration()
         await config.load_kube_config(config_file=str(self.kube.kubeconfig),
                                       client_configuration=cfg)
@@ -256,8 +267,6 @@ class SlinkyStack:
             self._runtime_task.cancel()
             await asyncio.gather(self._runtime_task, return_exceptions=True)
             self._runtime_task = None
-        if self.shim is not None:
-            await self.shim.close()
         if self._api is not None:
             await self._api.close()
             self._api = None

@@ -8,7 +8,7 @@ can kill whatever they left behind. Optionally munged (``auth="munge"``) and slu
 
 ``version`` picks the Slurm (:class:`~healer_dev.devstack.slurm_root.SlurmVersion`): 22.05 is
 the host's Debian 12 packages; 24.11 and 26.05 run every daemon and client from a Debian root
-filesystem (:mod:`healer_dev.devstack.slurm_root`, ADR 0012) on the same loopback and paths.
+filesystem (:mod:`healer_dev.devstack.slurm_root`, ADR 0014) on the same loopback and paths.
 What differs there: ``SlurmUser=slurm`` (the Slinky charts' user: a JWT for ``slurm`` may then
 update nodes, as the operator's does), slurmrestd runs as ``nobody`` (newer slurmrestd refuses
 root and SlurmUser), ``CgroupPlugin=disabled`` (Slurm >= 24.05), and on 26.05 a topology.yaml
@@ -51,6 +51,7 @@ from healer.adapters.slurm.parse import parse_node_line
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 from healer_dev.devstack.net import free_ports
+from healer_dev.devstack.restd_log import RestdRequest, read_restd_log
 from healer_dev.devstack.slurm_dynamic import (
     dynamic_conf_lines,
     kill_processes_with_env,
@@ -573,6 +574,10 @@ class LocalSlurm:
                 raise ConfigError(f"job {job_id} is {state or 'gone'!r}, not one of "
                                   f"{sorted(want)}, after {timeout} s")
             time.sleep(POLL)
+
+    def restd_requests(self) -> list[RestdRequest]:
+        """Every request slurmrestd served (method, path, user header), from its own log."""
+        return read_restd_log(self.logdir / "slurmrestd.log")
 
     def log(self, daemon: str = "slurmctld") -> str:
         """The log text of ``slurmctld``, ``slurmd-<node>``, ``munged`` or ``slurmrestd``."""

@@ -5,7 +5,7 @@ slurm.conf has ``MaxNodeCount`` (and ``TreeWidth=65533``: the fan-out cannot rou
 the partition is ``Nodes=ALL``. slurmctld records such a node's address from the source address
 of its registration and always talks to it on the global ``SlurmdPort``, so two dynamic slurmds
 on one host collide. The devstack gives every dynamic slurmd its own loopback "pod IP"
-(127.0.0.N) with ``podip.c``, an LD_PRELOAD SHIM standing in for pod networking: it is compiled
+(127.0.0.N) with ``podip.c``, an LD_PRELOAD library standing in for pod networking: it is compiled
 here with ``gcc`` on first use into ``~/.cache/healer/podip/<sha256 of the source>.so``.
 """
 
@@ -43,7 +43,7 @@ def default_cache_dir() -> Path:
 
 
 def podip_library(cache_dir: Path | None = None, *, source: Path = PODIP_SOURCE) -> Path:
-    """The compiled pod-IP SHIM (built with gcc once per source version; atomic rename)."""
+    """The compiled pod-IP library (built with gcc once per source version; atomic rename)."""
     code = source.read_bytes()
     cache = cache_dir or default_cache_dir()
     lib = cache / f"{hashlib.sha256(code).hexdigest()}.so"
@@ -52,7 +52,7 @@ def podip_library(cache_dir: Path | None = None, *, source: Path = PODIP_SOURCE)
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise ConfigError(f"dynamic slurmd nodes need a C compiler to build {source.name} "
-                          "(the pod-IP LD_PRELOAD shim): install gcc (Debian: apt-get install "
+                          "(the pod-IP LD_PRELOAD library): install gcc (Debian: apt-get install "
                           "gcc libc6-dev)")
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".podip-", suffix=".so", dir=cache)

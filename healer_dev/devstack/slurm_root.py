@@ -9,7 +9,7 @@ Three Slurm releases, each the real program from Debian (:class:`SlurmVersion`):
 
 A root lives in ``~/.cache/healer/slurm-root/<suite>-<key>/`` (the script keys it by the
 suite's Release file, the package list and its recipe). Its programs run by ``chroot`` in a
-private mount namespace (ADR 0012): :func:`runner_script` writes a small ``sh`` script that
+private mount namespace (ADR 0014): :func:`runner_script` writes a small ``sh`` script that
 ``unshare --mount``\\s, bind-mounts ``/proc``, ``/dev``, ``/sys``, the host's ``/etc/hosts`` and
 the cluster's work directory at the same path into the root, then ``chroot``\\s and ``exec``\\s the
 program: same PID (the caller kills it by PID), same network namespace (loopback is shared
@@ -34,7 +34,7 @@ from healer.errors import ConfigError
 from healer_dev.devstack.binaries import cache_dir
 
 __all__ = ["CLIENTS", "DEFAULT_SWITCHES", "MARKER", "SlurmRoot", "SlurmVersion", "ensure_root",
-           "runner_script", "topology_yaml", "write_client_wrappers"]
+           "root_built", "runner_script", "topology_yaml", "write_client_wrappers"]
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "hack" / "build-slurm-roots.sh"
 #: the file at a root's top that says what it is (and, inside the chroot, that we are in it)
@@ -46,7 +46,8 @@ CLIENTS = ("scontrol", "sinfo", "squeue", "sbatch", "scancel", "srun", "sacct", 
 #: writes and the operator pushes as ``topology_str``); Slurm refuses a switch it does not
 #: know ("Requested topology configuration is not available").
 DEFAULT_SWITCHES: Mapping[str, Sequence[str]] = {
-    "spine1": ("leaf1", "leaf2", "leaf3", "leaf4"), "spine2": ("leaf5", "leaf6"),
+    "spine1": ("leaf1", "leaf2", "leaf3", "leaf4"),
+    "spine2": ("leaf5", "leaf6", "leaf7", "leaf8"),
     "s1": ("l1", "l2"), "nvl-a": (), "nvl-b": (), "nvl-c": (), "a": (), "b": (),
 }
 
@@ -109,6 +110,13 @@ def _read_marker(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+def root_built(version: SlurmVersion) -> bool:
+    """Whether a root of ``version`` is in the cache (it may still be rebuilt if the archive
+    changed): a cold build prints a word first."""
+    suite = version.suite
+    return suite is None or (cache_dir() / "slurm-root" / suite / MARKER).is_file()
+
+
 @functools.cache
 def ensure_root(version: SlurmVersion) -> SlurmRoot:
     """The root of ``version`` (24.11 or 26.05), built first when it is missing or the
@@ -151,7 +159,7 @@ def runner_script(root: Path, binds: Sequence[Path]) -> str:
         '\nexec chroot "$R" /bin/sh -c \'cd "$0" 2>/dev/null || cd /; exec "$@"\' "$D" "$@"\n'
     return ("#!/bin/sh\n"
             "# written by healer_dev.devstack.slurm_root: run a program of a Slurm root "
-            "(ADR 0012)\n"
+            "(ADR 0014)\n"
             f'[ -e /{MARKER} ] && exec "$@"\n'
             "exec unshare --mount --propagation private -- /bin/sh -c "
             f'{shlex.quote(inner)} inroot {r} "$PWD" "$@"\n')

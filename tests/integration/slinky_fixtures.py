@@ -1,7 +1,8 @@
 """pytest fixtures for the Slinky world on the local stack
 (:mod:`healer_dev.devstack.slinky_stack`):
-SchedMD's real slurm-operator, a real Slurm 22.05 with dynamic nodes, the slurmrestd v0.0.44
-shim on :6820 and the kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod).
+SchedMD's real slurm-operator, a real Slurm 26.05 (its Debian root, ADR 0014) with dynamic
+nodes and its real slurmrestd on :6820 (JWT auth with the key of the clusters' JWT Secret), and
+the kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod).
 
 * ``slinky_stack`` (session): started once on the session's ``kube_stack`` with the default
   operator version; a test that needs another version calls ``slinky_stack.use("v1.0.0")``
@@ -25,12 +26,14 @@ from healer.errors import ConfigError
 from healer_dev.devstack.kube import KubeStack
 from healer_dev.devstack.operator import DEFAULT_VERSION
 from healer_dev.devstack.slinky_stack import SlinkyStack
-from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurm import LocalSlurm, SlurmVersion
 
 __all__ = ["operator_version", "slinky_cluster", "slinky_stack", "unique_nodeset"]
 
 #: dynamic Slurm nodes the session's Slurm admits (MaxNodeCount)
 MAX_NODES = 128
+#: GPU device files per node in gres.conf: what a NodeSet requesting all 8 GPUs of a Node sees
+GPUS = 8
 
 
 def unique_nodeset(prefix: str) -> str:
@@ -41,8 +44,9 @@ def unique_nodeset(prefix: str) -> str:
 @pytest.fixture(scope="session")
 def slinky_stack(kube_stack: KubeStack,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlinkyStack]:
-    slurm = LocalSlurm(tmp_path_factory.mktemp("slinky-slurm"), nodes=(), gpus_per_node=2,
-                       cpus_per_node=2, max_dynamic_nodes=MAX_NODES)
+    slurm = LocalSlurm(tmp_path_factory.mktemp("slinky-slurm"), nodes=(), gpus_per_node=GPUS,
+                       cpus_per_node=2, max_dynamic_nodes=MAX_NODES,
+                       version=SlurmVersion.V26_05)
     try:
         slurm.start()
     except ConfigError as e:
@@ -52,10 +56,12 @@ def slinky_stack(kube_stack: KubeStack,
                         version=DEFAULT_VERSION)
     try:
         stack.start()
-    except ConfigError as e:
+    except BaseException as e:  # also a test timeout while another stack holds the lock
         slurm.stop()
-        pytest.fail(f"the Slinky stack (slurm-operator {DEFAULT_VERSION}, slurmrestd shim, "
-                    f"pod runtime) did not start:\n{e}", pytrace=False)
+        if not isinstance(e, ConfigError):
+            raise
+        pytest.fail(f"the Slinky stack (slurm-operator {DEFAULT_VERSION}, Slurm 26.05's "
+                    f"slurmrestd, pod runtime) did not start:\n{e}", pytrace=False)
     try:
         yield stack
     finally:

@@ -5,9 +5,11 @@
   Nodes, labelled ``healer-flow=<test id>``, deleted afterwards.
 * ``slinky_stack`` (session, :mod:`tests.integration.slinky_fixtures`): SchedMD's real
   slurm-operator (v1.1.0 by default; a test asks for v1.0.0 with an indirect
-  ``operator_version`` parameter), a real Slurm 22.05 with dynamic nodes, the slurmrestd v0.0.44
-  shim on :6820 (the operator's client and healer's slurmrestd driver both talk to it) and the
-  kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod, the pod's preStop on delete).
+  ``operator_version`` parameter), a real Slurm 26.05 (its Debian root) with dynamic nodes, its
+  real slurmrestd on :6820 (the operator's client and healer's slurmrestd driver both talk to
+  it; what they asked is read back from slurmrestd's own log) and the kwok pod runtime (a real
+  ``slurmd -Z`` per Running slurmd pod, the pod's preStop on delete). The daemon under test
+  finds that Slurm's clients first on its ``PATH`` (its scontrol driver runs them).
   Slurm node names come from the pods, as on a real cluster: ``fs<tid>-0..3`` (StatefulSet
   mode, NodeSet ``fs<tid>``: Slurm name = pod name) or the Nodes' names (DaemonSet mode,
   NodeSet ``fd<tid>``: the scontrol and slurmrestd drivers address Slurm by the Kubernetes
@@ -36,6 +38,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +55,9 @@ from healer.ports import SlurmNodeState
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.devstack.operator import nodeset as nodeset_body
+from healer_dev.devstack.restd_log import RestdRequest
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from healer_dev.devstack.slurm import LocalSlurm
-from healer_dev.devstack.slurmrestd_shim import SlurmrestdShim
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
 from tests.integration.waiting import wait_for
@@ -160,35 +163,30 @@ def layout(mode: str, tid: str) -> Layout:
 
 
 @dataclass
-class ShimView:
-    """What one test's daemon asked of the shared slurmrestd shim (user ``root``; the operator
-    acts as ``slurm``), from the moment the test started."""
+class RestdView:
+    """What one test's daemon asked of the shared, real slurmrestd, from the moment the test
+    started, as slurmrestd logged it: healer's drivers send ``X-SLURM-USER-NAME: root``, the
+    operator sends none. (The log names method and path; what a POST carried is read from
+    Slurm itself, a signal from the job's own trap file.)"""
 
-    shim: SlurmrestdShim
-    since: float
-    first_signal: int
-    first_kill: int
+    slurm: LocalSlurm
+    url: str
+    first: int  # requests served before the test started
     user: str = "root"
 
-    @property
-    def writes(self) -> list[tuple[str, str, str]]:
-        return [(n, st, r) for at, u, n, st, r in self.shim.write_log
-                if at >= self.since and u == self.user]
+    def requests(self, method: str = "") -> list[RestdRequest]:
+        return [r for r in self.slurm.restd_requests()[self.first:]
+                if r.user_name == self.user and (not method or r.method == method)]
 
-    def updates_of(self, node: str) -> list[tuple[str, str]]:
-        return [(st, r) for n, st, r in self.writes if n == node]
+    def updates_of(self, node: str) -> list[RestdRequest]:
+        """healer's POSTs to Slurm node ``node`` (drain or undrain)."""
+        return [r for r in self.requests("POST") if r.path.endswith(f"/node/{node}")]
 
-    @property
-    def signals(self) -> list[tuple[int, str, str]]:
-        return self.shim.signals[self.first_signal:]
-
-    @property
-    def kills(self) -> list[int]:
-        return self.shim.kills[self.first_kill:]
-
-    @property
-    def url(self) -> str:
-        return self.shim.url
+    def job_deletes(self, job: int | None = None) -> list[RestdRequest]:
+        """healer's DELETEs of jobs (its signals: the driver never sends one without a
+        signal)."""
+        return [r for r in self.requests("DELETE")
+                if "/job/" in r.path and (job is None or r.path.endswith(f"/job/{job}"))]
 
 
 @dataclass
@@ -205,7 +203,7 @@ class Flow:
     dir: Path
     lay: Layout
     slurm_lock: threading.Lock
-    bridge: ShimView | None = None
+    bridge: RestdView | None = None
     nodeset_options: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     daemons: list[Daemon] = field(default_factory=list)
@@ -260,11 +258,18 @@ class Flow:
                 for h in self.sstack.runtime.history
                 if h.event in ("registered", "stopped") and h.time >= self.started_at]
 
-    def operator_writes(self, node: str) -> list[tuple[float, str, str]]:
-        """(when, state, reason) of every update the operator sent for Slurm node ``node``."""
-        assert self.sstack.shim is not None
-        return [(at, st, r) for at, u, n, st, r in self.sstack.shim.write_log
-                if u == "slurm" and n == node and at >= self.started_at]
+    def ctld_state_changes(self, node: str) -> list[tuple[float, str]]:
+        """(when, what) of every state or reason slurmctld set on ``node`` during this test,
+        from its log: ``reason set to: …``, ``state set to IDLE``, ``state set to DRAINING``
+        (whoever asked: the operator, healer, an admin)."""
+        pat = re.compile(rf"^\[(?P<at>[^\]]+)\] update_node: node {re.escape(node)} "
+                         r"(?P<what>(?:state|reason) set to:? .*)$", re.MULTILINE)
+        out = []
+        for m in pat.finditer(self.ctld_log()):
+            at = datetime.strptime(m.group("at"), "%Y-%m-%dT%H:%M:%S.%f").replace(
+                tzinfo=UTC).timestamp()
+            out.append((at, m.group("what")))
+        return out
 
     @property
     def signals(self) -> Path:
@@ -312,9 +317,8 @@ class Flow:
             await self.create_node(self.lay.spare_b, "nvl-b", "leaf-2", spare=True)
             await self.create_node(self.lay.decoy, "nvl-c", "leaf-1", spare=True)
         if self.driver == "slurmrestd":
-            shim = self.sstack.shim
-            assert shim is not None
-            self.bridge = ShimView(shim, self.started_at, len(shim.signals), len(shim.kills))
+            self.bridge = RestdView(self.slurm, self.sstack.restd_url,
+                                    len(self.slurm.restd_requests()))
             token = self.sstack.token("root")
             await self.core.create_namespaced_secret(self.namespace, {  # type: ignore[arg-type]
                 "metadata": {"name": "slurm-token"},
@@ -456,6 +460,8 @@ class Flow:
             argv += ["--crash-log", str(crash_log)]
         argv += list(extra)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMRESTD_"))}
+        # the Slurm clients of the stack's Slurm (26.05) first, as on a host with that Slurm
+        env["PATH"] = f"{self.slurm.client_bindir}{os.pathsep}{env.get('PATH', '')}"
         d = Daemon.spawn(argv, port=port, log=log, env=env)
         self.daemons.append(d)
         return d

@@ -1,6 +1,6 @@
-"""End to end on the real stack (issue 5): kube-apiserver + kwok, a real Slurm 22.05, the Slinky
-operator emulator and the real daemon process with the real Slurm driver (slinky, scontrol, or
-slurmrestd through the v0.0.44 bridge), for both NodeSet modes.
+"""End to end on the real stack (issue 5): kube-apiserver + kwok, a real Slurm 26.05 and its real
+slurmrestd, SchedMD's real slurm-operator and the real daemon process with the real Slurm driver
+(slinky, scontrol, or slurmrestd, each against that Slurm), for both NodeSet modes.
 
 * ``test_full_flow`` (mode x driver, a job running on the bad node): the job is signalled and
   checkpoints (degrading rule, checkpoint policy) or runs to its end while healer waits in
@@ -21,6 +21,7 @@ slurmrestd through the v0.0.44 bridge), for both NodeSet modes.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -98,9 +99,9 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     else:
         assert usr1 == []
         assert "released" in f.job_file("end", job)
-    if f.bridge is not None:
-        assert f.bridge.kills == []
-        assert f.bridge.signals == ([(job, "USR1", "FULL_JOB")] if checkpoint else [])
+    if f.bridge is not None:  # one signal (the job's trap saw it once, above), no other
+        assert len(f.bridge.job_deletes(job)) == (1 if checkpoint else 0), f.bridge.requests()
+        assert f.bridge.job_deletes() == f.bridge.job_deletes(job)
 
     # every step once, in order
     assert_ledger_once(rec, (["checkpoint"] if checkpoint else []) + FLOW_STEPS)
@@ -117,17 +118,15 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     steps = ledger(rec)
     assert steps["annotate-topology"]["finishedAt"] <= steps["undrain"]["startedAt"]
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
-    assert f.sstack.shim is not None  # what the operator pushed to Slurm (topology_str)
     if f.version.startswith("v1.0."):  # v1.0 never copies or pushes topology
         detail = ledger(rec)["annotate-topology"].get("detail", "")
         assert "operatorCopiesTopology=true" not in detail, detail
-    else:  # the operator pushes it on its own sync: wait for it, with a deadline
-        shim = f.sstack.shim
-
-        async def pushed() -> bool:
-            return shim.topology.get(new_sn) == "default:nvl-a"
-
-        await wait_for(pushed, timeout=90, description=f"topology_str of {new_sn} pushed")
+    else:  # the operator pushed it (topology_str) before healer's topology step passed
+        st_new = await f.slurm_state(new_sn)
+        assert st_new is not None
+        assert st_new.topology == "default:nvl-a", st_new
+        detail = ledger(rec)["annotate-topology"].get("detail", "")
+        assert re.search(r"checks=[a-z,]*\bregistration,slurm\b", detail), detail
 
     # the Slurm node serves from the spare, idle and not drained
     pod = await f.pod_of(new_sn)
@@ -156,9 +155,9 @@ async def test_full_flow(flows: FlowFactory, mode: str, driver: str, fault: str)
     assert len(f.ctld_returns_to_service(sn)) <= 1, f.ctld_returns_to_service(sn)
     print(f"slurmctld: drains with healer's reason {f.healer_drains(sn)}, back in service "
           f"{f.ctld_returns_to_service(sn)}")
-    if f.bridge is not None:
-        assert [u for u, _ in f.bridge.updates_of(sn)] == ["DRAIN"], f.bridge.writes
-        assert [u for u, _ in f.bridge.updates_of(new_sn) if u != "DRAIN"] in ([], ["UNDRAIN"])
+    if f.bridge is not None:  # healer's own POSTs: its one drain, at most one undrain
+        posts = f.bridge.updates_of(sn) + (f.bridge.updates_of(new_sn) if new_sn != sn else [])
+        assert 1 <= len(posts) <= 2, f.bridge.requests()
     reasons = await f.event_reasons(bad)
     assert all(n == 1 for n in reasons.values()), reasons
     assert reasons["IncidentOpened"] == 1
@@ -188,10 +187,9 @@ async def test_full_flow_on_operator_v1_0(flows: FlowFactory, operator_version: 
 async def test_replacement_never_serves_before_its_topology_is_set(
         flows: FlowFactory, mode: str) -> None:
     """The design's promise (DESIGN.md, warm-spare swap): the replacement Node carries its
-    topology before Slurm can schedule on it. "Serving" is taken from the records of the
-    operator's Slurm updates (the moment it undrained or set IDLE the moved Slurm node) and of
-    the pod runtime (the moment the new slurmd registered), the annotation from a watch of
-    the spare Node."""
+    topology before Slurm can schedule on it. "Serving" is taken from slurmctld's log (the
+    moment the moved Slurm node was undrained or set IDLE) and from the pod runtime (the moment
+    the new slurmd registered), the annotation from a watch of the spare Node."""
     f = await flows(mode, "slinky")
     lay = f.lay
     bad = lay.gpus[0]
@@ -202,13 +200,14 @@ async def test_replacement_never_serves_before_its_topology_is_set(
     rec = await f.wait_phase(bad, "Repair", within=180, also=f.step_done(bad, "mark-repair"))
     assert rec["status"]["spare"] == lay.spare_a
     new_sn = sn if mode == "StatefulSet" else lay.spare_a
-    drained = min(at for at, state, _ in f.operator_writes(sn) if state == "DRAIN")
+    changes = f.ctld_state_changes(sn)
+    drained = min(at for at, what in changes if "DRAIN" in what or "healer: " in what)
     # the replacement serves once its slurmd registered and nothing keeps it drained
     # (StatefulSet: the operator undrains / sets IDLE the re-registered node; DaemonSet: a new
     # node registers idle): the later of those records bounds the moment from above
     started = [at for node, up, at in f.slurmd_calls if node == new_sn and up and at > drained]
-    cleared = [at for at, state, _ in f.operator_writes(new_sn)
-               if state in ("UNDRAIN", "IDLE", "RESUME") and at > drained]
+    cleared = [at for at, what in f.ctld_state_changes(new_sn)
+               if re.match(r"state set to (IDLE|ALLOCATED|MIXED)\b", what) and at > drained]
     serving = [max([started[0], *cleared[:1]])] if started else []
     annotated = f.node_history.first(lay.spare_a,
                                      lambda s: s.annotations.get(TOPOLOGY) == "default:nvl-a")

@@ -1,4 +1,4 @@
-"""Slurm as a detector on the real stack (issue 14 item 1): real Slurm 22.05, SchedMD's real
+"""Slurm as a detector on the real stack (issue 14 item 1): real Slurm 26.05, SchedMD's real
 slurm-operator, the real daemon (its Slurm feed, policies, state machine and drivers).
 
 ``test_a_health_check_drain_becomes_an_incident_and_stays_theirs``: the HealthCheckProgram (here:

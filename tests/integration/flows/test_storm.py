@@ -1,7 +1,7 @@
 """A fault storm on the real stack, with Slurm capacity already gone (issue 12, Deliver 7):
 ``maxUnavailable: 2`` holds at every sample, counting what Slurm counts.
 
-SchedMD's real slurm-operator (a NodeSet of 4 slurmd pods on 4 GPU Nodes), a real Slurm 22.05
+SchedMD's real slurm-operator (a NodeSet of 4 slurmd pods on 4 GPU Nodes), a real Slurm 26.05
 and the real daemon: StatefulSet mode with the Slinky driver (Slurm names are the pods', mapped
 to Nodes through them), and DaemonSet mode with the scontrol driver (Slurm names are the
 Nodes'; a replacement is a new Slurm node on the spare). Before healer starts, an admin drains

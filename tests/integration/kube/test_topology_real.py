@@ -1,18 +1,19 @@
 """The topology step (KubeTopology) on the real kube-apiserver with kwok Nodes, SchedMD's real
-slurm-operator (healer_dev.devstack.slinky_stack) over a real Slurm, and a test double of
-topograph's API.
+slurm-operator (healer_dev.devstack.slinky_stack) over a real Slurm 26.05 and its slurmrestd,
+and a test double of topograph's API.
 
 The operator copies the Node's ``topology.slinky.slurm.net/spec`` to the slurmd pod from v1.1:
 in its pod-binding webhook (the annotation is there when the pod is bound) and in every NodeSet
 sync (the annotation changed later; the sync also sends it to Slurm as ``topology_str``, which
-the devstack's slurmrestd shim keeps: :class:`Slurm2505` reads it from there). v1.0 never
-copies it: healer's capability probe (:class:`OperatorCapabilities`, from the NodeSet CRD) must
-keep the step from waiting for a copy that cannot come.
+Slurm 26.05 keeps and ``scontrol`` reports as the node's ``Topology=``; the switches exist in
+the LocalSlurm's topology.yaml). v1.0 never copies it: healer's capability probe
+(:class:`OperatorCapabilities`, from the NodeSet CRD) must keep the step from waiting for a
+copy that cannot come.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import secrets
 import socket
 from collections.abc import AsyncIterator, Mapping
@@ -30,7 +31,7 @@ from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient
 from healer.errors import TransientError
 from healer.obs.http import serve
-from healer.ports import SlurmNodeState, StepOutcome
+from healer.ports import StepOutcome
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from tests.integration.slinky.conftest import POOL, Rig, host_of, serving
 from tests.integration.waiting import wait_for
@@ -40,23 +41,6 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 TIERS = {"fabric.topograph.run/tier-0": "leaf3", "fabric.topograph.run/tier-1": "spine1"}
 SPEC = "default:spine1:leaf3"
 V1_0 = pytest.mark.parametrize("operator_version", ["v1.0.0"], indirect=True)
-
-
-class Slurm2505:
-    """Slurm as healer reads it on Slurm >= 25.05: the real Slurm's node state (scontrol) with
-    the topology string the real operator pushed through slurmrestd (kept by the devstack's
-    shim; the local Slurm 22.05 has no ``topology_str``). ``frozen`` reports a stale value."""
-
-    def __init__(self, driver: ScontrolDriver, stack: SlinkyStack) -> None:
-        self.driver = driver
-        self.stack = stack
-        self.frozen: str | None = None
-
-    async def state(self, node: str) -> SlurmNodeState:
-        st = await self.driver.state(node)
-        assert self.stack.shim is not None
-        topo = self.frozen if self.frozen is not None else self.stack.shim.topology.get(node, "")
-        return dataclasses.replace(st, topology=topo)
 
 
 @dataclass
@@ -114,8 +98,8 @@ class World:
                 f"{[(t.key, t.effect) for t in node.spec.taints or []]}, conditions "
                 f"{[(c.type, c.status) for c in node.status.conditions or []]}") from None
 
-    def slurm2505(self) -> Slurm2505:
-        return Slurm2505(self.scontrol, self.rig.stack)
+    async def slurm_topology(self, name: str) -> str:
+        return (await self.scontrol.state(name)).topology
 
     def topology(self, **kw: Any) -> KubeTopology:
         kw.setdefault("slurm", self.scontrol)
@@ -156,26 +140,22 @@ async def test_verified_done_after_the_operator_copies_the_annotation(world: Wor
     if r.outcome is StepOutcome.PENDING:  # written after the binding: the NodeSet sync copies
         assert "has not propagated" in r.detail
         assert f"{world.namespace}/{name}" in r.detail
-    r = await world.done(topo, a)
+    r = await world.done(topo, a, within=120)  # copied, then pushed to Slurm (topology_str)
     assert r.data["topology"] == SPEC
-    assert r.data["checks"] == "placement,pod"
+    assert r.data["checks"] == "placement,pod,registration,slurm"
     assert r.data["operatorCopiesTopology"] == "true"
-    assert f"Slurm does not report the topology of {name}" in r.detail  # Slurm 22.05
     pod = await world.rig.pod(name)
     assert pod["metadata"]["annotations"][TOPOLOGY_ANNOTATION] == SPEC
-    # Slurm >= 25.05 reports what the operator pushed (topology_str through slurmrestd)
-    r = await world.done(world.topology(slurm=world.slurm2505()), a)
-    assert r.data["checks"] == "placement,pod,slurm"
+    assert await world.slurm_topology(name) == SPEC  # Slurm 26.05's own view
 
 
 async def test_binding_copies_an_annotation_that_is_already_there(world: World) -> None:
     a = await world.node("a", labels=TIERS, annotations={TOPOLOGY_ANNOTATION: SPEC})
-    name = await world.nodeset()
+    await world.nodeset()
     pod = await world.pod_on(a)
     assert pod["metadata"]["annotations"][TOPOLOGY_ANNOTATION] == SPEC  # the binding webhook
-    r = await world.topology().annotate("inc-1", a, name)
-    assert r.outcome is StepOutcome.DONE, r.detail
-    assert r.data["checks"] == "placement,pod"
+    r = await world.done(world.topology(), a, within=120)  # once Slurm has it too
+    assert r.data["checks"] == "placement,pod,registration,slurm"
 
 
 async def test_pending_while_the_pod_is_elsewhere_until_it_moves(world: World) -> None:
@@ -195,32 +175,33 @@ async def test_pending_while_the_pod_is_elsewhere_until_it_moves(world: World) -
     await world.patch_node(b, {"metadata": {"labels": {POOL: world.namespace}}})
     await world.core.delete_namespaced_pod(pod["metadata"]["name"], world.namespace)
     await world.pod_on(b)
-    r = await world.done(topo, b)
+    r = await world.done(topo, b, within=120)
     assert r.data["topology"] == SPEC
-    assert r.data["checks"] == "placement,pod"
+    assert r.data["checks"] == "placement,pod,registration,slurm"
 
 
 async def test_pending_while_slurm_reports_another_topology(world: World) -> None:
     a = await world.node("a", labels=TIERS, annotations={TOPOLOGY_ANNOTATION: SPEC})
     name = await world.nodeset()
     await world.pod_on(a)
-    slurm = world.slurm2505()
-    slurm.frozen = "default:spine0:leaf0"
-    topo = world.topology(slurm=slurm)
+    topo = world.topology()
+    await world.done(topo, a, within=120)
+    # someone sets another topology in Slurm itself: healer waits for the operator to put
+    # the annotation's back (its NodeSet sync compares Slurm's with the pod's)
+    other = "default:spine2:leaf5"
+    await asyncio.to_thread(world.rig.stack.slurm.run, [
+        "scontrol", "update", f"nodename={name}", f"topology={other}"])
     r = await topo.annotate("inc-1", a, name)
     assert r.outcome is StepOutcome.PENDING
-    assert r.detail == (f"Slurm reports topology default:spine0:leaf0 for {name}, the "
-                        f"annotation on {a} says {SPEC}: waiting for the operator to push it")
-    slurm.frozen = None
-    shim = world.rig.stack.shim
-    assert shim is not None
+    assert r.detail == (f"Slurm reports topology {other} for {name}, the annotation on {a} "
+                        f"says {SPEC}: waiting for the operator to push it")
 
-    async def pushed() -> bool:  # the operator's sync pushes it (topology_str)
-        return shim.topology.get(name) == SPEC
+    async def pushed() -> bool:
+        return await world.slurm_topology(name) == SPEC
 
-    await wait_for(pushed, timeout=90, description=f"the operator pushing {SPEC} for {name}")
+    await wait_for(pushed, timeout=120, description=f"the operator pushing {SPEC} for {name}")
     r = await world.done(topo, a)
-    assert r.data["checks"] == "placement,pod,slurm"
+    assert r.data["checks"] == "placement,pod,registration,slurm"
 
 
 @V1_0
@@ -232,7 +213,8 @@ async def test_v1_0_never_copies_and_healer_does_not_wait_for_it(world: World) -
     r = await world.topology().annotate("inc-1", a, name)
     assert r.outcome is StepOutcome.DONE, r.detail
     assert r.data["operatorCopiesTopology"] == "false"
-    assert r.data["checks"] == "placement"
+    assert r.data["checks"] == "placement,registration"
+    assert "nothing pushes it" in r.detail  # Slurm 26.05 keeps none for the node
     assert TOPOLOGY_ANNOTATION not in ((await world.rig.pod(name))["metadata"]
                                        .get("annotations") or {})
 
@@ -367,7 +349,7 @@ async def test_topograph_mode_waits_for_topograph_then_verifies(
     await world.pod_on(a)
     topograph.model[a] = ["leaf7", "spine2"]
     client_ = TopographClient(topograph.url, slinky_request(world.namespace), backoff=0.05)
-    topo = world.topology(topograph=client_, slurm=world.slurm2505())
+    topo = world.topology(topograph=client_)
     for _ in range(2):
         r = await topo.annotate("inc-1", a, name)
         assert r.outcome is StepOutcome.PENDING
@@ -376,9 +358,9 @@ async def test_topograph_mode_waits_for_topograph_then_verifies(
     assert await world.node_annotation(a) is None  # healer computed nothing from labels
     await topograph.release()
     assert await world.node_annotation(a) == "default:spine2:leaf7"
-    r = await world.done(topo, a)  # the operator's NodeSet sync copies it and pushes it
+    r = await world.done(topo, a, within=120)  # the operator's sync copies it and pushes it
     assert dict(r.data) == {"topology": "default:spine2:leaf7", "source": "topograph",
-                            "slurmNode": name, "checks": "placement,pod,slurm",
+                            "slurmNode": name, "checks": "placement,pod,registration,slurm",
                             "operatorCopiesTopology": "true"}
     assert topograph.posts == 1
 

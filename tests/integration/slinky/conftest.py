@@ -120,14 +120,15 @@ class Rig:
 
     async def nodeset(self, prefix: str, *, replicas: int = 2, mode: str = "StatefulSet",
                       update_strategy: Mapping[str, Any] | None = None,
-                      node_selector: Mapping[str, str] | None = None) -> str:
+                      node_selector: Mapping[str, str] | None = None,
+                      extra_conf: str = "") -> str:
         """Create a NodeSet ``<prefix><hex>`` on this test's pool; returns its name."""
         name = unique_nodeset(prefix)
         obj = nodeset(self.namespace, name, CLUSTER, replicas=replicas,
                       node_selector=node_selector or self.pool,
                       scaling_mode=mode if self.v1_1 else None,
                       update_strategy=update_strategy, gpus=GPUS,
-                      labels={"healer-test/role": "gpu"})
+                      labels={"healer-test/role": "gpu"}, extra_conf=extra_conf)
         op = self.stack.operator
         assert op is not None, "the slurm-operator is not running"
         await asyncio.to_thread(op.apply, [obj])

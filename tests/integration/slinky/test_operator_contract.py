@@ -1,6 +1,7 @@
 """What healer relies on in SchedMD's slurm-operator, proven on the real operator (v1.1.0, and
-v1.0.0 where it applies) with kwok Nodes, a real Slurm 22.05 (dynamic nodes) and the devstack's
-pod runtime (a real ``slurmd -Z`` per Running slurmd pod, with the pod's preStop).
+v1.0.0 where it applies) with kwok Nodes, a real Slurm 26.05 (dynamic nodes, its real
+slurmrestd) and the devstack's pod runtime (a real ``slurmd -Z`` per Running slurmd pod, with the
+pod's preStop).
 
 Measured on this machine (2 shared cores, 2026-11-25; printed as ``[measured]`` lines and in
 the terminal summary "Slinky timings (real operator)"):

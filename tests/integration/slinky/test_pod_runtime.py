@@ -1,7 +1,14 @@
 """PodRuntime: a real dynamic slurmd for every Running Slinky worker pod on kwok Nodes.
 
-Real kube-apiserver + kwok (``kube_stack``), a real Slurm 22.05 with dynamic nodes only
-(module scope), pods made by hand with the operator's worker labels and ``--conf`` argument.
+Real kube-apiserver + kwok (``kube_stack``), a real Slurm 26.05 (its Debian root, as the Slinky
+stack runs it) with dynamic nodes only (module scope), pods made by hand with the operator's
+worker labels and ``--conf`` argument.
+
+"Registered" waits on both sides: Slurm shows the node registered AND the runtime has recorded
+that registration (its last lifecycle event for the name is ``registered``). Slurm alone is not
+enough: the runtime records the event after its own poll sees the registration, a moment later,
+and on a slow machine a test that read the runtime's history right after Slurm's answer saw the
+previous registration only (issue 21 item 7).
 """
 
 from __future__ import annotations
@@ -23,17 +30,21 @@ from healer.adapters.slurm.parse import parse_node_line
 from healer.ports import SlurmNodeState
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.podruntime import FINALIZER, POD_HOSTNAME_LABEL, PodRuntime, conf_features
-from healer_dev.devstack.slurm import LocalSlurm
+from healer_dev.devstack.slurm import LocalSlurm, SlurmVersion
 from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
+#: the runtime's lifecycle events for one Slurm name
+LIFE = ("starting", "registered", "start-failed", "prestop", "stopped")
+
 
 @pytest.fixture(scope="module")
 def dyn_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
     with running_slurm(tmp_path_factory.mktemp("podrt-slurm"), nodes=(), gpus_per_node=2,
-                       cpus_per_node=2, max_dynamic_nodes=64) as cluster:
+                       cpus_per_node=2, max_dynamic_nodes=64,
+                       version=SlurmVersion.V26_05) as cluster:
         yield cluster
 
 
@@ -89,8 +100,15 @@ class World:
         r = await self.sh("scontrol", "show", "node", name, "-o")
         return str(r.stdout) if r.returncode == 0 else ""
 
+    def runtime_registered(self, name: str) -> bool:
+        """The runtime's last lifecycle event for ``name`` is its registration."""
+        life = [h.event for h in self.rt.history if h.slurm_name == name and h.event in LIFE]
+        return bool(life) and life[-1] == "registered"
+
     async def registered(self, name: str, within: float = 30) -> SlurmNodeState:
         async def ok() -> Any:  # SlurmNodeState | None
+            if not self.runtime_registered(name):
+                return None
             st = await self.state(name)
             return st if st is not None and st.registered and not st.down else None
         st: SlurmNodeState = await wait_for(ok, timeout=within, interval=0.05,
@@ -257,7 +275,8 @@ async def test_recreated_pod_on_another_node_registers_again(world: World) -> No
 
     await wait_for(recreate, timeout=30, description=f"pod {name} created again")
     await world.registered(name)
-    assert [h.node for h in world.rt.events("registered", name)] == [a, b]
+    assert [h.node for h in world.rt.events("registered", name)] == [a, b], [
+        (h.event, h.pod, h.node) for h in world.rt.history if h.slurm_name == name]
     assert await world.run_job(name) == "COMPLETED"
 
 
