@@ -20,9 +20,9 @@ from pathlib import Path
 __all__ = ["RestdRequest", "parse_restd_log", "read_restd_log"]
 
 _PREFIX = r"^(?:\[(?P<at>[^\]]+)\]|slurmrestd:)\s+"
-_ROUTER = re.compile(_PREFIX + r"operations_router: \[(?P<conn>[^\]]+\))\] (?P<method>[A-Z]+) "
+_ROUTER = re.compile(_PREFIX + r"operations_router: \[(?P<conn>.+?\(fd:\d+\))\] (?P<method>[A-Z]+) "
                                r"(?P<path>\S+)")
-_AUTH = re.compile(_PREFIX + r"rest_auth/jwt: \S+ \[(?P<conn>[^\]]+\))\] attempting "
+_AUTH = re.compile(_PREFIX + r"rest_auth/jwt: \S+ \[(?P<conn>.+?\(fd:\d+\))\] attempting "
                              r"(?:user_name (?P<user>\S+) )?token authentication")
 
 

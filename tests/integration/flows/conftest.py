@@ -265,7 +265,7 @@ class Flow:
         pat = re.compile(rf"^\[(?P<at>[^\]]+)\] update_node: node {re.escape(node)} "
                          r"(?P<what>(?:state|reason) set to:? .*)$", re.MULTILINE)
         out = []
-        for m in pat.finditer(self.ctld_log()):
+        for m in pat.finditer(self.ctld_log()):  # UTC: the root has no /etc/localtime
             at = datetime.strptime(m.group("at"), "%Y-%m-%dT%H:%M:%S.%f").replace(
                 tzinfo=UTC).timestamp()
             out.append((at, m.group("what")))
