@@ -23,7 +23,7 @@ deps: ## Debian packages (Slurm, Prometheus), the Slurm 24.11/26.05 roots and th
 	bash hack/build-slurm-roots.sh >/dev/null
 	bash hack/build-k8s.sh
 
-slurm-roots: ## Slurm 26.05 (Debian sid) and 24.11 (trixie) root filesystems for the local stack (cached; ADR 0012)
+slurm-roots: ## Slurm 26.05 (Debian sid) and 24.11 (trixie) root filesystems for the local stack (cached; ADR 0017)
 	bash hack/build-slurm-roots.sh
 
 operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go module proxy (cached)

@@ -11,7 +11,7 @@
 # reached, the current root is kept and used (said on stderr). The path of each root is
 # printed on stdout, one line per suite, as "<suite> <path>".
 #
-# The daemons run from a root by chroot in a private mount namespace (ADR 0014,
+# The daemons run from a root by chroot in a private mount namespace (ADR 0017,
 # healer_dev/devstack/slurm_root.py); the build prepares what that needs: an empty /etc/hosts
 # to bind the host's over, and the marker file /.healer-slurm-root (suite, Slurm version, key).
 #

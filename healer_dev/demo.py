@@ -50,7 +50,7 @@ import yaml
 
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.errors import ConfigError
-from healer_dev.demo_world import DemoStack
+from healer_dev.demo_world import SLURM, DemoStack
 from healer_dev.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from healer_dev.sim.infiniband import IbFault, IbFaultKind
 
@@ -276,8 +276,9 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
             f"{', '.join(SUPPORTED_VERSIONS)}")
         return 2
     workdir = Path(tempfile.mkdtemp(prefix="healer-demo-"))
-    out(f"healer demo ({scenario}, slurm-operator {operator_version}): starting the local "
-        f"real stack in {workdir}")
+    out(f"healer demo ({scenario}, slurm-operator {operator_version}, Slurm "
+        f"{SLURM} with its real slurmrestd): starting the local real stack in "
+        f"{workdir}")
     stack = DemoStack(workdir, out, operator_version=operator_version)
     ok = False
     try:

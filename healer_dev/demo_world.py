@@ -67,6 +67,8 @@ NODESET_LABEL = "slinky.slurm.net/nodeset"
 NAMESPACE = "slurm"  # the Slurm cluster's namespace (Controller, RestApi, NodeSet)
 NODESET = "gpu"
 GPUS = 8
+#: the Slurm the demo runs: what Slinky 1.x needs (slurmrestd v0.0.44), with its real slurmrestd
+SLURM = SlurmVersion.V26_05
 TOKEN_SECRET = "healer-slurm-token"
 TRAP_JOB = """
 trap 'echo "checkpoint written $(date +%s)" >> "$OUTDIR/ckpt-$SLURM_JOB_ID"; exit 0' USR1
@@ -108,13 +110,13 @@ class DemoStack:
         self.kube = KubeStack(self.dir / "kube", controllers=True, kwok=True)
         await asyncio.to_thread(self.kube.start)
         self.out(f"  control plane up ({time.monotonic() - t0:.1f}s): {self.kube.server}")
-        if not slurm_root_built(SlurmVersion.V26_05):
+        if not slurm_root_built(SLURM):
             self.out("  building the Slurm 26.05 root from Debian with mmdebstrap (once; under "
                      "a minute here) ...")
         self.slurm = LocalSlurm(self.dir / "slurm", nodes=(), gpus_per_node=GPUS,
-                                max_dynamic_nodes=16, version=SlurmVersion.V26_05)
+                                max_dynamic_nodes=16, version=SLURM)
         await asyncio.to_thread(self.slurm.start)
-        self.out(f"  Slurm {self.slurm.release} up (Debian {SlurmVersion.V26_05.suite}, run from "
+        self.out(f"  Slurm {self.slurm.release} up (Debian {SLURM.suite}, run from "
                  f"its root): slurmctld, no static nodes (slurmds register dynamically), "
                  f"SLURM_CONF={self.slurm.conf}")
         t1 = time.monotonic()

@@ -2,7 +2,7 @@
 real slurmrestd, with a pod runtime standing in for the kubelet of the slurmd pods.
 
 :class:`SlinkyStack` puts together, on one :class:`~healer_dev.devstack.kube.KubeStack` and one
-:class:`~healer_dev.devstack.slurm.LocalSlurm` of Slurm 26.05 (from its Debian root, ADR 0014)
+:class:`~healer_dev.devstack.slurm.LocalSlurm` of Slurm 26.05 (from its Debian root, ADR 0017)
 started with dynamic nodes:
 
 * :class:`~healer_dev.devstack.operator.SlinkyOperator`: the operator's manager (+ webhook from

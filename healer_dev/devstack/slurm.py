@@ -8,7 +8,7 @@ can kill whatever they left behind. Optionally munged (``auth="munge"``) and slu
 
 ``version`` picks the Slurm (:class:`~healer_dev.devstack.slurm_root.SlurmVersion`): 22.05 is
 the host's Debian 12 packages; 24.11 and 26.05 run every daemon and client from a Debian root
-filesystem (:mod:`healer_dev.devstack.slurm_root`, ADR 0014) on the same loopback and paths.
+filesystem (:mod:`healer_dev.devstack.slurm_root`, ADR 0017) on the same loopback and paths.
 What differs there: ``SlurmUser=slurm`` (the Slinky charts' user: a JWT for ``slurm`` may then
 update nodes, as the operator's does), slurmrestd runs as ``nobody`` (newer slurmrestd refuses
 root and SlurmUser), ``CgroupPlugin=disabled`` (Slurm >= 24.05), and on 26.05 a topology.yaml

@@ -9,7 +9,7 @@ Three Slurm releases, each the real program from Debian (:class:`SlurmVersion`):
 
 A root lives in ``~/.cache/healer/slurm-root/<suite>-<key>/`` (the script keys it by the
 suite's Release file, the package list and its recipe). Its programs run by ``chroot`` in a
-private mount namespace (ADR 0014): :func:`runner_script` writes a small ``sh`` script that
+private mount namespace (ADR 0017): :func:`runner_script` writes a small ``sh`` script that
 ``unshare --mount``\\s, bind-mounts ``/proc``, ``/dev``, ``/sys``, the host's ``/etc/hosts`` and
 the cluster's work directory at the same path into the root, then ``chroot``\\s and ``exec``\\s the
 program: same PID (the caller kills it by PID), same network namespace (loopback is shared
@@ -159,7 +159,7 @@ def runner_script(root: Path, binds: Sequence[Path]) -> str:
         '\nexec chroot "$R" /bin/sh -c \'cd "$0" 2>/dev/null || cd /; exec "$@"\' "$D" "$@"\n'
     return ("#!/bin/sh\n"
             "# written by healer_dev.devstack.slurm_root: run a program of a Slurm root "
-            "(ADR 0014)\n"
+            "(ADR 0017)\n"
             f'[ -e /{MARKER} ] && exec "$@"\n'
             "exec unshare --mount --propagation private -- /bin/sh -c "
             f'{shlex.quote(inner)} inroot {r} "$PWD" "$@"\n')

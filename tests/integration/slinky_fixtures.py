@@ -1,6 +1,6 @@
 """pytest fixtures for the Slinky world on the local stack
 (:mod:`healer_dev.devstack.slinky_stack`):
-SchedMD's real slurm-operator, a real Slurm 26.05 (its Debian root, ADR 0014) with dynamic
+SchedMD's real slurm-operator, a real Slurm 26.05 (its Debian root, ADR 0017) with dynamic
 nodes and its real slurmrestd on :6820 (JWT auth with the key of the clusters' JWT Secret), and
 the kwok pod runtime (a real ``slurmd -Z`` per Running slurmd pod).
 

@@ -1,5 +1,5 @@
 """pytest fixtures for real local Slurm clusters (``healer_dev.devstack.slurm.LocalSlurm``):
-Slurm 22.05 (the host's Debian packages), 24.11 and 26.05 (Debian roots, ADR 0014).
+Slurm 22.05 (the host's Debian packages), 24.11 and 26.05 (Debian roots, ADR 0017).
 
 Load them from a conftest with ``from tests.integration.slurm_fixtures import *`` (as
 ``tests/integration/slurm/conftest.py`` does) or list this module in a top-level

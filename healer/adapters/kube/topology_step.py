@@ -28,7 +28,7 @@ The step ends DONE only when the replacement is placed and annotated the way Slu
       strings but has none for the node yet and the operator pushes them (v1.1+), it is
       awaited. Not reported (older Slurm): skipped.
 
-3. **Registration** (ADR 0014, :mod:`healer.adapters.slurm.registration`): the replacement's
+3. **Registration** (ADR 0017, :mod:`healer.adapters.slurm.registration`): the replacement's
    Slurm node is valid as the NodeSet declared it: no ``INVALID_REG`` (in Slurm's view, or in
    the pod's mirrored conditions), the ``--conf`` features, the GPU count. A replacement that
    fails is never undrained by healer: the step FAILS with the reason, which escalates the

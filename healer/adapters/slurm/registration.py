@@ -1,6 +1,6 @@
 """Did a replacement register with Slurm so that Slurm will really schedule on it? (pure)
 
-Before healer undrains a replacement (ADR 0014), it reads the Slurm node and compares it with
+Before healer undrains a replacement (ADR 0017), it reads the Slurm node and compares it with
 what the NodeSet declared for the slurmd pod:
 
 * Slurm accepted the registration: no ``INVALID_REG`` (Slurm sets it, with DRAIN and a reason

@@ -1,5 +1,5 @@
 """ScontrolDriver against each real Slurm: 22.05 (the host's Debian packages), 24.11 and 26.05
-(Debian roots, ADR 0014): slurmctld + 4 slurmd on loopback, with jobs. Their outputs differ
+(Debian roots, ADR 0017): slurmctld + 4 slurmd on loopback, with jobs. Their outputs differ
 (``scontrol --json`` from 23.02 on, ``Topology=`` and ``INVALID_REG`` in 26.05's node lines);
 every test runs on all three."""
 
@@ -79,7 +79,7 @@ async def test_drain_busy_node_is_draining_then_drained_then_undrained(
     st = await poll(lambda: driver.state("gpu-1"), lambda s: not s.drain and s.registered)
     assert st.base == "IDLE"
     # 22.05 and 26.05 clear the reason with the drain; 24.11 keeps the last reason on the
-    # undrained node (even across RESUME; ADR 0014): only the DRAIN flag says it is drained
+    # undrained node (even across RESUME; ADR 0017): only the DRAIN flag says it is drained
     assert st.reason == (REASON if slurm.version is SlurmVersion.V24_11 else "")
     assert not st.drained_by_healer("inc-7f3a")
     # nothing left to undo
