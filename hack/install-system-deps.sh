@@ -3,11 +3,12 @@
 # (slurmctld, slurmd, slurmrestd + its JWT plugin, munge) and Prometheus (+ promtool); and what
 # `make image` builds and inspects the image with, without a container engine: mmdebstrap (a root
 # filesystem from Debian packages; it also builds the Slurm 24.11 and 26.05 roots,
-# hack/build-slurm-roots.sh) and skopeo (reads the OCI layout in tests/integration/test_image.py).
+# hack/build-slurm-roots.sh, which fetches the suites' Release files with curl) and skopeo (reads
+# the OCI layout in tests/integration/test_image.py).
 # Idempotent: does nothing when they are present. Never installs slurm-wlm-emulator (it hijacks
 # /usr/sbin/slurmd through update-alternatives).
 set -euo pipefail
-PKGS=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge prometheus mmdebstrap skopeo)
+PKGS=(slurmctld slurmd slurm-client slurmrestd slurm-wlm-jwt-plugin munge prometheus mmdebstrap skopeo curl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

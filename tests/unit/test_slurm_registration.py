@@ -191,6 +191,24 @@ async def test_an_invalid_registration_fails_the_step_and_says_why() -> None:
     assert "healer does not undrain it" in r.detail
 
 
+async def test_slurms_refusal_fails_before_the_operator_copied_the_annotation() -> None:
+    """Slurm is read right after the placement: a refused registration does not wait for the
+    operator's copy of the annotation (nor for the pod to mirror the refusal)."""
+    st = SlurmNodeState("worker-0", "IDLE", frozenset({"DRAIN", "INVALID_REG"}),
+                        reason="Failed to set topology 'Weight=5'", features=frozenset({"w"}),
+                        gres="gpu:h100:8", reports_topology=True)
+    pod = slurmd_pod(ARGS, "8")
+    pod["metadata"]["annotations"] = {}  # not copied yet
+    r = await topo_world(st, pod).annotate("i", "spare", "worker-0")
+    assert r.outcome is StepOutcome.FAILED, r.detail
+    assert "Failed to set topology 'Weight=5'" in r.detail
+    valid = SlurmNodeState("worker-0", "IDLE", features=frozenset({"w"}), gres="gpu:h100:8",
+                           reports_topology=True)
+    r = await topo_world(valid, pod).annotate("i", "spare", "worker-0")
+    assert r.outcome is StepOutcome.PENDING
+    assert "has not propagated" in r.detail
+
+
 async def test_the_pods_mirrored_invalid_reg_fails_without_slurms_api() -> None:
     pod = slurmd_pod(ARGS, "8", conditions=[
         {"type": "SlurmNodeStateIdle", "status": "True"},

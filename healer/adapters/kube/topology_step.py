@@ -32,7 +32,9 @@ The step ends DONE only when the replacement is placed and annotated the way Slu
    Slurm node is valid as the NodeSet declared it: no ``INVALID_REG`` (in Slurm's view, or in
    the pod's mirrored conditions), the ``--conf`` features, the GPU count. A replacement that
    fails is never undrained by healer: the step FAILS with the reason, which escalates the
-   remediation with an Event saying it (an ``INVALID_REG`` node stays drained by Slurm).
+   remediation with an Event saying it (an ``INVALID_REG`` node stays drained by Slurm). Slurm
+   is read right after the placement, before waiting for the operator's copy (b): a refused
+   registration fails at once, without waiting for the pod to mirror it.
 
    Without Slinky (no slurmd pods in the NodeSet namespace, or no pod finder) a and b are
    skipped, and the result says so. Anything not yet true is PENDING with a message naming what
@@ -212,6 +214,8 @@ class KubeTopology:
         name = slurm_node
         declared = Declared()
         pushes: bool | None = None  # whether the operator pushes topology_str (None: no Slinky)
+        st: SlurmNodeState | None = None  # Slurm's view of the node, once read
+        read = False
         pods = await self.pods.pods() if self.pods is not None else []
         if not pods:
             notes.append("no Slinky slurmd pods (no NodeSet): placement and the operator's "
@@ -240,6 +244,12 @@ class KubeTopology:
                 return self._invalid(name, node, [
                     f"Slurm refused its registration (INVALID_REG on pod {_pod_ref(pod)}: "
                     f"{mirrored.reason or 'no reason given'})"])
+            # Slurm's own view before waiting for the operator's copy: a registration Slurm
+            # refused fails now (the pod mirrors Slurm only on the operator's re-list)
+            got = await self._registration(name, node, declared)
+            if isinstance(got, HookResult):
+                return got
+            st, read = got, True
             copies = await self.copies_topology() if self.copies_topology is not None else None
             pushes = copies is not False
             if copies is False:
@@ -258,14 +268,12 @@ class KubeTopology:
                         f"{copied or 'none'}){unknown}")
                 checks.append("pod")
                 data["operatorCopiesTopology"] = "true"
-        if self.slurm is not None and name:
-            try:
-                st = await self.slurm.state(name)
-            except NotFoundError:
-                return HookResult(StepOutcome.PENDING, f"Slurm does not know node {name} yet")
-            problems = registration_problems(st, declared)
-            if problems:
-                return self._invalid(name, node, problems)
+        if not read:
+            got = await self._registration(name, node, declared)
+            if isinstance(got, HookResult):
+                return got
+            st = got
+        if st is not None:
             checks.append("registration")
             if not spec:
                 pass
@@ -289,6 +297,21 @@ class KubeTopology:
         return HookResult(StepOutcome.DONE, "; ".join(notes),
                           {"topology": spec, "source": self.source, "slurmNode": name,
                            "checks": ",".join(checks), **data})
+
+    async def _registration(self, name: str, node: str,
+                            declared: Declared) -> SlurmNodeState | HookResult | None:
+        """Slurm's view of ``name`` when it registered validly as ``declared``; a PENDING or
+        FAILED result when it did not (yet); None without a Slurm driver or a name."""
+        if self.slurm is None or not name:
+            return None
+        try:
+            st = await self.slurm.state(name)
+        except NotFoundError:
+            return HookResult(StepOutcome.PENDING, f"Slurm does not know node {name} yet")
+        problems = registration_problems(st, declared)
+        if problems:
+            return self._invalid(name, node, problems)
+        return st
 
     @staticmethod
     def _invalid(name: str, node: str, problems: Sequence[str]) -> HookResult:
