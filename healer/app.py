@@ -27,6 +27,7 @@ from healer.adapters import calls
 from healer.adapters.acks import AckReceiver, AckTarget, target_of
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
 from healer.adapters.clock import SYSTEM_CLOCK
+from healer.adapters.fencing import KubeFencing
 from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.events import KubeEvents
@@ -359,6 +360,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
                                     slinky_pods=o.workload is None),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                 fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
                  slurm_names=slurm_names or same_name, topology_keys=keys), spares
 
 

@@ -23,13 +23,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from healer.core.model import NodeCondition, NodeRecord, NodeView, Signal, Taint
+from healer.core.model import (
+    FenceProvider,
+    NodeCondition,
+    NodeRecord,
+    NodeView,
+    Signal,
+    Taint,
+)
 from healer.core.topology import rank_spares, same_domain_spares, slinky_topology_spec
 from healer.core.vocabulary import (
     CLAIMED_BY,
+    CLOUD_SHUTDOWN_TAINT,
     CORDONED_BY,
     CORDONED_BY_HEALER,
+    FENCED_ANNOTATION,
     INCIDENT_ANNOTATION,
+    OUT_OF_SERVICE_BY,
+    OUT_OF_SERVICE_EFFECT,
+    OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE,
     REASON_ANNOTATION,
     REMEDIATION_TAINT,
     REPAIR_LABEL,
@@ -43,6 +56,7 @@ from healer.core.vocabulary import (
 )
 from healer.errors import ConflictError, NotFoundError
 from healer.ports import (
+    FenceSpec,
     HookResult,
     HookSpec,
     NodeEvent,
@@ -155,6 +169,20 @@ class FakeNodes(Faulty):
         self._nodes[name].conditions[cond.type] = cond
         self._publish("MODIFIED", name)
 
+    def delete(self, name: str) -> None:
+        """What a cloud does to the Node of an instance it deleted."""
+        node = self._nodes.pop(name)
+        for q in self._subscribers:
+            q.put_nowait(NodeEvent("DELETED", node.view(), str(node.rv + 1)))
+
+    def set_taint(self, name: str, taint: Taint | None, key: str = "") -> None:
+        """Add ``taint`` (or, with None, remove every taint of ``key``): another controller."""
+        n = self._nodes[name]
+        n.taints = [t for t in n.taints if t.key != (taint.key if taint else key)]
+        if taint is not None:
+            n.taints.append(taint)
+        self._publish("MODIFIED", name)
+
     def _publish(self, etype: str, name: str) -> None:
         node = self._nodes[name]
         node.rv += 1
@@ -232,10 +260,32 @@ class FakeNodes(Faulty):
         self._publish("MODIFIED", name)
         return ours
 
+    async def taint_out_of_service(self, name: str, incident: str) -> bool:
+        self._enter("taint_out_of_service", name, incident)
+        n = self._nodes[name]
+        if any(t.key == OUT_OF_SERVICE_TAINT for t in n.taints):
+            return n.annotations.get(OUT_OF_SERVICE_BY) == incident
+        n.taints.append(Taint(OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, OUT_OF_SERVICE_EFFECT))
+        n.annotations[OUT_OF_SERVICE_BY] = incident
+        self._publish("MODIFIED", name)
+        return True
+
+    async def clear_out_of_service(self, name: str, incident: str) -> bool:
+        self._enter("clear_out_of_service", name, incident)
+        n = self._nodes[name]
+        if n.annotations.get(OUT_OF_SERVICE_BY) != incident:
+            return False
+        n.taints = [t for t in n.taints if t.key != OUT_OF_SERVICE_TAINT]
+        del n.annotations[OUT_OF_SERVICE_BY]
+        self._publish("MODIFIED", name)
+        return True
+
     async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                              annotations: Mapping[str, str | None] | None = None,
                              resource_version: str | None = None) -> NodeView:
         self._enter("patch_metadata", name)
+        if name not in self._nodes:
+            raise NotFoundError(f"node {name} not found")
         n = self._nodes[name]
         if resource_version is not None and resource_version != str(n.rv):
             raise ConflictError(f"node {name} changed")
@@ -500,10 +550,15 @@ class FakeWorkload(Faulty):
         self.moves: dict[str, int] = defaultdict(int)
         self._polls: dict[str, int] = defaultdict(int)
 
-    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult:
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
+                   dead: bool = False) -> HookResult:
         self._enter("move", incident)
         st = await self.slurm.state(slurm_node)
         if self.slurm.node_state(slurm_node).get("host") == spare:
+            return HookResult(StepOutcome.DONE)
+        if dead:  # Kubernetes removes the pod (out-of-service); the operator recreates it
+            self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
+            self.moves[incident] += 1
             return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
@@ -586,6 +641,45 @@ class FakeRepair(Faulty):
         return HookResult(StepOutcome.DONE)
 
 
+class FakeFencing(Faulty):
+    """The fencing providers read from FakeNodes, as the real adapter reads the Node; the
+    webhook provider records its requests (``requested``) and is acknowledged by
+    :meth:`ack` (what a receiver's signed ack makes healer write)."""
+
+    def __init__(self, nodes: FakeNodes) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.requested: list[tuple[str, str]] = []  # (incident, node), once per incident
+        self._acked: set[str] = set()
+
+    def ack(self, incident: str) -> None:
+        self._acked.add(incident)
+
+    async def fence(self, incident: str, node: str, spec: FenceSpec) -> HookResult:
+        self._enter("fence", incident, node)
+        ways = spec.providers
+        try:
+            view = await self.nodes.get(node)
+        except NotFoundError:
+            if FenceProvider.NODE_DELETED in ways:
+                return HookResult(StepOutcome.DONE, "", {"provider": "nodeDeleted",
+                                                         "by": "Node deleted"})
+            return HookResult(StepOutcome.PENDING, "Node gone; nodeDeleted not a provider")
+        if FenceProvider.MANUAL in ways and view.annotations.get(FENCED_ANNOTATION):
+            return HookResult(StepOutcome.DONE, "", {
+                "provider": "manual", "by": view.annotations[FENCED_ANNOTATION]})
+        if FenceProvider.CLOUD_SHUTDOWN in ways and any(
+                t.key == CLOUD_SHUTDOWN_TAINT for t in view.taints):
+            return HookResult(StepOutcome.DONE, "", {"provider": "cloudShutdown",
+                                                     "by": CLOUD_SHUTDOWN_TAINT})
+        if FenceProvider.WEBHOOK in ways:
+            if incident in self._acked:
+                return HookResult(StepOutcome.DONE, "", {"provider": "webhook", "by": "ack"})
+            if (incident, node) not in self.requested:
+                self.requested.append((incident, node))
+        return HookResult(StepOutcome.PENDING, "waiting for a fencing provider")
+
+
 class FileSignals:
     """A TelemetrySource reading JSON lines (``{"node": ..., <Signal.to_dict()>}``) appended to
     a file: the test's fake telemetry, surviving a daemon restart."""
@@ -622,9 +716,10 @@ def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = No
     return {"nodes": fn, "events": FakeEvents(), "slurm": slurm, "spares": FakeSpares(fn),
             "workload": FakeWorkload(slurm), "topology": FakeTopology(fn),
             "validator": FakeValidator(), "checkpoint": FakeCheckpoint(slurm),
-            "repair": FakeRepair(fn)}
+            "repair": FakeRepair(fn), "fencing": FakeFencing(fn)}
 
 
-__all__ = ["FakeCheckpoint", "FakeEvents", "FakeNodes", "FakeRepair", "FakeSlurm", "FakeSpares",
-           "FakeStore", "FakeTopology", "FakeValidator", "FakeWorkload", "Faulty",
+__all__ = ["FakeCheckpoint", "FakeEvents", "FakeFencing", "FakeNodes", "FakeRepair",
+           "FakeSlurm", "FakeSpares", "FakeStore", "FakeTopology", "FakeValidator",
+           "FakeWorkload", "Faulty",
            "FileSignals", "ManualClock", "fake_ports", "settle"]

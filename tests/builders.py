@@ -8,7 +8,7 @@ from typing import Any
 from healer.core import rules as cp
 from healer.core.actions import StepStatus
 from healer.core.budget import BudgetView, OpenRemediation, PastIncident
-from healer.core.health import Verdict
+from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import (
     SlurmObservation,
     StepResult,
@@ -19,6 +19,7 @@ from healer.core.machine import (
     record_out_of_service,
 )
 from healer.core.model import (
+    Death,
     GpuRef,
     HealthState,
     Incident,
@@ -38,7 +39,8 @@ GPU_LABELS = {"nvidia.com/gpu.present": "true"}
 def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
            rules: tuple[cp.Rule, ...] | None = None, steps: cp.Steps | None = None,
            guardrails: cp.Guardrails | None = None,
-           priority: int = 0, labels: dict[str, str] | None = None) -> cp.Policy:
+           priority: int = 0, labels: dict[str, str] | None = None,
+           dead: cp.DeadNode | None = None) -> cp.Policy:
     return cp.Policy(
         name=name,
         selector=cp.LabelSelector(dict(labels or GPU_LABELS)),
@@ -48,7 +50,12 @@ def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
         guardrails=guardrails or cp.Guardrails(),
         mode=mode,
         priority=priority,
+        dead=dead or cp.DeadNode(),
     )
+
+
+#: dead-node handling on, with the defaults
+DEAD_ON = cp.DeadNode(enabled=True)
 
 
 def policies(*ps: cp.Policy, fleet: cp.FleetRules | None = None) -> cp.PolicySet:
@@ -105,6 +112,23 @@ def verdict(state: HealthState, nodename: str = "n1", at: float = T0, policy_nam
     if sev is None and state is HealthState.DEGRADING:
         sev = Severity.DEGRADING
     return Verdict(nodename, state, at, sev, (), None, policy_name)
+
+
+def dead_verdict(nodename: str = "n1", at: float = T0, since: float = T0 - 150,
+                 policy_name: str = "p") -> Verdict:
+    """A dead verdict as :func:`healer.core.health.dead_match` words it."""
+    m = RuleMatch(cp.DEAD_RULE, HealthState.DEAD, Severity.FAILED, since, (),
+                  "node dead: Ready=Unknown since then; Slurm NOT_RESPONDING since then")
+    return Verdict(nodename, HealthState.DEAD, at, Severity.FAILED, (m,), None, policy_name)
+
+
+def d_trigger(nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:
+    """A dead verdict for ``nodename``."""
+    return Trigger(TriggerKind.VERDICT, nodename, at, verdict=dead_verdict(nodename, at, **kw))
+
+
+def death(since: float = T0 - 150, declared: float = T0, **kw: Any) -> Death:
+    return Death(since, declared, ("Ready=Unknown since then",), **kw)
 
 
 def v_trigger(state: HealthState, nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:

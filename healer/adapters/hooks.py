@@ -96,6 +96,11 @@ class WebhookHook:
         self.callback_url = callback_url
         self._posted: OrderedDict[str, None] = OrderedDict()  # incidents posted (bounded)
 
+    async def post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST ``payload`` (it names its ``incident``) signed with ``spec``'s own key, as
+        ``X-Healer-Event: kind`` (the fencing webhook, :mod:`healer.adapters.fencing`)."""
+        return await self._post(kind, spec, payload)
+
     async def _post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
         if not spec.url:
             raise PermanentError(f"the {kind} webhook has no url")

@@ -50,6 +50,7 @@ from healer.errors import HealerError, NotFoundError, PermanentError, TransientE
 from healer.ports import (
     SlurmDriver,
     SlurmJob,
+    SlurmJobHistory,
     SlurmNodeLister,
     SlurmNodeState,
     Undrain,
@@ -117,6 +118,25 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         if c.get("type") == "Ready":
             return bool(c.get("status") == "True")
     return False
+
+
+#: The reason slurmctld itself gives a node whose slurmd stopped answering (22.05 and later).
+NOT_RESPONDING_REASON = "Not responding"
+#: The reason of the slurm-operator's preStop hook (v1.0 and v1.1 write it without a prefix).
+PRESTOP_REASON = "Pod is terminating"
+
+
+def foreign_reason(st: SlurmNodeState) -> str:
+    """The reason of a drain or a DOWN someone else set ("" if none): neither healer's, nor
+    the operator's (its prefix, its preStop), nor Slurm's own ``Not responding`` of a silent
+    slurmd. Moving the slurmd would lose it (docs/adr/0006, docs/adr/0013)."""
+    if not (st.drain or st.down) or not st.reason or st.reason_is_ours:
+        return ""
+    if st.reason.startswith((OPERATOR_PREFIX, PRESTOP_REASON)):
+        return ""
+    if not st.drain and st.reason.startswith(NOT_RESPONDING_REASON):
+        return ""
+    return st.reason
 
 
 def foreign_drain(st: SlurmNodeState) -> str:
@@ -405,6 +425,13 @@ class SlinkyDriver:
 
     async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
         return await self._need_jobs().signal_jobs(node, signal, batch_only=batch_only)
+
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""
+        jobs = self._need_jobs()
+        if isinstance(jobs, SlurmJobHistory):
+            return await jobs.recent_jobs_on(node)
+        return await jobs.jobs_on(node)
 
     async def requeue_jobs(self, node: str) -> list[int]:
         return await self._need_jobs().requeue_jobs(node)

@@ -30,7 +30,7 @@ from healer.adapters.slinky import (
     NODESET_INSTANCE,
     NodeSets,
     SlinkyPods,
-    foreign_drain,
+    foreign_reason,
     pod_ready,
     pod_state,
     slurm_name,
@@ -38,6 +38,7 @@ from healer.adapters.slinky import (
 from healer.core.vocabulary import (
     CLAIM_LABEL,
     CLAIMED_BY,
+    OUT_OF_SERVICE_TAINT,
     SLURM_REASON_PREFIX,
     SPARE_TAINT,
     TAINT_EFFECT,
@@ -88,7 +89,8 @@ class SlinkyWorkload:
         tmpl = ((spec.get("template") or {}).get("spec") or {})
         return {str(k): str(v) for k, v in (tmpl.get("nodeSelector") or {}).items()}
 
-    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult:
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
+                   dead: bool = False) -> HookResult:
         mode = await self.scaling_mode()
         if mode == "DaemonSet":
             pod = await self.pods.on_node(spare)
@@ -122,9 +124,14 @@ class SlinkyWorkload:
             await self._forget_reason(source, incident)
             return HookResult(StepOutcome.DONE, "", {"mode": mode})
         if not host:
-            # recreated and unscheduled (our eviction, or the operator's rolling update took
-            # it off the cordoned node): it waits for a Node that fits, which is our spare once
-            # open, one open spare per NodeSet at a time (see _open_elsewhere)
+            # recreated and unscheduled (our eviction, the pod garbage collector on a dead
+            # node, or the operator's rolling update took it off the cordoned node): it waits
+            # for a Node that fits, which is our spare once open, one open spare per NodeSet
+            # at a time (see _open_elsewhere)
+            if dead:  # no preStop ran: Slurm's record of the node, with its reason, is there
+                theirs = foreign_reason(await self.slurm.state(slurm_node))
+                if theirs:
+                    return self._hold(incident, slurm_node, theirs)
             async with self._lock():
                 other = await self._open_elsewhere(incident, spare)
                 if other:
@@ -142,11 +149,13 @@ class SlinkyWorkload:
                               f"nor on the spare {spare}: the slurm-operator recreated it "
                               "elsewhere (NodeSet scaled in, a rolling update, or the pod was "
                               "deleted); the spare was closed again")
+        if dead:
+            return self._dead_pod(pod, source)
         st = await self.slurm.state(slurm_node)  # fresh (see SlinkyDriver.state)
-        theirs = foreign_drain(st)
+        theirs = foreign_reason(st)
         if theirs:
             return self._hold(incident, slurm_node, theirs)
-        if st.busy or not st.drain:
+        if st.busy or not (st.drain or st.down):  # DOWN with no job counts as drained
             return HookResult(StepOutcome.PENDING, f"Slurm reports {slurm_node} "
                                                    f"{'busy' if st.busy else 'not drained'}: "
                                                    "its slurmd pod stays where it is")
@@ -165,16 +174,37 @@ class SlinkyWorkload:
                                                f"{spare}")
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
-        """A drain someone else owns: evicting would run the pod's preStop, which deletes the
-        Slurm node record and so their drain (docs/adr/0006). Hold until they clear it."""
+        """A drain or DOWN someone else owns: evicting would run the pod's preStop, which
+        deletes the Slurm node record and so their reason (docs/adr/0006); a recreated pod
+        registering again clears their DOWN (docs/adr/0013). Hold until they clear it."""
         if (incident, reason) not in self._held:
             self._held.add((incident, reason))
-            log.warning("holding the swap: Slurm node drained by someone else",
+            log.warning("holding the swap: Slurm node drained or down by someone else",
                         incident=incident, slurm_node=slurm_node, reason=reason)
         return HookResult(StepOutcome.PENDING,
-                          f"Slurm node {slurm_node} is drained by someone else (reason "
-                          f"{reason!r}); moving its slurmd pod would delete that drain, so "
-                          "healer holds until the owner clears it", {"held": "foreign-drain"})
+                          f"Slurm node {slurm_node} is drained or down by someone else (reason "
+                          f"{reason!r}); moving its slurmd would lose that, so healer holds "
+                          "until the owner clears it", {"held": "foreign-drain"})
+
+    @staticmethod
+    def _dead_pod(pod: dict[str, Any], source: str) -> HookResult:
+        """The slurmd pod is still on the dead node: healer evicts nothing from a dead node
+        (nobody is there to run the preStop); the out-of-service taint makes Kubernetes remove
+        it (taint eviction, then the pod garbage collector), unless it tolerates that taint."""
+        name = pod["metadata"]["name"]
+        tolerated = any(
+            (t.get("operator") == "Exists" and not t.get("key"))
+            or t.get("key") == OUT_OF_SERVICE_TAINT
+            for t in (pod.get("spec") or {}).get("tolerations") or [])
+        if tolerated:
+            return HookResult(StepOutcome.PENDING,
+                              f"slurmd pod {name} on dead node {source} tolerates "
+                              f"{OUT_OF_SERVICE_TAINT}: Kubernetes will not remove it, and "
+                              "healer evicts nothing from a dead node; delete the pod (with its "
+                              "grace period) to let the swap go on", {"held": "tolerates"})
+        return HookResult(StepOutcome.PENDING,
+                          f"slurmd pod {name} on dead node {source}: waiting for "
+                          "kube-controller-manager to remove it (out-of-service taint)")
 
     async def _open_elsewhere(self, incident: str, spare: str) -> str:
         """Another incident's claimed spare that is open and does not host its slurmd pod yet,

@@ -51,7 +51,7 @@ from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
 from healer.core.model import GuardrailBlock, NodeView
 from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
-from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
+from healer.core.rules import Breaker, Guardrails, MassDeath, Policy, PolicySet
 from healer.core.timefmt import rfc3339
 from healer.core.unavailability import CAUSES, claims_in_flight, replaced, unavailable_cause
 
@@ -127,6 +127,14 @@ class GuardrailFacts(Protocol):
 
     def replaced(self, policy: Scope) -> int:
         """Nodes of the scope's selector that a spare replaced (out of the population)."""
+
+    def not_ready(self, policy: Scope,
+                  domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """The scope's members whose Ready condition is not True (with label ``domain`` =
+        (key, value), when given), with since when."""
+
+    def domain_members(self, policy: Scope, key: str, value: str) -> int:
+        """How many of the scope's members have label ``key`` = ``value``."""
 
     def active(self, policy: Scope, excluding: str | None = None) -> int:
         """Open remediations holding a maxConcurrent slot, not counting ``excluding``'s."""
@@ -305,11 +313,15 @@ def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
 
 
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,
-                    now: float, incident: str = "", opened_at: float | None = None) -> Admission:
+                    now: float, incident: str = "", opened_at: float | None = None, *,
+                    dead: bool = False) -> Admission:
     """May ``node`` (governed by ``policy``) be taken out of service now?
 
     ``incident``/``opened_at`` identify the incident asking; it counts towards the breaker
-    (its node went bad too) but not against its own retry budget.
+    (its node went bad too) but not against its own retry budget. A ``dead`` node is already
+    out: replacing it takes nothing more, so only pause, the retry budget, the breaker and the
+    policy's mass-death breaker (:func:`mass_death`) may hold it; maxConcurrent,
+    maxUnavailable and the failure-domain limits never do.
     """
     if view.is_paused(node):
         return Admission(False, GuardrailBlock("pause", "remediation is paused"), False,
@@ -348,6 +360,14 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     scopes.append(("fleet", view.policies.fleet.guardrails, None))
     for scope, g, pol in scopes:
         size = facts.population(pol)
+        if dead and policy.dead.enabled:
+            found = mass_death(policy.dead.mass_death, facts, pol, view.nodes.get(node), now)
+            if found is not None:
+                return Admission(False, GuardrailBlock(
+                    "mass-death", f"{scope} breaker tripped: {found.describe()}: suspect the "
+                    "control plane or the network, not the nodes; nothing is fenced or swapped "
+                    "here until they answer again", found.count, found.limit),
+                    recheck_after=GUARDRAIL_RECHECK)
         if g.breaker is not None:
             extra = None
             if opened_at is not None and not facts.has_incident(pol, incident):
@@ -361,6 +381,8 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     f"{g.breaker.window:g}s (threshold {st.threshold}); it closes at "
                     f"{rfc3339(until)} unless more fail", st.count, st.threshold),
                     recheck_after=max(until - now, 1.0))
+        if dead:
+            continue  # already out: the capacity limits do not apply (it takes nothing more)
         if g.max_concurrent is not None:
             active = facts.active(pol, node)
             if active + 1 > g.max_concurrent:
@@ -401,6 +423,62 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     return ALLOWED
 
 
+@dataclass(frozen=True, slots=True)
+class MassDeathFinding:
+    """Too many of a scope's (or one failure domain's) nodes went NotReady together."""
+
+    count: int  # NotReady nodes that went so within one window
+    limit: int
+    population: int
+    window: float
+    domain: str = ""  # "key=value" of the failure domain; "": the whole scope
+
+    def describe(self) -> str:
+        where = f"failure domain {self.domain}" if self.domain else "its nodes"
+        return (f"{self.count} of {self.population} nodes of {where} went NotReady within "
+                f"{self.window:g}s (more than {self.limit})")
+
+
+def clustered(times: Iterable[float], window: float) -> int:
+    """The most of ``times`` that fall within one ``window`` (seconds)."""
+    ts = sorted(times)
+    best = lo = 0
+    for hi, t in enumerate(ts):
+        while t - ts[lo] > window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
+
+
+def mass_death(cfg: MassDeath, facts: GuardrailFacts, scope: Scope, node: NodeView | None,
+               now: float) -> MassDeathFinding | None:
+    """Whether too many of ``scope``'s nodes went NotReady together (and still are): of the
+    whole scope, or of ``node``'s failure domains (``cfg.domains``). A function of the nodes'
+    Ready conditions alone: it closes by itself when they answer again, and a new leader
+    computes the same. O(NotReady nodes of the scope)."""
+    down = facts.not_ready(scope)
+    if len(down) < 2:
+        return None  # one dead node is a node fault
+    pop = facts.population(scope)
+    limit = cfg.max_share.of(pop)
+    n = clustered((t for t in down.values() if t <= now), cfg.window)
+    if n > limit:
+        return MassDeathFinding(n, limit, pop, cfg.window)
+    if node is None:
+        return None
+    for key in cfg.domains:
+        value = node.labels.get(key)
+        if value is None:
+            continue
+        members = facts.domain_members(scope, key, value)
+        limit = cfg.max_share_per_domain.of(members)
+        there = facts.not_ready(scope, (key, value))
+        n = clustered((t for t in there.values() if t <= now), cfg.window)
+        if n > limit:
+            return MassDeathFinding(n, limit, members, cfg.window, f"{key}={value}")
+    return None
+
+
 def describe(causes: Mapping[str, int]) -> str:
     """`` (1 cordoned, 2 slurm-drain)`` in :data:`CAUSES` order; "" when there are none."""
     parts = [f"{causes[c]} {c}" for c in CAUSES if causes.get(c)]
@@ -422,6 +500,32 @@ class GuardrailUsage:
     """Nodes in Repair whose spare serves in their place (not in the population)."""
     slurm: str = "off"
     """The Slurm feed: off, ok or unknown (see :class:`BudgetView`)."""
+    mass_death: MassDeathFinding | None = None
+    """A policy's mass-death breaker, tripped (None: closed, or no dead-node handling)."""
+
+
+def mass_death_anywhere(cfg: MassDeath, view: BudgetView, scope: Scope,
+                        now: float) -> MassDeathFinding | None:
+    """:func:`mass_death` of ``scope`` as a whole and of every failure domain that has a
+    NotReady node (for metrics and ``/debug/state``)."""
+    facts = view.facts()
+    found = mass_death(cfg, facts, scope, None, now)
+    if found is not None:
+        return found
+    seen: set[tuple[str, str]] = set()
+    for name in facts.not_ready(scope):
+        n = view.nodes.get(name)
+        if n is None:
+            continue
+        for key in cfg.domains:
+            value = n.labels.get(key)
+            if value is None or (key, value) in seen:
+                continue
+            seen.add((key, value))
+            found = mass_death(cfg, facts, scope, n, now)
+            if found is not None:
+                return found
+    return None
 
 
 def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
@@ -437,9 +541,12 @@ def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
         br = None
         if g.breaker is not None:
             br = scope_breaker(g.breaker, facts, pol, size, now)
+        md = None
+        if isinstance(pol, Policy) and pol.dead.enabled:
+            md = mass_death_anywhere(pol.dead.mass_death, view, pol, now)
         out.append(GuardrailUsage(
             scope, size, facts.unavailable(pol),
             g.max_unavailable.of(size) if g.max_unavailable else None,
             facts.active(pol), g.max_concurrent, br, dict(facts.causes(pol)),
-            facts.replaced(pol), view.slurm_view))
+            facts.replaced(pol), view.slurm_view, md))
     return out

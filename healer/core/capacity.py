@@ -53,6 +53,10 @@ from healer.core.vocabulary import PAUSE_ANNOTATION
 SLURM_VIEWS = ("off", "ok", "unknown")
 
 
+def _keys(own: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*own, *extra)))
+
+
 def past_incident(rec: NodeRecord) -> PastIncident:
     return PastIncident(rec.incident.id, rec.node, rec.incident.opened_at, rec.policy,
                         tuple(g.serial for g in rec.incident.gpus if g.serial))
@@ -94,6 +98,7 @@ class FleetIndex:
         self._slurm_ro: Mapping[str, str] = MappingProxyType(self._slurm)
         self._slurm_view = "off"
         self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
+        self._not_ready: dict[str, float] = {}  # node -> since when Ready is not True
         self._policies = policies
         self._scopes: list[ScopeCounts] = []
         self._scope_of: dict[str, list[int]] = {}
@@ -140,16 +145,19 @@ class FleetIndex:
         """New policies (a reload): rebuild the populations from what the index holds.
         O(fleet x policies)."""
         self._policies = policies
-        fleet_keys = domain_keys(policies.fleet.guardrails)
+        # every scope also counts the members of the mass-death breakers' failure domains
+        extra = tuple(dict.fromkeys(k for p in policies.policies if p.dead.enabled
+                                    for k in p.dead.mass_death.domains))
+        fleet_keys = _keys(domain_keys(policies.fleet.guardrails), extra)
         self._scopes = [ScopeCounts(None, fleet_keys)]
         self._scope_of = {}
         for i, p in enumerate(policies.policies):
-            self._scopes.append(ScopeCounts(p, domain_keys(p.guardrails)))
+            self._scopes.append(ScopeCounts(p, _keys(domain_keys(p.guardrails), extra)))
             self._scope_of.setdefault(p.name, []).append(i + 1)
         self._ns_scope = {}
         for ns in policies.nodesets.items:
             self._ns_scope[ns.name] = len(self._scopes)
-            self._scopes.append(ScopeCounts(ns, domain_keys(ns.guardrails)))
+            self._scopes.append(ScopeCounts(ns, _keys(domain_keys(ns.guardrails), extra)))
         self._placed.clear()
         for name, view in self._nodes.items():
             self._info[name] = self._describe(view)
@@ -227,6 +235,11 @@ class FleetIndex:
             self._paused[name] = None
         else:
             self._paused.pop(name, None)
+        since = view.not_ready_since
+        if since is None:
+            self._not_ready.pop(name, None)
+        else:
+            self._not_ready[name] = since
         self._place(name)
 
     def remove_node(self, name: str) -> None:
@@ -234,6 +247,7 @@ class FleetIndex:
         self._nodes.pop(name, None)
         had = self._info.pop(name, None)
         self._paused.pop(name, None)
+        self._not_ready.pop(name, None)
         if had is not None and had.nodeset:
             self._retag_node(name)  # a vanished node is in no NodeSet
         self._place(name)
@@ -454,6 +468,20 @@ class FleetIndex:
 
     def replaced(self, policy: Scope) -> int:
         return len(self._scope(policy).replaced)
+
+    def not_ready(self, policy: Scope,
+                  domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """O(NotReady nodes of the fleet)."""
+        members = self._scope(policy).members
+        return {n: t for n, t in self._not_ready.items() if n in members and (
+            domain is None or self._nodes[n].labels.get(domain[0]) == domain[1])}
+
+    def domain_members(self, policy: Scope, key: str, value: str) -> int:
+        scope = self._scope(policy)
+        if key in scope.keys:
+            counts = scope.domains.get(key, {}).get(value)
+            return counts[0] if counts is not None else 0
+        return sum(1 for n in scope.members if self._nodes[n].labels.get(key) == value)
 
     def active(self, policy: Scope, excluding: str | None = None) -> int:
         if isinstance(policy, NodeSetRules):

@@ -47,10 +47,11 @@ class HealthState(enum.Enum):
     STALE = "stale"  # telemetry missing or old: unknown, never healthy, never failed
     DEGRADING = "degrading"
     FAILED = "failed"
+    DEAD = "dead"  # the node cannot act on its own (its kubelet and slurmd do not answer)
 
     @property
     def is_confirmed(self) -> bool:
-        return self in (HealthState.DEGRADING, HealthState.FAILED)
+        return self in (HealthState.DEGRADING, HealthState.FAILED, HealthState.DEAD)
 
 
 class SignalKind(enum.Enum):
@@ -183,6 +184,14 @@ class NodeView:
             if c.type == "Ready":
                 return c.status == "True"
         return True
+
+    @property
+    def not_ready_since(self) -> float | None:
+        """Since when its Ready condition is not True (None: it is, or it has none)."""
+        for c in self.conditions:
+            if c.type == "Ready":
+                return None if c.status == "True" else c.last_transition
+        return None
 
 
 #: At most this many signals are kept as an incident's evidence.
@@ -384,6 +393,57 @@ class EventRecord:
 HISTORY_LIMIT = 50
 
 
+class FenceProvider(enum.Enum):
+    """What may say a dead node's machine is off or cut off (a policy's fencing providers)."""
+
+    WEBHOOK = "webhook"  # a receiver powered it off (BMC, cloud API) and acknowledged
+    CLOUD_SHUTDOWN = "cloudShutdown"  # the cloud controller manager's shutdown taint
+    NODE_DELETED = "nodeDeleted"  # the cloud deleted the Node object
+    MANUAL = "manual"  # an admin annotated the Node healer.io/fenced=<who and why>
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """Why a node was declared dead and how it was fenced (``status.death``).
+
+    ``since``: the earliest of its witnesses (Ready not True, Slurm NOT_RESPONDING, telemetry
+    stale); ``declared``: the dead verdict; ``witnesses``: each witness and since when, in
+    words; ``provider``/``fenced_by``/``fenced_at``: the fencing provider that said the machine
+    is off or cut off, what it said, and when (empty until fenced); ``lost_jobs``: the jobs
+    Slurm failed or requeued there, as Slurm reported them.
+    """
+
+    since: float
+    declared: float
+    witnesses: tuple[str, ...] = ()
+    provider: FenceProvider | None = None
+    fenced_by: str = ""
+    fenced_at: float = 0.0
+    lost_jobs: str = ""
+
+    @property
+    def fenced(self) -> bool:
+        return self.provider is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"since": self.since, "declared": self.declared,
+                             "witnesses": list(self.witnesses)}
+        if self.provider is not None:
+            d.update(provider=self.provider.value, fencedBy=self.fenced_by,
+                     fencedAt=self.fenced_at)
+        if self.lost_jobs:
+            d["lostJobs"] = self.lost_jobs
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Death:
+        return cls(since=float(d["since"]), declared=float(d["declared"]),
+                   witnesses=tuple(str(w) for w in d.get("witnesses", ())),
+                   provider=FenceProvider(d["provider"]) if d.get("provider") else None,
+                   fenced_by=str(d.get("fencedBy", "")),
+                   fenced_at=float(d.get("fencedAt", 0.0)), lost_jobs=str(d.get("lostJobs", "")))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     """The persisted state of one remediation of one node (one incident).
@@ -412,6 +472,13 @@ class NodeRecord:
     history: tuple[TransitionRecord, ...] = ()
     events: tuple[EventRecord, ...] = ()
     """The Events of the latest decision that emitted any (re-emitted on resume)."""
+    death: Death | None = None
+    """The node was declared dead (its own flow: fence, out of service, swap)."""
+
+    @property
+    def node_deleted(self) -> bool:
+        """The dead node's Node object was deleted (the ``nodeDeleted`` fencing provider)."""
+        return self.death is not None and self.death.provider is FenceProvider.NODE_DELETED
 
     @property
     def last_transition(self) -> float:
@@ -472,6 +539,8 @@ class NodeRecord:
             d["blocked"] = self.blocked.to_dict()
         if self.spare_placement is not None:
             d["sparePlacement"] = self.spare_placement.to_dict()
+        if self.death is not None:
+            d["death"] = self.death.to_dict()
         return d
 
     @classmethod
@@ -484,6 +553,7 @@ class NodeRecord:
             )
         blocked = d.get("blocked")
         placed = d.get("sparePlacement")
+        death = d.get("death")
         return cls(
             node=str(d["node"]),
             incident=Incident.from_dict(d["incident"]),
@@ -503,4 +573,5 @@ class NodeRecord:
             outcome=str(d.get("outcome", "")),
             history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
             events=tuple(EventRecord.from_dict(e) for e in d.get("events", ())),
+            death=None if death is None else Death.from_dict(death),
         )

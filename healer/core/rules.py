@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from healer.core.model import NodeView, Severity
+from healer.core.model import FenceProvider, NodeView, Severity
 from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
 from healer.core.spare_validation import SpareValidation
+from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 
 if TYPE_CHECKING:
@@ -239,12 +240,21 @@ class DrainStep:
     requeue_grace: float = 300.0
 
 
+class ForeignReason(enum.Enum):
+    """What a swap does with a Slurm drain or DOWN reason someone else set (docs/adr/0006,
+    docs/adr/0013): moving the slurmd would lose it."""
+
+    HOLD = "hold"  # the swap waits, and says why, until the owner clears it
+    CARRY_OVER = "carryOver"  # the reason is put on the replacement, word for word
+
+
 @dataclass(frozen=True, slots=True)
 class SwapStep:
     enabled: bool = True
     deadline: float = 1800.0  # spare claimed → replacement registered and ready
     hold_timeout: float = 0.0  # HeldForCapacity → Escalated after this long (0: hold forever)
     require_same_domain: bool = False  # only a spare of the node's NVLink domain; else held
+    foreign_reason: ForeignReason = ForeignReason.HOLD
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +338,64 @@ class Guardrails:
 
 
 # ---------------------------------------------------------------------------------------------
+# Dead nodes
+
+
+class DeadSignal(enum.Enum):
+    """A witness that a node cannot act on its own."""
+
+    NOT_READY = "notReady"  # its Ready condition is Unknown or False (a silent kubelet)
+    SLURM_NOT_RESPONDING = "slurmNotResponding"  # Slurm flags it NOT_RESPONDING (slurmd silent)
+    TELEMETRY_STALE = "telemetryStale"  # every telemetry source for it went stale
+
+
+class DeadMatch(enum.Enum):
+    ALL = "all"  # every witness the policy lists must agree
+    ANY = "any"  # one is enough
+
+
+@dataclass(frozen=True, slots=True)
+class Fencing:
+    """Who may say a dead node is off or cut off, and how long healer waits for one."""
+
+    providers: frozenset[FenceProvider] = frozenset({
+        FenceProvider.MANUAL, FenceProvider.CLOUD_SHUTDOWN, FenceProvider.NODE_DELETED})
+    deadline: float = 600.0  # Dead → HeldForFencing when no provider said so by then
+    url: str = ""  # webhook
+    secret_ref: str = ""  # webhook: its own HMAC key
+
+
+@dataclass(frozen=True, slots=True)
+class MassDeath:
+    """Many nodes of one scope dying together is a control-plane or network fault: nothing is
+    fenced or swapped there while more than ``max_share`` of the scope's nodes (or more than
+    ``max_share_per_domain`` of one failure domain's) went NotReady within one ``window`` and
+    are still NotReady."""
+
+    window: float = 300.0
+    max_share: Quantity = Quantity(10, percent=True)
+    max_share_per_domain: Quantity = Quantity(25, percent=True)
+    domains: tuple[str, ...] = (DOMAIN_LABEL,)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadNode:
+    """When a node is dead, and what healer needs before it lets its pods go."""
+
+    enabled: bool = False
+    after: float = 120.0  # Ready not True for this long (the notReady witness)
+    signals: frozenset[DeadSignal] = frozenset({DeadSignal.NOT_READY,
+                                                DeadSignal.SLURM_NOT_RESPONDING})
+    match: DeadMatch = DeadMatch.ALL
+    fencing: Fencing = Fencing()
+    mass_death: MassDeath = MassDeath()
+
+
+#: The rule name a dead verdict's match carries.
+DEAD_RULE = "dead-node"
+
+
+# ---------------------------------------------------------------------------------------------
 # Policy
 
 
@@ -341,6 +409,7 @@ class Policy:
     mode: Mode = Mode.OBSERVE
     priority: int = 0
     source: str = ""  # "file:line" where it was defined
+    dead: DeadNode = DeadNode()
 
     def applies_to(self, node: NodeView) -> bool:
         return self.selector.matches(node.labels)

@@ -71,6 +71,18 @@ class ScanFacts:
                    and not self.view.policies.is_spare(n.labels)
                    and in_scope(self.view.policies, policy, n))
 
+    def not_ready(self, policy: Scope,
+                  domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        out: dict[str, float] = {}
+        for m in self._scope(policy)[0]:
+            since = m.not_ready_since
+            if since is not None and (domain is None or m.labels.get(domain[0]) == domain[1]):
+                out[m.name] = since
+        return out
+
+    def domain_members(self, policy: Scope, key: str, value: str) -> int:
+        return sum(1 for m in self._scope(policy)[0] if m.labels.get(key) == value)
+
     def _tagged(self, scope: Scope, node: str, policy: str) -> bool:
         """Does a remediation or incident of ``node`` under ``policy`` count in ``scope``?"""
         if scope is None:

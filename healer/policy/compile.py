@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from healer.core import rules as core
-from healer.core.model import Severity
+from healer.core.model import FenceProvider, Severity
 from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
@@ -198,6 +198,37 @@ def _slurm(name: str, sev: Severity, m: s.SlurmMatch, p: Path,
     return core.SlurmRule(name, sev, frozenset(m.states), pattern, m.hold_for)
 
 
+def _dead(d: s.DeadNodeSpec | None, path: Path, issues: list[Issue]) -> core.DeadNode:
+    if d is None:
+        return core.DeadNode()
+    if len(set(d.signals)) != len(d.signals):
+        issues.append(Issue((*path, "signals"), "expected distinct signals"))
+    f = d.fencing
+    if len(set(f.providers)) != len(f.providers):
+        issues.append(Issue((*path, "fencing", "providers"), "expected distinct providers"))
+    if "webhook" in f.providers:
+        _webhook(f, (*path, "fencing"), "the webhook fencing provider", issues)
+    elif f.url or f.secret_ref:
+        issues.append(Issue((*path, "fencing", "url" if f.url else "secretRef"),
+                            "url and secretRef go with the webhook provider (add webhook to "
+                            "providers, or remove them)"))
+    m = d.mass_death
+    for name, q in (("maxShare", m.max_share), ("maxSharePerDomain", m.max_share_per_domain)):
+        if _quantity(q).value <= 0:
+            issues.append(Issue((*path, "massDeath", name), "expected more than 0: with 0 "
+                                "every dead node would be a mass death, and none replaced"))
+    return core.DeadNode(
+        enabled=d.enabled, after=d.dead_after,
+        signals=frozenset(core.DeadSignal(x) for x in d.signals),
+        match=core.DeadMatch(d.match),
+        fencing=core.Fencing(providers=frozenset(FenceProvider(x) for x in f.providers),
+                             deadline=f.deadline, url=f.url or "",
+                             secret_ref=f.secret_ref or ""),
+        mass_death=core.MassDeath(window=m.window, max_share=_quantity(m.max_share),
+                                  max_share_per_domain=_quantity(m.max_share_per_domain),
+                                  domains=tuple(dict.fromkeys(m.domains))))
+
+
 def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> None:
     if not url:
         issues.append(Issue(path, f"{what} needs a url"))
@@ -205,7 +236,7 @@ def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> No
         issues.append(Issue(path, f"expected an http(s) URL, got {url!r}"))
 
 
-def _webhook(spec: s.CheckpointSpec | s.RepairSpec, path: Path, what: str,
+def _webhook(spec: s.CheckpointSpec | s.RepairSpec | s.FencingSpec, path: Path, what: str,
              issues: list[Issue]) -> None:
     """A webhook hook: a URL, https unless allowInsecureHttp, and its own HMAC key."""
     _hook_url(spec.url, (*path, "url"), what, issues)
@@ -254,7 +285,8 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
                              requeue_grace=st.drain.requeue_grace),
         swap=core.SwapStep(enabled=st.swap.enabled, deadline=st.swap.deadline,
                            hold_timeout=st.swap.hold_timeout,
-                           require_same_domain=st.swap.require_same_domain),
+                           require_same_domain=st.swap.require_same_domain,
+                           foreign_reason=core.ForeignReason(st.swap.foreign_reason)),
         validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
                                        command=tuple(v.command), deadline=v.deadline),
         repair=core.RepairStep(hook=rp.hook, url=rp.url or "", secret_ref=rp.secret_ref or "",
@@ -285,11 +317,12 @@ def compile_policy(doc: s.RemediationPolicy, catalog: XidCatalog,
                                                "fault (staleness rules only alert)"))
     steps = _steps(spec.steps, ("spec", "steps"), issues)
     guardrails = _guardrails(spec.guardrails, ("spec", "guardrails"), issues)
+    dead = _dead(spec.dead_node, ("spec", "deadNode"), issues)
     if issues:
         raise CompileErrors(issues)
     return core.Policy(name=doc.metadata.name, selector=sel, rules=tuple(rules), steps=steps,
                        guardrails=guardrails, mode=core.Mode(spec.mode), priority=spec.priority,
-                       source=source)
+                       source=source, dead=dead)
 
 
 def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetRules:

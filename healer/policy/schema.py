@@ -248,6 +248,11 @@ class SwapSpec(Model):
         "take only a spare in the node's NVLink domain (accelerator.topograph.run/domain); "
         "with none free the node is HeldForCapacity. Default: the nearest spare, reported "
         "(Event SpareFromOtherDomain, status.sparePlacement) when it is in another domain"))
+    foreign_reason: Literal["hold", "carryOver"] = Field(default="hold", description=(
+        "a Slurm drain or DOWN reason someone else set (an admin, a HealthCheckProgram; not "
+        "Slurm's own 'Not responding'), which moving the slurmd would lose: hold (the swap "
+        "waits and says why until the owner clears it) or carryOver (the replacement is "
+        "drained with that reason, word for word, through Slurm's API). docs/adr/0013"))
 
 
 class ValidationSpec(Model):
@@ -278,6 +283,57 @@ class StepsSpec(Model):
     max_attempts: int = _int(1, 100, default=5)
     poll_interval: Duration = Field(default=10.0, ge=1, le=3600,
                                     description="how often a waiting step is polled: 1s to 1h")
+
+
+class FencingSpec(Model):
+    providers: list[Literal["webhook", "cloudShutdown", "nodeDeleted", "manual"]] = Field(
+        default_factory=lambda: ["manual", "cloudShutdown", "nodeDeleted"],  # type: ignore[arg-type]
+        min_length=1, max_length=4, description=(
+            "who may say a dead node's machine is off or cut off: webhook (healer calls your "
+            "fencing endpoint, which powers it off through its BMC or cloud API and "
+            "acknowledges fenced through healer's ack endpoint), cloudShutdown (the cloud "
+            "controller manager's node.cloudprovider.kubernetes.io/shutdown taint), "
+            "nodeDeleted (the cloud deleted the Node), manual (an admin annotates the Node "
+            "healer.io/fenced=<who and why>)"))
+    deadline: Duration = Field(default=600.0, ge=1, description=(
+        "with no provider saying so by then, the node is HeldForFencing (an Event, a "
+        "metric, an alert): nothing is force-deleted, ever"))
+    url: HttpUrl | None = Field(default=None, description="webhook: the fencing endpoint")
+    secret_ref: str | None = Field(default=None, description=(
+        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding its own HMAC key (required)"))
+    allow_insecure_http: Flag = Field(default=False, description=(
+        "webhook: accept an http:// url (default: https only)"))
+
+
+class MassDeathSpec(Model):
+    window: Duration = Field(default=300.0, gt=0, description=(
+        "nodes that went NotReady within one window of each other count together"))
+    max_share: Quantity = Field(default="10%", description=(
+        "more of the policy's nodes than this NotReady together: suspect the control plane "
+        "or the network, fence and swap nothing until they answer again"))
+    max_share_per_domain: Quantity = Field(default="25%", description=(
+        "the same, within one failure domain (a value of each label of domains)"))
+    domains: list[LabelKey] = Field(
+        default_factory=lambda: [DOMAIN_LABEL], max_length=8,
+        description="the labels whose values name the failure domains counted")
+
+
+class DeadNodeSpec(Model):
+    enabled: Flag = Field(default=True, description=(
+        "handle nodes that die outright (the block present and enabled: yes)"))
+    dead_after: Duration = Field(default=120.0, ge=1, description=(
+        "notReady: the Ready condition Unknown or False this long (the node lifecycle "
+        "controller sets Unknown once the kubelet's Lease expired)"))
+    signals: list[Literal["notReady", "slurmNotResponding", "telemetryStale"]] = Field(
+        default_factory=lambda: ["notReady", "slurmNotResponding"],  # type: ignore[arg-type]
+        min_length=1, max_length=3, description=(
+            "the witnesses: notReady (Kubernetes), slurmNotResponding (Slurm flags the node "
+            "NOT_RESPONDING), telemetryStale (every telemetry source for it stale at once)"))
+    match: Literal["all", "any"] = Field(default="all", description=(
+        "all: every witness listed must agree (the default: two independent witnesses); "
+        "any: one is enough"))
+    fencing: FencingSpec = Field(default_factory=FencingSpec)
+    mass_death: MassDeathSpec = Field(default_factory=MassDeathSpec)
 
 
 class FailureDomainSpec(Model):
@@ -319,6 +375,9 @@ class PolicySpec(Model):
     rules: list[RuleSpec] = Field(min_length=1, max_length=256)
     steps: StepsSpec = Field(default_factory=StepsSpec)
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
+    dead_node: DeadNodeSpec | None = Field(default=None, description=(
+        "nodes that die outright (Ready Unknown, slurmd silent): fenced before anything "
+        "irreversible, taken out of service, swapped (docs/adr/0012); absent: off"))
 
 
 class RemediationPolicy(Model):

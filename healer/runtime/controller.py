@@ -205,6 +205,9 @@ class Controller:
         n = change.view
         if n is None:
             self.engine.remove_node(change.node)
+            self._seen.pop(change.node, None)
+            for t in change.triggers:  # e.g. a dead node's fencing: the Node was deleted
+                self._submit(change.node, t)
             return
         relabelled = self.engine.set_node(n)
         refreshed = change.conditions_refreshed

@@ -482,6 +482,13 @@ class KubeStack:
     * ``kwok``: fake kubelets for Nodes made with :func:`fake_node`.
     * ``start_timeout``: seconds each component may take to become ready;
       ``stop_timeout``: seconds between SIGTERM and SIGKILL.
+    * ``node_grace``: kube-controller-manager's ``--node-monitor-grace-period`` (seconds; None:
+      its default, 50 s): how long a Node may go without a heartbeat (kwok renews each Node's
+      Lease) before the node lifecycle controller marks it ``Ready=Unknown`` and taints it
+      ``node.kubernetes.io/unreachable``; with it set, kwok's Leases last ``node_grace`` (kwok
+      renews a quarter of the way through) and the controller looks every second. Dead-node
+      tests and the dead-node demo set it short (:meth:`set_node_grace` changes it on a
+      running stack).
     """
 
     def __init__(
@@ -494,6 +501,7 @@ class KubeStack:
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
         binaries: bins.Binaries | None = None,
+        node_grace: float | None = None,
     ) -> None:
         self._workdir = (
             Path(workdir).resolve()
@@ -503,6 +511,7 @@ class KubeStack:
         self.controllers = controllers
         self.scheduler = controllers if scheduler is None else scheduler
         self.kwok = kwok
+        self.node_grace = node_grace
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._binaries = binaries
@@ -842,6 +851,7 @@ class KubeStack:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--profiling=false",
                 "--v=0",
+                *self._node_grace_args(),
             ],
         )
 
@@ -906,9 +916,38 @@ class KubeStack:
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 f"--cidr={POD_CIDR}",
                 f"--node-ip={KWOK_NODE_IP}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self._lease_seconds()}",
             ],
         )
+
+    def _node_grace_args(self) -> list[str]:
+        if self.node_grace is None:
+            return []
+        return [f"--node-monitor-grace-period={self.node_grace:g}s", "--node-monitor-period=1s"]
+
+    def _lease_seconds(self) -> int:
+        """kwok's Node Lease duration: 40 s, or ``node_grace`` (at least 4 s) when set."""
+        return 40 if self.node_grace is None else max(4, round(self.node_grace))
+
+    def set_node_grace(self, grace: float | None) -> None:
+        """Run kube-controller-manager and kwok with another ``node_grace`` (None: the
+        defaults): both are restarted with the new flags and probed again. Nodes, their Leases
+        and Pods stay; a Node kwok manages keeps its heartbeat through the restart (kwok
+        renews every Lease it finds on start)."""
+        if grace == self.node_grace:
+            return
+        self.node_grace = grace
+        b = self.binaries
+        procs = [self._procs[n] for n in (KWOK, CONTROLLER_MANAGER)
+                 if n in self._procs and self._procs[n].pid is not None]
+        _stop_all(procs, self.stop_timeout)
+        if self.controllers:
+            self._start_controller_manager(b)
+        if self.kwok:
+            self._start_kwok(b)
+        self._probe_workloads()
+        if (self._workdir / STATE_FILE).exists():
+            self.write_state()
 
     # ---------------------------------------------------------------- probes
 

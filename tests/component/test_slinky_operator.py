@@ -230,7 +230,7 @@ async def test_move_holds_on_a_drain_someone_else_owns(env: Env) -> None:
             assert "maint: bios update" in r.detail
             assert "holds until the owner clears it" in r.detail
     assert [e["event"] for e in logs].count(
-        "holding the swap: Slurm node drained by someone else") == 1
+        "holding the swap: Slurm node drained or down by someone else") == 1
     assert not k.evictions
     assert SPARE_TAINT in k.taints("spare-a")
     # the owner clears it; the operator drains for the cordon (its own reason): go on
@@ -264,7 +264,7 @@ class HoldingWorkload:
     calls: int = 0
 
     async def move(self, incident: str, slurm_node: str, source: str,
-                   spare: str) -> HookResult:
+                   spare: str, *, dead: bool = False) -> HookResult:
         self.calls += 1
         return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by someone "
                                                "else (reason 'maint: bios update'); ... healer "

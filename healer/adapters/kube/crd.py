@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from healer.core.machine import held_reason
-from healer.core.model import RECORD_FORMAT_VERSION, NodeRecord
+from healer.core.model import RECORD_FORMAT_VERSION, FenceProvider, NodeRecord
 from healer.core.phases import Phase
 from healer.core.timefmt import rfc3339
 from healer.core.vocabulary import NODE_LABEL
@@ -81,6 +81,17 @@ _STATUS = {
                            "a SpareFromOtherDomain Event",
             "properties": {"level": _s(), "sameDomain": {"type": "boolean"},
                            "nodeDomain": _s(), "spareDomain": _s(), "switch": _s()}},
+        "death": {
+            "type": "object",
+            "description": "the node was declared dead: since when (its earliest witness), "
+                           "when, the witnesses in words, the fencing provider that said the "
+                           "machine is off or cut off (and what it said, when), and the jobs "
+                           "Slurm failed or requeued there",
+            "properties": {"since": _n(), "declared": _n(),
+                           "witnesses": {"type": "array", "items": _s()},
+                           "provider": {"type": "string", "enum": [
+                               p.value for p in FenceProvider]},
+                           "fencedBy": _s(), "fencedAt": _n(), "lostJobs": _s()}},
         "slurmNode": _s(), "verdict": _s(), "verdictAt": _n(),
         "paused": {"type": "boolean"}, "repaired": {"type": "boolean"},
         "outcome": _s(),

@@ -24,6 +24,10 @@ from healer.core.vocabulary import (
     CORDONED_BY,
     CORDONED_BY_HEALER,
     INCIDENT_ANNOTATION,
+    OUT_OF_SERVICE_BY,
+    OUT_OF_SERVICE_EFFECT,
+    OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE,
     REASON_ANNOTATION,
     REMEDIATION_TAINT,
     TAINT_EFFECT,
@@ -241,6 +245,30 @@ class KubeNodes:
                 body["spec"] = {"unschedulable": None, "taints": taints or None}
             return body, ours
         return bool(await self._read_modify_write(name, mutate, f"uncordon {name}"))
+
+    async def taint_out_of_service(self, name: str, incident: str) -> bool:
+        def mutate(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            ann = raw["metadata"].get("annotations") or {}
+            taints = list((raw.get("spec") or {}).get("taints") or [])
+            if any(t.get("key") == OUT_OF_SERVICE_TAINT for t in taints):
+                return None, ann.get(OUT_OF_SERVICE_BY) == incident  # ours, or someone else's
+            taints.append({"key": OUT_OF_SERVICE_TAINT, "value": OUT_OF_SERVICE_VALUE,
+                           "effect": OUT_OF_SERVICE_EFFECT})
+            return {"spec": {"taints": taints},
+                    "metadata": {"annotations": {OUT_OF_SERVICE_BY: incident}}}, True
+        return bool(await self._read_modify_write(name, mutate, f"taint {name} out of service"))
+
+    async def clear_out_of_service(self, name: str, incident: str) -> bool:
+        def mutate(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+            ann = raw["metadata"].get("annotations") or {}
+            if ann.get(OUT_OF_SERVICE_BY) != incident:
+                return None, False  # not ours (or already cleared): someone else's stays
+            taints = [t for t in (raw.get("spec") or {}).get("taints") or []
+                      if t.get("key") != OUT_OF_SERVICE_TAINT]
+            return {"spec": {"taints": taints or None},
+                    "metadata": {"annotations": {OUT_OF_SERVICE_BY: None}}}, True
+        return bool(await self._read_modify_write(name, mutate,
+                                                  f"clear out-of-service taint of {name}"))
 
     async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                              annotations: Mapping[str, str | None] | None = None,

@@ -105,6 +105,12 @@ class ScontrolDriver:
         r = await self._run(["squeue", "-h", "-w", _node_name(node), "-O", SQUEUE_FIELDS])
         return [j for j in parse_squeue(r.stdout) if node in j.nodes]
 
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """Every job slurmctld still knows that ran on ``node``, ended ones (NODE_FAIL) too."""
+        r = await self._run(["squeue", "-h", "-t", "all", "-w", _node_name(node),
+                             "-O", SQUEUE_FIELDS])
+        return [j for j in parse_squeue(r.stdout) if node in j.nodes]
+
     async def drain(self, node: str, reason: str, incident: str = "") -> bool:
         if not reason.startswith(SLURM_REASON_PREFIX):
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "

@@ -277,6 +277,10 @@ class SlurmrestdDriver:
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in await self.jobs() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """Every job slurmctld still lists that ran on ``node``, ended ones (NODE_FAIL) too."""
+        return [j for j in await self.jobs() if node in j.nodes]
+
     # -- writes ----------------------------------------------------------------------------
 
     async def drain(self, node: str, reason: str, incident: str = "") -> bool:

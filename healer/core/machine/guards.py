@@ -44,6 +44,13 @@ def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
         return rec.phase_since + st.swap.hold_timeout if st.swap.hold_timeout > 0 else None
     if phase is Phase.REPAIR:
         return rec.phase_since + st.repair.deadline if st.repair.deadline > 0 else None
+    if phase is Phase.DEAD:  # admitted: the fence deadline; waiting for admission: none
+        fence = rec.step(StepName.FENCE)
+        if fence is None or policy is None:
+            return None
+        return fence.started_at + policy.dead.fencing.deadline
+    if phase is Phase.HELD_FOR_FENCING:
+        return None  # held until a provider says so (a human is alerted), never escalated
     opens = [s.started_at for s in rec.ledger if not s.done]
     if phase in TERMINAL or not opens:
         return None
@@ -100,9 +107,9 @@ def verdict_failed(ctx: Ctx) -> bool:
 
 
 def slurm_drained(ctx: Ctx) -> bool:
-    """Slurm reports the node drained and no job on it."""
+    """Slurm reports the node drained (or DOWN) and no job on it."""
     s = ctx.trigger.slurm
-    return s is not None and s.drain and not s.busy
+    return s is not None and (s.drain or s.down) and not s.busy
 
 
 def repair_passed(ctx: Ctx) -> bool:
@@ -286,7 +293,7 @@ BLOCKED = Guard("guardrail blocks", guardrail_blocks)
 CHECKPOINT_FIRST = Guard("checkpoint applies", checkpoint_first)
 DEADLINE_PASSED = Guard("deadline passed", deadline_passed)
 HAS_OPEN_STEPS = Guard("open steps", has_open_steps)
-SLURM_DRAINED = Guard("slurm drained, not busy", slurm_drained)
+SLURM_DRAINED = Guard("slurm drained or down, not busy", slurm_drained)
 DRAIN_ESCALATES = Guard("drain deadline passed, policy escalates", drain_escalates)
 DRAIN_REQUEUES = Guard("drain deadline passed, policy requeues", drain_requeues)
 DRAIN_ACCEPTED = Guard("drain accepted", drain_accepted)
