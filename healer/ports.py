@@ -230,12 +230,13 @@ class PendingClaim:
 
 
 class SparePool(Protocol):
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | PendingClaim | None:
         """Choose (topology-aware) and atomically claim a spare for ``node``; idempotent per
         incident (a second call returns the same spare). None if no spare fits;
         ``same_domain``: only a spare in ``node``'s NVLink domain fits; a
-        :class:`PendingClaim` while the chosen spare is being validated."""
+        :class:`PendingClaim` while the chosen spare is being validated. ``labels``: the
+        node's, to choose by when its Node object is gone (a dead node the cloud deleted)."""
         ...
 
     async def release(self, spare: str, incident: str) -> None: ...

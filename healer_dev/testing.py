@@ -510,14 +510,20 @@ class FakeSpares(Faulty):
         return [n for n in await self.nodes.list() if n.labels.get(ROLE_LABEL) == SPARE_ROLE
                 and not n.annotations.get(CLAIMED_BY)]
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | None:
         self._enter("claim", node, incident)
         for n in await self.nodes.list():
             if n.annotations.get(CLAIMED_BY) == incident:
                 return n.name
         rank = same_domain_spares if same_domain else rank_spares
-        ranked = rank(await self.nodes.get(node), await self._candidates())
+        try:
+            bad = await self.nodes.get(node)
+        except NotFoundError:
+            if labels is None:
+                raise
+            bad = NodeView(node, dict(labels))
+        ranked = rank(bad, await self._candidates())
         if not ranked:
             return None
         spare = ranked[0].name

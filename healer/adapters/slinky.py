@@ -261,12 +261,13 @@ class SlinkyPods:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
 
-    async def pods(self) -> list[dict[str, Any]]:
+    async def pods(self, *, terminating: bool = False) -> list[dict[str, Any]]:
+        """The slurmd pods (with ``terminating``, those being deleted too)."""
         raw = to_dict(self.api, await call(
             f"list slurmd pods in {self.namespace}", lambda: self.core.list_namespaced_pod(
                 self.namespace, label_selector=SLURMD_SELECTOR)))
         return [p for p in raw.get("items") or []
-                if not (p.get("metadata") or {}).get("deletionTimestamp")]
+                if terminating or not (p.get("metadata") or {}).get("deletionTimestamp")]
 
     async def by_slurm_name(self, name: str) -> dict[str, Any]:
         for p in await self.pods():
@@ -281,15 +282,29 @@ class SlinkyPods:
         return None
 
     async def slurm_name_on(self, node: str) -> str:
-        p = await self.on_node(node)
-        if p is None:
+        """The Slurm node name of the slurmd pod on ``node`` (one being deleted names it too:
+        on a dead node the pod is Terminating until Kubernetes removes it)."""
+        live = [p for p in await self.pods(terminating=True)
+                if (p.get("spec") or {}).get("nodeName") == node]
+        live.sort(key=lambda p: bool((p.get("metadata") or {}).get("deletionTimestamp")))
+        if not live:
             raise NotFoundError(f"no slurmd pod runs on node {node}")
-        return slurm_name(p)
+        return slurm_name(live[0])
+
+    async def hosted(self) -> list[dict[str, Any]]:
+        """The scheduled slurmd pods that stand for their Slurm node: every live one, and a
+        terminating one whose Slurm name no live pod has (on a dead node, a pod stays
+        Terminating until Kubernetes removes it: its Slurm node is still that Node's)."""
+        pods = [p for p in await self.pods(terminating=True)
+                if (p.get("spec") or {}).get("nodeName")]
+        live = {slurm_name(p) for p in pods
+                if not (p.get("metadata") or {}).get("deletionTimestamp")}
+        return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
+                or slurm_name(p) not in live]
 
     async def hosts(self) -> dict[str, str]:
-        """Slurm node name → the Node its (live, scheduled) slurmd pod runs on."""
-        return {slurm_name(p): str(p["spec"]["nodeName"]) for p in await self.pods()
-                if (p.get("spec") or {}).get("nodeName")}
+        """Slurm node name → the Node its slurmd pod runs on (:meth:`hosted`)."""
+        return {slurm_name(p): str(p["spec"]["nodeName"]) for p in await self.hosted()}
 
 
 class SlinkyDriver:
@@ -389,10 +404,11 @@ class SlinkyDriver:
         return Undrain.CLEARED if not st.drain else Undrain.NOT_OURS
 
     async def node_states(self) -> dict[str, SlurmNodeState]:
-        """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed): from
-        Slurm's own API when there is one (one listing), else as the operator mirrors it into
-        the pods' conditions (up to its 30 s re-list late)."""
-        pods = [p for p in await self.pods.pods() if (p.get("spec") or {}).get("nodeName")]
+        """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed; a dead
+        node's Terminating pod too, :meth:`SlinkyPods.hosted`): from Slurm's own API when
+        there is one (one listing), else as the operator mirrors it into the pods'
+        conditions (up to its 30 s re-list late)."""
+        pods = await self.pods.hosted()
         fresh: dict[str, SlurmNodeState] = {}
         if isinstance(self.jobs, SlurmNodeLister):
             fresh = {s.name: s for s in await self.jobs.nodes()}

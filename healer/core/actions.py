@@ -112,6 +112,7 @@ class ClaimSpare(Action):
     ``same_domain`` only a spare in the node's NVLink domain may be taken (else UNAVAILABLE)."""
 
     same_domain: bool = False
+    labels: tuple[tuple[str, str], ...] = ()  # the node's, when its Node may be gone (dead)
     step: ClassVar[str] = StepName.CLAIM_SPARE.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 

@@ -410,7 +410,8 @@ class Death:
     stale); ``declared``: the dead verdict; ``witnesses``: each witness and since when, in
     words; ``provider``/``fenced_by``/``fenced_at``: the fencing provider that said the machine
     is off or cut off, what it said, and when (empty until fenced); ``lost_jobs``: the jobs
-    Slurm failed or requeued there, as Slurm reported them.
+    Slurm failed or requeued there, as Slurm reported them; ``labels``: the Node's labels
+    then.
     """
 
     since: float
@@ -420,6 +421,9 @@ class Death:
     fenced_by: str = ""
     fenced_at: float = 0.0
     lost_jobs: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The Node's labels when it was declared dead (a spare is chosen near it even once the
+    cloud deleted its Node)."""
 
     @property
     def fenced(self) -> bool:
@@ -433,6 +437,8 @@ class Death:
                      fencedAt=self.fenced_at)
         if self.lost_jobs:
             d["lostJobs"] = self.lost_jobs
+        if self.labels:
+            d["labels"] = dict(self.labels)
         return d
 
     @classmethod
@@ -441,7 +447,9 @@ class Death:
                    witnesses=tuple(str(w) for w in d.get("witnesses", ())),
                    provider=FenceProvider(d["provider"]) if d.get("provider") else None,
                    fenced_by=str(d.get("fencedBy", "")),
-                   fenced_at=float(d.get("fencedAt", 0.0)), lost_jobs=str(d.get("lostJobs", "")))
+                   fenced_at=float(d.get("fencedAt", 0.0)), lost_jobs=str(d.get("lostJobs", "")),
+                   labels=tuple(sorted((str(k), str(v))
+                                       for k, v in (d.get("labels") or {}).items())))
 
 
 @dataclass(frozen=True, slots=True)

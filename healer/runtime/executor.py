@@ -240,7 +240,8 @@ class Executor:
                 return Outcome(StepStatus.DONE, "", {"owner": "healer" if owned else "other"})
             case a.ClaimSpare():
                 spare = await p.spares.claim(act.node, act.incident,
-                                             same_domain=act.same_domain)
+                                             same_domain=act.same_domain,
+                                             labels=dict(act.labels) if act.labels else None)
                 if spare is None:
                     return Outcome(StepStatus.UNAVAILABLE, await _no_spare(p, act))
                 if isinstance(spare, PendingClaim):  # the spare is being validated first
@@ -252,7 +253,12 @@ class Executor:
                                                          p.topology_keys)))
                 return Outcome(StepStatus.DONE, "", data)
             case a.MoveWorkload():
-                sn = act.slurm_node or await p.slurm_names(act.node)
+                try:
+                    sn = act.slurm_node or await p.slurm_names(act.node)
+                except NotFoundError:
+                    if not act.dead:
+                        raise
+                    sn = ""  # its pod is gone already: the move looks on the spare
                 return _hook(await p.workload.move(act.incident, sn, act.node, act.spare,
                                                    dead=act.dead))
             case a.AwaitReplacement():
@@ -284,8 +290,11 @@ class Executor:
                 await p.spares.return_to_pool(act.node, act.incident)
                 return Outcome(StepStatus.DONE)
             case a.Escalate():
-                await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
-                                             annotations={ESCALATION_ANNOTATION: act.reason})
+                try:
+                    await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
+                                                 annotations={ESCALATION_ANNOTATION: act.reason})
+                except NotFoundError:  # the Node is gone: nothing to mark
+                    return Outcome(StepStatus.DONE, "", {"node": "gone"})
                 return Outcome(StepStatus.DONE)
             case a.LostJobs():
                 return await _lost_jobs(p, act)

@@ -486,9 +486,9 @@ class KubeStack:
       its default, 50 s): how long a Node may go without a heartbeat (kwok renews each Node's
       Lease) before the node lifecycle controller marks it ``Ready=Unknown`` and taints it
       ``node.kubernetes.io/unreachable``; with it set, kwok's Leases last ``node_grace`` (kwok
-      renews a quarter of the way through) and the controller looks every second. Dead-node
-      tests and the dead-node demo set it short (:meth:`set_node_grace` changes it on a
-      running stack).
+      renews a quarter of the way through) and the controller looks every second. The
+      dead-node demo and bench set it short (:meth:`set_node_grace` changes the controller's
+      side of it on a running stack: the dead-node tests).
     """
 
     def __init__(
@@ -512,6 +512,8 @@ class KubeStack:
         self.scheduler = controllers if scheduler is None else scheduler
         self.kwok = kwok
         self.node_grace = node_grace
+        #: kwok's Node Lease duration: 40 s, or ``node_grace`` (at least 4 s) when set at start
+        self._lease_seconds = 40 if node_grace is None else max(4, round(node_grace))
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._binaries = binaries
@@ -916,7 +918,7 @@ class KubeStack:
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 f"--cidr={POD_CIDR}",
                 f"--node-ip={KWOK_NODE_IP}",
-                f"--node-lease-duration-seconds={self._lease_seconds()}",
+                f"--node-lease-duration-seconds={self._lease_seconds}",
             ],
         )
 
@@ -925,27 +927,22 @@ class KubeStack:
             return []
         return [f"--node-monitor-grace-period={self.node_grace:g}s", "--node-monitor-period=1s"]
 
-    def _lease_seconds(self) -> int:
-        """kwok's Node Lease duration: 40 s, or ``node_grace`` (at least 4 s) when set."""
-        return 40 if self.node_grace is None else max(4, round(self.node_grace))
 
     def set_node_grace(self, grace: float | None) -> None:
-        """Run kube-controller-manager and kwok with another ``node_grace`` (None: the
-        defaults): both are restarted with the new flags and probed again. Nodes, their Leases
-        and Pods stay; a Node kwok manages keeps its heartbeat through the restart (kwok
-        renews every Lease it finds on start)."""
+        """Run kube-controller-manager with another ``--node-monitor-grace-period`` (None: its
+        default): it is restarted with the new flag and probed again; Nodes, Leases and Pods
+        stay. kwok is left alone (restarted, it would take over its own Leases only once they
+        expire, and every Node would go Unknown meanwhile), so its Leases keep the duration
+        the stack started with: keep ``grace`` well above a quarter of it (kwok's renewal
+        interval) plus the machine's hiccups."""
         if grace == self.node_grace:
             return
         self.node_grace = grace
-        b = self.binaries
-        procs = [self._procs[n] for n in (KWOK, CONTROLLER_MANAGER)
-                 if n in self._procs and self._procs[n].pid is not None]
-        _stop_all(procs, self.stop_timeout)
-        if self.controllers:
-            self._start_controller_manager(b)
-        if self.kwok:
-            self._start_kwok(b)
-        self._probe_workloads()
+        proc = self._procs.get(CONTROLLER_MANAGER)
+        if proc is None or proc.pid is None:
+            return
+        _stop_all([proc], self.stop_timeout)
+        self._start_controller_manager(self.binaries)
         if (self._workdir / STATE_FILE).exists():
             self.write_state()
 

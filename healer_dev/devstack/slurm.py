@@ -336,6 +336,23 @@ class LocalSlurm:
         kill_processes_with_env(f"SLURM_CONF={self.conf}".encode(), (
             f"HEALER_POD_IP={d.env['HEALER_POD_IP']}".encode(), f"SLURMD_NODENAME={name}".encode()))
 
+    def signal_dynamic_slurmd(self, name: str, sig: int) -> bool:
+        """Send ``sig`` to dynamic node ``name``'s slurmd and everything it started (its
+        slurmstepds and their jobs: its process groups): SIGKILL as a node that lost power,
+        SIGSTOP as one cut off (alive, silent), SIGCONT to let it answer again. False when no
+        such slurmd runs."""
+        d = self._dynamic.get(name)
+        if d is None or not d.alive:
+            return False
+        for pgid in d.pgids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        if sig == signal.SIGKILL:  # the jobs' own process groups go with the power too
+            kill_processes_with_env(f"SLURM_CONF={self.conf}".encode(), (
+                f"HEALER_POD_IP={d.env['HEALER_POD_IP']}".encode(),
+                f"SLURMD_NODENAME={name}".encode()))
+        return True
+
     @property
     def dynamic_nodes(self) -> dict[str, str]:
         """Running dynamic slurmds: node name -> pod IP."""

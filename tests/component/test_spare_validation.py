@@ -382,8 +382,8 @@ class ValidatingFirst:
         self.spares = spares
         self.pending = pending
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Any = None) -> str | PendingClaim | None:
         if self.pending > 0:
             self.pending -= 1
             return PendingClaim("validating warm spare spare-a (dcgm-diag) before claiming it")

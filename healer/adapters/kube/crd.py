@@ -91,7 +91,9 @@ _STATUS = {
                            "witnesses": {"type": "array", "items": _s()},
                            "provider": {"type": "string", "enum": [
                                p.value for p in FenceProvider]},
-                           "fencedBy": _s(), "fencedAt": _n(), "lostJobs": _s()}},
+                           "fencedBy": _s(), "fencedAt": _n(), "lostJobs": _s(),
+                           "labels": {"type": "object",
+                                      "additionalProperties": {"type": "string"}}}},
         "slurmNode": _s(), "verdict": _s(), "verdictAt": _n(),
         "paused": {"type": "boolean"}, "repaired": {"type": "boolean"},
         "outcome": _s(),

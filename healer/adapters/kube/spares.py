@@ -53,7 +53,7 @@ from healer.core.vocabulary import (
     TAINT_EFFECT,
     TAINT_VALUE,
 )
-from healer.errors import ConflictError
+from healer.errors import ConflictError, NotFoundError
 from healer.ports import PendingClaim
 
 
@@ -110,12 +110,17 @@ class KubeSparePool:
                 return str(raw["metadata"]["name"])
         return None
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | PendingClaim | None:
         held = await self.held_by(incident)
         if held is not None:  # idempotent: this incident already holds a spare
             return held
-        bad = await self.nodes.get(node)
+        try:
+            bad = await self.nodes.get(node)
+        except NotFoundError:
+            if labels is None:
+                raise
+            bad = NodeView(node, dict(labels))  # a dead node the cloud deleted: as it was
         if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
             self.claim_labels = dict(await self._provider())
         validating: str | None = None

@@ -28,7 +28,9 @@ def _death_of(ctx: Ctx) -> Death:
     since = m.since if m is not None else ctx.now
     words = tuple(w.strip() for w in (m.detail.removeprefix("node dead:") if m is not None
                                       else v.summary()).split(";") if w.strip())
-    return Death(since=since, declared=ctx.now, witnesses=words)
+    seen = ctx.view.nodes.get(ctx.trigger.node)
+    labels = tuple(sorted(seen.labels.items())) if seen is not None else ()
+    return Death(since=since, declared=ctx.now, witnesses=words, labels=labels)
 
 
 def _dead_event(ctx: Ctx) -> None:

@@ -97,7 +97,8 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
         case StepName.CORDON:
             return Cordon(inc, node, reason=_reason(rec))
         case StepName.CLAIM_SPARE:
-            return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain)
+            return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain,
+                              labels=rec.death.labels if rec.death is not None else ())
         case StepName.MOVE_WORKLOAD:
             return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node,
                                 dead=rec.death is not None)
