@@ -132,6 +132,14 @@ class SlurmJobHistory(Protocol):
 
 
 @runtime_checkable
+class SlurmHold(Protocol):
+    """A driver that can drain a node with someone else's reason, word for word (the
+    ``carryOver`` of a swap, docs/adr/0013): a drain healer does not own and never clears."""
+
+    async def hold(self, node: str, reason: str) -> None: ...
+
+
+@runtime_checkable
 class SlurmNodeLister(Protocol):
     """A driver on Slurm's own API that lists every Slurm node in one read (scontrol,
     slurmrestd), by Slurm name."""
@@ -280,7 +288,11 @@ class Workload(Protocol):
     slurmd pod the operator recreates."""
 
     async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
-                   dead: bool = False) -> HookResult: ...
+                   dead: bool = False, carry: bool = False) -> HookResult:
+        """Move ``slurm_node``'s slurmd from ``source`` to ``spare``. Someone else's drain or
+        DOWN reason holds it (PENDING, ``held`` data) unless ``carry``: then it moves, and
+        says ``carried`` (the reason) in its data."""
+        ...
 
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult: ...
 

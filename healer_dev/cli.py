@@ -32,12 +32,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def add_demo_flags(d: argparse.ArgumentParser) -> None:
     d.add_argument("--scenario", default="xid79",
-                   choices=["xid79", "storm", "degrading", "fabric", "slurm"],
+                   choices=["xid79", "storm", "degrading", "fabric", "slurm", "dead-node"],
                    help="xid79 (default): XID 79 → warm spare; storm: the guardrails hold a "
                         "fault storm; degrading: checkpoint a job before replacing its node; "
                         "fabric: an InfiniBand port down → warm spare; slurm: Slurm's health "
                         "check drains a node → incident with its reason, the swap holds until "
-                        "the owner clears the drain")
+                        "the owner clears the drain; dead-node: a node dies outright → fenced, "
+                        "out of service, its Slurm node serving from a spare")
     d.add_argument("--keep", action="store_true",
                    help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
     d.add_argument("--operator-version", default="v1.1.0", choices=["v1.1.0", "v1.0.0"],
@@ -51,9 +52,10 @@ def add_bench_flags(b: argparse.ArgumentParser) -> None:
                         "--smoke)")
     b.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1,
                    help="seed of the synthetic inputs (default 1)")
-    b.add_argument("--only", default="telemetry,engine,stack,promql,shards",
+    b.add_argument("--only", default=None,
                    help="comma-separated groups to run (default: "
-                        "telemetry,engine,stack,promql,shards)")
+                        "telemetry,engine,stack,promql,shards,deadnode; with --smoke, all but "
+                        "deadnode, which needs the machine's one slurm-operator stack)")
     b.add_argument("--smoke", action="store_true",
                    help="tiny sizes, about a minute (what `make test` runs)")
     b.add_argument("--nodes", type=flags.integer(1, 100_000), default=None,

@@ -402,6 +402,33 @@ class FakeSlurm(Faulty):
         n["user"], n["at"] = user, at
         self._save()
 
+    def set_down(self, node: str, reason: str, user: str = "root") -> None:
+        """An admin sets the node DOWN (``scontrol update state=down reason=...``), or (with
+        reason ``Not responding``) slurmctld finds its slurmd silent."""
+        self._sync()
+        n = self._state["nodes"][node]
+        n["base"] = "DOWN"
+        n["reason"], n["user"] = reason, user
+        self._save()
+
+    async def hold(self, node: str, reason: str) -> None:
+        self._enter("hold", node)
+        self._sync()
+        n = self._state["nodes"][node]
+        if "DRAIN" not in n["flags"]:
+            n["flags"] = sorted(set(n["flags"]) | {"DRAIN"})
+            n["reason"] = reason
+            self._state["log"].append(["hold", node, reason])
+            self._save()
+
+    def forget_reason(self, node: str) -> None:
+        """The record went with a preStop; the recreated slurmd registered IDLE."""
+        self._sync()
+        n = self._state["nodes"][node]
+        n["base"], n["flags"] = "IDLE", []
+        n["reason"] = n["user"] = n["at"] = ""
+        self._save()
+
     def clear_reason(self, node: str) -> None:
         """The owner undrains the node (``scontrol update state=undrain``)."""
         self._sync()
@@ -420,7 +447,8 @@ class FakeSlurm(Faulty):
         self._enter("drain", node)
         self._sync()
         n = self._state["nodes"][node]
-        if "DRAIN" in n["flags"] and not n["reason"].startswith(SLURM_REASON_PREFIX):
+        theirs = "DRAIN" in n["flags"] or (n["base"] == "DOWN" and n["reason"])
+        if theirs and not n["reason"].startswith(SLURM_REASON_PREFIX):
             return False
         if "DRAIN" not in n["flags"] or n["reason"] != reason:
             n["flags"] = sorted(set(n["flags"]) | {"DRAIN"})
@@ -557,25 +585,29 @@ class FakeWorkload(Faulty):
         self._polls: dict[str, int] = defaultdict(int)
 
     async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
-                   dead: bool = False) -> HookResult:
+                   dead: bool = False, carry: bool = False) -> HookResult:
         self._enter("move", incident)
         st = await self.slurm.state(slurm_node)
         if self.slurm.node_state(slurm_node).get("host") == spare:
             return HookResult(StepOutcome.DONE)
+        theirs = st.reason if (st.drain or st.down) and st.reason and not st.reason_is_ours \
+            and not (st.down and not st.drain and st.reason == "Not responding") else ""
         if dead:  # Kubernetes removes the pod (out-of-service); the operator recreates it
             self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
             self.moves[incident] += 1
             return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
-        if st.drain and st.reason and not st.reason_is_ours:  # as Slinky's move (ADR 0006)
-            return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by "
-                              f"someone else (reason {st.reason!r}): held",
+        if theirs and not carry:  # as Slinky's move (ADR 0006, ADR 0013)
+            return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained or "
+                              f"down by someone else (reason {st.reason!r}): held",
                               {"held": "foreign-drain"})
         # one write: a daemon killed in between must not leave a move without its log entry
         self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
+        if theirs:  # carried over: the preStop deleted the record and their reason with it
+            self.slurm.forget_reason(slurm_node)
         self.moves[incident] += 1
-        return HookResult(StepOutcome.DONE)
+        return HookResult(StepOutcome.DONE, "", {"carried": theirs} if theirs else {})
 
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult:
         self._enter("replacement_ready", incident)

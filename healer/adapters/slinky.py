@@ -49,6 +49,7 @@ from healer.core.vocabulary import (
 from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.ports import (
     SlurmDriver,
+    SlurmHold,
     SlurmJob,
     SlurmJobHistory,
     SlurmNodeLister,
@@ -369,7 +370,7 @@ class SlinkyDriver:
         # fresh: a drain the Slurm feed just saw (a Slurm-detected incident) may not be in
         # the pod's conditions yet, and cordoning over it would claim someone else's drain
         st = await self._fresh(node, pod_state(pod))
-        if foreign_drain(st):
+        if foreign_drain(st) or foreign_reason(st):
             # someone drained it with their own reason: theirs to clear (the flow goes on to
             # cordon and claim; move holds while that drain is there)
             return False
@@ -441,6 +442,15 @@ class SlinkyDriver:
 
     async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
         return await self._need_jobs().signal_jobs(node, signal, batch_only=batch_only)
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's reason through the job backend (the operator
+        would prefix a reason set through a cordon: it would become the operator's)."""
+        jobs = self._need_jobs()
+        if not isinstance(jobs, SlurmHold):
+            raise PermanentError("carrying a reason over needs a job backend that sets Slurm "
+                                 "reasons (scontrol or slurmrestd)")
+        await jobs.hold(node, reason)
 
     async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
         """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""

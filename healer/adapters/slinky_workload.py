@@ -90,8 +90,9 @@ class SlinkyWorkload:
         return {str(k): str(v) for k, v in (tmpl.get("nodeSelector") or {}).items()}
 
     async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
-                   dead: bool = False) -> HookResult:
+                   dead: bool = False, carry: bool = False) -> HookResult:
         mode = await self.scaling_mode()
+        carried = ""
         if mode == "DaemonSet":
             pod = await self.pods.on_node(spare)
             if pod is None:
@@ -130,15 +131,17 @@ class SlinkyWorkload:
             # at a time (see _open_elsewhere)
             if dead:  # no preStop ran: Slurm's record of the node, with its reason, is there
                 theirs = foreign_reason(await self.slurm.state(slurm_node))
-                if theirs:
+                if theirs and not carry:
                     return self._hold(incident, slurm_node, theirs)
+                carried = theirs
             async with self._lock():
                 other = await self._open_elsewhere(incident, spare)
                 if other:
                     return HookResult(StepOutcome.PENDING, other)
                 await self._open(spare, incident)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
-                                                   f"scheduled yet; {spare} is open for it")
+                                                   f"scheduled yet; {spare} is open for it",
+                              {"carried": carried} if carried else {})
         if host != source:
             # the operator recreated it elsewhere (scale-in, a rolling update, someone deleted
             # it): our spare gets nothing, so it is closed again (it must not catch the next
@@ -153,8 +156,10 @@ class SlinkyWorkload:
             return self._dead_pod(pod, source)
         st = await self.slurm.state(slurm_node)  # fresh (see SlinkyDriver.state)
         theirs = foreign_reason(st)
-        if theirs:
+        if theirs and not carry:
             return self._hold(incident, slurm_node, theirs)
+        # carried over: said before the eviction's preStop deletes it (the record keeps it)
+        carried = theirs
         if st.busy or not (st.drain or st.down):  # DOWN with no job counts as drained
             return HookResult(StepOutcome.PENDING, f"Slurm reports {slurm_node} "
                                                    f"{'busy' if st.busy else 'not drained'}: "
@@ -171,7 +176,7 @@ class SlinkyWorkload:
                 return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the "
                                                        "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
-                                               f"{spare}")
+                                               f"{spare}", {"carried": carried} if carried else {})
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
         """A drain or DOWN someone else owns: evicting would run the pod's preStop, which

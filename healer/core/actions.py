@@ -126,16 +126,19 @@ class MoveWorkload(Action):
     spare: str = ""
     slurm_node: str = ""
     dead: bool = False
+    carry: bool = False  # swap.foreignReason carryOver: move over someone else's reason
     step: ClassVar[str] = StepName.MOVE_WORKLOAD.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
 @dataclass(frozen=True, slots=True)
 class AwaitReplacement(Action):
-    """DONE once the replacement slurmd is Ready and its Slurm node registered."""
+    """DONE once the replacement slurmd is Ready and its Slurm node registered (and, with
+    ``carry``, drained with that reason: someone else's, carried over by the move)."""
 
     spare: str = ""
     slurm_node: str = ""
+    carry: str = ""
     step: ClassVar[str] = StepName.AWAIT_REPLACEMENT.value
 
 

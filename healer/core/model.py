@@ -482,6 +482,9 @@ class NodeRecord:
     """The Events of the latest decision that emitted any (re-emitted on resume)."""
     death: Death | None = None
     """The node was declared dead (its own flow: fence, out of service, swap)."""
+    carried: str = ""
+    """Someone else's drain or DOWN reason the swap carried over to the replacement
+    (``swap.foreignReason: carryOver``, docs/adr/0013)."""
 
     @property
     def node_deleted(self) -> bool:
@@ -549,6 +552,8 @@ class NodeRecord:
             d["sparePlacement"] = self.spare_placement.to_dict()
         if self.death is not None:
             d["death"] = self.death.to_dict()
+        if self.carried:
+            d["carriedReason"] = self.carried
         return d
 
     @classmethod
@@ -582,4 +587,5 @@ class NodeRecord:
             history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
             events=tuple(EventRecord.from_dict(e) for e in d.get("events", ())),
             death=None if death is None else Death.from_dict(death),
+            carried=str(d.get("carriedReason", "")),
         )

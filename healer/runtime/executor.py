@@ -38,6 +38,7 @@ from healer.ports import (
     PendingClaim,
     RepairHook,
     SlurmDriver,
+    SlurmHold,
     SlurmJobHistory,
     SparePool,
     StepOutcome,
@@ -260,10 +261,19 @@ class Executor:
                         raise
                     sn = ""  # its pod is gone already: the move looks on the spare
                 return _hook(await p.workload.move(act.incident, sn, act.node, act.spare,
-                                                   dead=act.dead))
+                                                   dead=act.dead, carry=act.carry))
             case a.AwaitReplacement():
-                return _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
-                                                                act.spare))
+                out = _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
+                                                               act.spare))
+                if out.status is StepStatus.DONE and act.carry:
+                    sn = act.slurm_node or dict(out.data or {}).get("slurmNode", "")
+                    if not isinstance(p.slurm, SlurmHold):
+                        raise PermanentError("swap.foreignReason carryOver needs a Slurm driver "
+                                             "that sets a reason (scontrol or slurmrestd, or "
+                                             "the slinky driver with one as its job backend)")
+                    await p.slurm.hold(sn, act.carry)
+                    out = Outcome(StepStatus.DONE, "", {**(out.data or {}), "carried": act.carry})
+                return out
             case a.AnnotateTopology():
                 return _hook(await p.topology.annotate(act.incident, act.target, act.slurm_node))
             case a.Validate():

@@ -71,7 +71,7 @@ class NoMove:
     """Workload stand-in (never reached without spares): the move is done at once."""
 
     async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
-                   dead: bool = False) -> HookResult:
+                   dead: bool = False, carry: bool = False) -> HookResult:
         return HookResult(StepOutcome.DONE)
 
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult:

@@ -264,7 +264,7 @@ class HoldingWorkload:
     calls: int = 0
 
     async def move(self, incident: str, slurm_node: str, source: str,
-                   spare: str, *, dead: bool = False) -> HookResult:
+                   spare: str, *, dead: bool = False, carry: bool = False) -> HookResult:
         self.calls += 1
         return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by someone "
                                                "else (reason 'maint: bios update'); ... healer "

@@ -11,7 +11,7 @@ from typing import Any
 from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
 from healer.core.budget import BudgetView, PastIncident
-from healer.core.machine import TriggerKind
+from healer.core.machine import SlurmObservation, TriggerKind
 from healer.core.model import FenceProvider, HealthState, NodeCondition, NodeRecord
 from healer.core.phases import Phase
 from healer.core.vocabulary import StepName
@@ -77,6 +77,15 @@ FENCE_DONE = done_step("fence")
 CLAIM_DONE = done_step("claim-spare")
 
 DEAD_CASES: list[Case] = [
+    # -- a DOWN Slurm node with no job counts as drained (docs/adr/0013) -----------------------
+    Case("draining/down-not-busy-counts-as-drained",
+         record(P.DRAINING, ledger=(done_step("drain"),)),
+         trigger(K.SLURM, slurm=SlurmObservation(drain=False, busy=False, down=True,
+                                                 reason="Not responding")),
+         P.CORDONED, ("cordon",)),
+    Case("draining/down-and-busy-waits", record(P.DRAINING, ledger=(done_step("drain"),)),
+         trigger(K.SLURM, slurm=SlurmObservation(drain=False, busy=True, down=True)),
+         P.DRAINING),
     # -- a node dies ---------------------------------------------------------------------------
     Case("healthy/dead-opens-and-asks-for-a-fence", None, d_trigger(), P.DEAD,
          ("lost-jobs", "fence"), ("IncidentOpened", "NodeDead", "FenceRequested"),

@@ -94,6 +94,8 @@ _STATUS = {
                            "fencedBy": _s(), "fencedAt": _n(), "lostJobs": _s(),
                            "labels": {"type": "object",
                                       "additionalProperties": {"type": "string"}}}},
+        "carriedReason": _s("someone else's Slurm drain or DOWN reason the swap carried over "
+                            "to the replacement (steps.swap.foreignReason: carryOver)"),
         "slurmNode": _s(), "verdict": _s(), "verdictAt": _n(),
         "paused": {"type": "boolean"}, "repaired": {"type": "boolean"},
         "outcome": _s(),

@@ -116,13 +116,24 @@ class ScontrolDriver:
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "
                                  f"{reason!r}")
         st = await self.state(node)
-        if st.drain and not st.reason_is_ours:
-            return False  # someone else's drain: keep their reason, do not own it
+        if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
+            # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0013)
+            return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
         await self._run(["scontrol", "update", f"nodename={node}", "state=drain",
                          f"reason={_one_line(reason)}"])
         return True
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's ``reason``, word for word (not healer's: healer
+        never clears it); nothing if it is drained already."""
+        st = await self.state(node)
+        if st.drain:
+            return
+        await self._run(["scontrol", "update", f"nodename={node}", "state=drain",
+                         f"reason={_one_line(reason)}"])
 
     async def undrain(self, node: str, incident: str = "") -> Undrain:
         st = await self.state(node)

@@ -289,13 +289,25 @@ class SlurmrestdDriver:
                                  f"{reason!r}")
         api = await self._writable_api("drain a node")
         st = await self.state(node)
-        if st.drain and not st.reason_is_ours:
-            return False  # someone else's drain: keep their reason, do not own it
+        if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
+            # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0013)
+            return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
         await self._request("POST", api.node + _quote(node), write=True,
                             json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
         return True
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's ``reason``, word for word (not healer's: healer
+        never clears it); nothing if it is drained already."""
+        api = await self._writable_api("drain a node")
+        st = await self.state(node)
+        if st.drain:
+            return
+        await self._request("POST", api.node + _quote(node), write=True,
+                            json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
 
     async def undrain(self, node: str, incident: str = "") -> Undrain:
         api = await self._writable_api("undrain a node")

@@ -48,7 +48,7 @@ from healer.core.model import (
     Severity,
 )
 from healer.core.phases import Phase
-from healer.core.rules import Policy
+from healer.core.rules import ForeignReason, Policy
 from healer.core.topology import placement_of
 from healer.core.vocabulary import SLURM_REASON_PREFIX, StepName
 
@@ -101,9 +101,11 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
                               labels=rec.death.labels if rec.death is not None else ())
         case StepName.MOVE_WORKLOAD:
             return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node,
-                                dead=rec.death is not None)
+                                dead=rec.death is not None,
+                                carry=st.swap.foreign_reason is ForeignReason.CARRY_OVER)
         case StepName.AWAIT_REPLACEMENT:
-            return AwaitReplacement(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
+            return AwaitReplacement(inc, node, spare=rec.spare, slurm_node=rec.slurm_node,
+                                    carry=rec.carried)
         case StepName.ANNOTATE_TOPOLOGY:
             return AnnotateTopology(inc, node, target=rec.spare or node, slurm_node=rec.slurm_node)
         case StepName.VALIDATE_REPLACEMENT:
@@ -152,6 +154,18 @@ def issue_steps(*steps: str, reopen: bool = False) -> Effect:
         for s in steps:
             ctx.issue(build_action(ctx, s), reopen=reopen)
     return Effect(("retry " if reopen else "issue ") + ", ".join(steps), apply)
+
+
+def _moved(ctx: Ctx) -> None:
+    """The slurmd moved: say which reason it carried over (if any), then wait for it."""
+    if ctx.rec.carried:
+        ctx.event("carried", "ReasonCarriedOver",
+                  f"someone else's Slurm reason {ctx.rec.carried!r} is carried over to the "
+                  "replacement (steps.swap.foreignReason: carryOver)")
+    ctx.issue(build_action(ctx, StepName.AWAIT_REPLACEMENT))
+
+
+MOVED = Effect("issue await-replacement (with a carried reason)", _moved)
 
 
 def _noop(ctx: Ctx) -> None:

@@ -66,6 +66,7 @@ from healer.core.machine.effects import (
     ESCALATE,
     HELD,
     MARK_REPAIRED,
+    MOVED,
     NOTHING,
     OBSERVE,
     OPEN_INCIDENT,
@@ -325,8 +326,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- Swapping ----------------------------------------------------------------------------
     *rows_of(P.SWAPPING,
-             R(K.STEP, result_is(StepName.MOVE_WORKLOAD, S.DONE), STAY,
-               issue_steps(StepName.AWAIT_REPLACEMENT)),
+             R(K.STEP, result_is(StepName.MOVE_WORKLOAD, S.DONE), STAY, MOVED),
              R(K.STEP, result_is(StepName.AWAIT_REPLACEMENT, S.DONE), P.ANNOTATING,
                issue_steps(StepName.ANNOTATE_TOPOLOGY)),
              *VERDICT_CHANGES_NOTHING,

@@ -329,11 +329,14 @@ async def test_partitioned_alive_node_is_held_never_deleted(flows: FlowFactory,
     reasons = await f.event_reasons(bad)
     assert reasons["HeldForFencing"] == 1, reasons
 
-    # it answers again before anyone fenced it: back to the graceful flow, nothing to undo
+    # it answers again before anyone fenced it: back to the graceful flow (Failed, waiting for
+    # a confirmed verdict while Slurm hears it again), then Recovered: nothing to undo
     await revive(f, bad)
     rec = await f.wait_phase(bad, "Done", within=240)
     phases = [h["to"] for h in rec["status"]["history"]]
-    assert phases[-3:] == ["HeldForFencing", "Recovered", "Done"], phases
+    assert phases[-2:] == ["Recovered", "Done"], phases
+    assert "HeldForFencing" in phases
+    assert not {"drain", "cordon", "claim-spare"} & {s["step"] for s in rec["status"]["ledger"]}
     assert await d.metric("healer_held_for_fencing") == 0
     await f.wait_slurm(sn if mode == "StatefulSet" else bad,
                        lambda s: s.registered and not s.drain and s.base == "IDLE",
@@ -380,7 +383,8 @@ async def test_half_a_domain_dying_is_not_a_node_fault(flows: FlowFactory, mode:
         assert not node.spec.unschedulable
     assert await d.metric("healer_mass_death_tripped", scope=scope) == 1
     assert f.sstack.runtime is not None
-    assert not f.sstack.runtime.events("force-deleted")
+    assert not [e for e in f.sstack.runtime.events("force-deleted")
+                if e.pod.startswith(f"{f.namespace}/")]
 
     for n in dying:
         await revive(f, n)
