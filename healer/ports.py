@@ -140,6 +140,16 @@ class SlurmHold(Protocol):
 
 
 @runtime_checkable
+class SlurmNodeRecords(Protocol):
+    """A driver that can delete a Slurm node's record: what a slurmd pod's preStop does
+    (``scontrol delete nodename=``). For a dead node, whose preStop never ran: a dynamic
+    slurmd (``slurmd -Z``) that registers again under the same name keeps the old record's
+    address (the dead pod's IP), so slurmctld would never reach the replacement."""
+
+    async def delete_node(self, node: str) -> bool: ...  # False: there was no such record
+
+
+@runtime_checkable
 class SlurmNodeLister(Protocol):
     """A driver on Slurm's own API that lists every Slurm node in one read (scontrol,
     slurmrestd), by Slurm name."""

@@ -54,7 +54,7 @@ from healer.core.vocabulary import (
     TAINT_EFFECT,
     TAINT_VALUE,
 )
-from healer.errors import ConflictError, NotFoundError
+from healer.errors import ConflictError, NotFoundError, TransientError
 from healer.ports import (
     FenceSpec,
     HookResult,
@@ -421,6 +421,27 @@ class FakeSlurm(Faulty):
             self._state["log"].append(["hold", node, reason])
             self._save()
 
+    async def delete_node(self, node: str) -> bool:
+        """``scontrol delete nodename=``: not while a job runs there ("Requested nodes are
+        busy", a wait), as Slurm does."""
+        self._enter("delete_node", node)
+        self._sync()
+        if node not in self._state["nodes"]:
+            return False
+        if self._busy(node):
+            raise TransientError(f"delete_node nodename={node}: Requested nodes are busy")
+        del self._state["nodes"][node]
+        self._state["log"].append(["delete", node])
+        self._save()
+        return True
+
+    def register(self, node: str, host: str = "") -> None:
+        """A slurmd registers ``node`` (again): IDLE, no reason (a new record)."""
+        self._sync()
+        self._state["nodes"][node] = {"base": "IDLE", "flags": [], "reason": "",
+                                      **({"host": host} if host else {})}
+        self._save()
+
     def forget_reason(self, node: str) -> None:
         """The record went with a preStop; the recreated slurmd registered IDLE."""
         self._sync()
@@ -478,6 +499,8 @@ class FakeSlurm(Faulty):
     async def state(self, node: str) -> SlurmNodeState:
         self._enter("state", node)
         self._sync()
+        if node not in self._state["nodes"]:
+            raise NotFoundError(f"Slurm node {node!r} not found")
         n = self._state["nodes"][node]
         base = "ALLOCATED" if self._busy(node) else n["base"]
         return SlurmNodeState(node, base, frozenset(n["flags"]), n["reason"])

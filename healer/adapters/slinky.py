@@ -53,6 +53,7 @@ from healer.ports import (
     SlurmJob,
     SlurmJobHistory,
     SlurmNodeLister,
+    SlurmNodeRecords,
     SlurmNodeState,
     Undrain,
 )
@@ -451,6 +452,15 @@ class SlinkyDriver:
             raise PermanentError("carrying a reason over needs a job backend that sets Slurm "
                                  "reasons (scontrol or slurmrestd)")
         await jobs.hold(node, reason)
+
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s Slurm record through the job backend (the operator has no such
+        call: the pod's preStop does it)."""
+        jobs = self._need_jobs()
+        if not isinstance(jobs, SlurmNodeRecords):
+            raise PermanentError("deleting a Slurm node record needs a job backend that can "
+                                 "(scontrol or slurmrestd)")
+        return await jobs.delete_node(node)
 
     async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
         """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""

@@ -45,7 +45,13 @@ from healer.core.vocabulary import (
     TAINT_VALUE,
 )
 from healer.errors import NotFoundError, PermanentError
-from healer.ports import HookResult, SlurmDriver, StepOutcome
+from healer.ports import (
+    HookResult,
+    SlurmDriver,
+    SlurmNodeRecords,
+    SlurmNodeState,
+    StepOutcome,
+)
 
 log = structlog.get_logger("healer.adapters.slinky")
 
@@ -130,10 +136,18 @@ class SlinkyWorkload:
             # for a Node that fits, which is our spare once open, one open spare per NodeSet
             # at a time (see _open_elsewhere)
             if dead:  # no preStop ran: Slurm's record of the node, with its reason, is there
-                theirs = foreign_reason(await self.slurm.state(slurm_node))
-                if theirs and not carry:
-                    return self._hold(incident, slurm_node, theirs)
-                carried = theirs
+                try:
+                    st: SlurmNodeState | None = await self.slurm.state(slurm_node)
+                except NotFoundError:
+                    st = None  # its record is deleted already
+                if st is not None:
+                    theirs = foreign_reason(st)
+                    if theirs and not carry:
+                        return self._hold(incident, slurm_node, theirs)
+                    carried = theirs
+                    stale = await self._delete_dead_record(slurm_node, st)
+                    if stale is not None:
+                        return stale
             async with self._lock():
                 other = await self._open_elsewhere(incident, spare)
                 if other:
@@ -190,6 +204,40 @@ class SlinkyWorkload:
                           f"Slurm node {slurm_node} is drained or down by someone else (reason "
                           f"{reason!r}); moving its slurmd would lose that, so healer holds "
                           "until the owner clears it", {"held": "foreign-drain"})
+
+    async def _delete_dead_record(self, slurm_node: str,
+                                  st: SlurmNodeState) -> HookResult | None:
+        """Do the Slurm half of the dead pod's preStop, which never ran: delete the Slurm
+        node's record before the recreated pod can register under the same name. A dynamic
+        slurmd (``slurmd -Z``) registering again keeps the old record's address, the dead
+        pod's IP: slurmctld would mark the replacement not responding (docs/adr/0013).
+        Only once Slurm lists no job there (it requeues or fails them when it sets the node
+        DOWN) and no slurmd answers for it. None: deleted, or there was none."""
+        if st.busy:
+            return HookResult(StepOutcome.PENDING,
+                              f"Slurm still lists jobs on {slurm_node} (it has not yet set the "
+                              "dead node DOWN, SlurmdTimeout): its record is deleted, and the "
+                              "spare opened, once they are gone")
+        if st.registered and not st.down:
+            return HookResult(StepOutcome.PENDING,
+                              f"Slurm still hears a slurmd for {slurm_node}: its record is "
+                              "deleted, and the spare opened, once it does not")
+        if not isinstance(self.slurm, SlurmNodeRecords):
+            return self._keep_record(slurm_node, "the Slurm driver cannot delete node records")
+        try:
+            await self.slurm.delete_node(slurm_node)
+        except PermanentError as e:  # no job backend, or Slurm refuses (a reservation)
+            return self._keep_record(slurm_node, str(e))
+        return None
+
+    @staticmethod
+    def _keep_record(slurm_node: str, why: str) -> HookResult:
+        return HookResult(StepOutcome.PENDING,
+                          f"the dead pod's preStop never ran, so Slurm's record of {slurm_node} "
+                          "keeps its address and the replacement would not be reached; healer "
+                          f"cannot delete it ({why}): run `scontrol delete "
+                          f"nodename={slurm_node}` to let the swap go on",
+                          {"held": "slurm-record"})
 
     @staticmethod
     def _dead_pod(pod: dict[str, Any], source: str) -> HookResult:

@@ -242,6 +242,11 @@ class PodRuntime:
         """Slurm name -> ``namespace/pod`` of every slurmd this runtime started."""
         return {n: s.pod.key for n, s in self._slots.items()}
 
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Slurm name -> the loopback "pod IP" its slurmd listens on."""
+        return {n: s.ip for n, s in self._slots.items()}
+
     def handle_namespace(self, namespace: str) -> None:
         """Run slurmds for the pods of ``namespace`` too (with a ``namespaces`` filter; call
         it on the runtime's event loop). Pods already there are picked up on the next watch

@@ -56,13 +56,15 @@ Endpoints (``V`` = ``/slurm/v0.0.44``):
   ``submit_time``/``start_time``/``end_time`` (``V0044Uint64NoValStruct``, Unix seconds; unknown
   → ``set: false``). The operator's ``GetNodeDeadlines`` reads ``job_state``, ``nodes``,
   ``start_time`` and ``time_limit``.
+* ``DELETE V/node/{name}`` → ``scontrol delete nodename={name}`` (a dynamic node's record;
+  Slurm refuses while jobs run there), recorded in :attr:`SlurmrestdShim.deleted`.
 * ``DELETE V/job/{id}?signal=SIG&flags=BATCH_JOB|FULL_JOB`` → ``scancel --signal=SIG
   --batch|--full ID`` (``V0044OpenapiKillJobResp``). Without ``signal`` slurmrestd sends SIGKILL,
   i.e. cancels the job: the shim does that too and records it in :attr:`SlurmrestdShim.kills`.
 * slurmctld unreachable → HTTP 500, ``error_number`` 1001 (communication error, transient).
 
 What it does not do: no other endpoint (partitions, ping, reconfigure, job submit/update,
-node delete, accounting) → HTTP 405; no TLS; no ``auth/local`` or unix socket; no
+accounting) → HTTP 405; no TLS; no ``auth/local`` or unix socket; no
 ``update_time`` filtering; no per-user authorisation (every valid token acts as the user
 running the shim's scontrol, normally root); features and resume_after updates
 (not available, or not mappable, in Slurm 22.05).
@@ -150,6 +152,8 @@ class SlurmrestdShim:
         #: (user, method, path) → how many requests (safe to read from another thread)
         self.calls: Counter[tuple[str, str, str]] = Counter()
         self.writes: list[tuple[str, str, str]] = []
+        #: node records deleted (``DELETE V/node/{name}``)
+        self.deleted: list[str] = []
         #: (time, user, node, state, reason) of every state/reason update: who wrote what when
         self.write_log: list[tuple[float, str, str, str, str]] = []
         self.comments: list[tuple[str, str]] = []
@@ -297,6 +301,8 @@ class SlurmrestdShim:
                 return await self._jobs()
             case ("DELETE", "job") if arg:
                 return await self._signal(arg, request.query)
+            case ("DELETE", "node") if arg:
+                return await self._delete_node(arg)
         return web.Response(status=405, text="Requested REST method is not defined at URL.")
 
     async def _nodes(self, name: str) -> web.Response:
@@ -359,6 +365,13 @@ class SlurmrestdShim:
             self.write_log.append((time.time(), user, name, state, reason))
         if comment is not None:
             self.comments.append((name, str(comment)))
+        return self._resp()
+
+    async def _delete_node(self, name: str) -> web.Response:
+        rc, out, err = await self._slurm("scontrol", "delete", f"nodename={name}")
+        if rc != 0:
+            return self._failed(rc, out, err, "slurm_delete_node")
+        self.deleted.append(name)
         return self._resp()
 
     async def _jobs(self) -> web.Response:
@@ -561,7 +574,7 @@ def job_json(kv: Mapping[str, str]) -> dict[str, Any]:
 
 def _openapi() -> dict[str, Any]:
     paths: dict[str, Any] = {}
-    for p, methods in (("nodes/", ["get"]), ("node/{node_name}", ["get", "post"]),
+    for p, methods in (("nodes/", ["get"]), ("node/{node_name}", ["get", "post", "delete"]),
                        ("jobs/", ["get"]), ("job/{job_id}", ["delete"])):
         paths[f"/slurm/{VERSION}/{p}"] = {m: {} for m in methods}
     return {"openapi": "3.0.3", "info": {"title": "Slurm REST API",

@@ -135,6 +135,16 @@ class ScontrolDriver:
         await self._run(["scontrol", "update", f"nodename={node}", "state=drain",
                          f"reason={_one_line(reason)}"])
 
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s record (``scontrol delete nodename=``, as a slurmd pod's preStop
+        does); False if there is none. Slurm refuses while it lists jobs on the node."""
+        try:
+            await self.state(node)
+        except NotFoundError:
+            return False
+        await self._run(["scontrol", "delete", f"nodename={_node_name(node)}"])
+        return True
+
     async def undrain(self, node: str, incident: str = "") -> Undrain:
         st = await self.state(node)
         if not st.drained_by_healer(incident):

@@ -309,6 +309,17 @@ class SlurmrestdDriver:
         await self._request("POST", api.node + _quote(node), write=True,
                             json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
 
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s record (``DELETE .../node/{name}``, what a slurmd pod's preStop
+        does with scontrol); False if there is none."""
+        api = await self._writable_api("delete a node record")
+        try:
+            await self.state(node)
+        except NotFoundError:
+            return False
+        await self._request("DELETE", api.node + _quote(node), write=True)
+        return True
+
     async def undrain(self, node: str, incident: str = "") -> Undrain:
         api = await self._writable_api("undrain a node")
         st = await self.state(node)

@@ -37,6 +37,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from healer.adapters.hooks import sign, verify
+from healer.adapters.slurm.parse import parse_kv_line
 from healer.obs.http import serve
 from healer_dev.devstack.kube import KubeStack
 from tests.integration.flows.checks import print_timeline
@@ -265,6 +266,11 @@ async def test_dead_node_is_fenced_then_replaced(flows: FlowFactory, fencer: Fen
     assert pod["spec"]["nodeName"] == lay.spare_a
     await f.wait_slurm(new_sn, lambda s: s.base == "IDLE" and s.registered and not s.drain,
                        what="idle, registered and undrained")
+    # slurmctld reaches the replacement: the dead pod's record (its address) was deleted
+    # before the recreated pod registered under the same name
+    assert f.sstack.runtime is not None
+    r = await asyncio.to_thread(f.slurm.run, ["scontrol", "show", "node", new_sn, "-o"])
+    assert parse_kv_line(r.stdout.strip())["NodeAddr"] == f.sstack.runtime.addresses[new_sn]
     spare = await node_obj(f, lay.spare_a)
     assert spare.metadata.annotations.get(TOPOLOGY) == "default:nvl-a"
     if provider != "nodeDeleted":
