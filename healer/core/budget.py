@@ -41,7 +41,7 @@ answers each in O(1) from incrementally kept counts; a hand-built view is scanne
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -132,6 +132,11 @@ class GuardrailFacts(Protocol):
                   domain: tuple[str, str] | None = None) -> Mapping[str, float]:
         """The scope's members whose Ready condition is not True (with label ``domain`` =
         (key, value), when given), with since when."""
+
+    def returned(self, policy: Scope, since: float,
+                 domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """The scope's members whose Ready condition turned True at or after ``since`` (with
+        label ``domain`` = (key, value), when given), with when."""
 
     def domain_members(self, policy: Scope, key: str, value: str) -> int:
         """How many of the scope's members have label ``key`` = ``value``."""
@@ -366,7 +371,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                 return Admission(False, GuardrailBlock(
                     "mass-death", f"{scope} breaker tripped: {found.describe()}: suspect the "
                     "control plane or the network, not the nodes; nothing is fenced or swapped "
-                    "here until they answer again", found.count, found.limit),
+                    "here until they answer again (and one window more)", found.count, found.limit),
                     recheck_after=GUARDRAIL_RECHECK)
         if g.breaker is not None:
             extra = None
@@ -427,7 +432,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
 class MassDeathFinding:
     """Too many of a scope's (or one failure domain's) nodes went NotReady together."""
 
-    count: int  # NotReady nodes that went so within one window
+    count: int  # nodes of one outage (:func:`outage`)
     limit: int
     population: int
     window: float
@@ -439,29 +444,40 @@ class MassDeathFinding:
                 f"{self.window:g}s (more than {self.limit})")
 
 
-def clustered(times: Iterable[float], window: float) -> int:
-    """The most of ``times`` that fall within one ``window`` (seconds)."""
-    ts = sorted(times)
-    best = lo = 0
-    for hi, t in enumerate(ts):
-        while t - ts[lo] > window:
-            lo += 1
-        best = max(best, hi - lo + 1)
+def outage(down: Iterable[float], back: Iterable[float], window: float) -> int:
+    """The most nodes of one outage: the most of ``down`` (since when NotReady) within one
+    ``window`` of each other, plus the ``back`` ones (since when Ready again) that answered at
+    or after the first of them (they were out with it; a node that answered before the first of
+    them went NotReady, such as a repaired node coming back, is an earlier, separate fault)."""
+    ts = sorted(down)
+    bs = sorted(back)
+    best = hi = 0
+    for lo, t in enumerate(ts):
+        while hi < len(ts) and ts[hi] - t <= window:
+            hi += 1
+        best = max(best, hi - lo + len(bs) - bisect_left(bs, t))
     return best
 
 
 def mass_death(cfg: MassDeath, facts: GuardrailFacts, scope: Scope, node: NodeView | None,
                now: float) -> MassDeathFinding | None:
-    """Whether too many of ``scope``'s nodes went NotReady together (and still are): of the
-    whole scope, or of ``node``'s failure domains (``cfg.domains``). A function of the nodes'
-    Ready conditions alone: it closes by itself when they answer again, and a new leader
-    computes the same. O(NotReady nodes of the scope)."""
+    """Whether too many of ``scope``'s nodes went NotReady together: of the whole scope, or of
+    ``node``'s failure domains (``cfg.domains``). Counted (:func:`outage`): the most NotReady
+    nodes whose NotReady began within one window of each other, plus the nodes that answered
+    again within the last window after the first of those went NotReady (an outage healing
+    node by node is still one event: its last nodes are not node faults). A function of the
+    nodes' Ready conditions alone: it closes by itself one window after they answer again, and
+    a new leader computes the same. O(NotReady and recently Ready nodes of the scope)."""
     down = facts.not_ready(scope)
-    if len(down) < 2:
+    if not down:
+        return None
+    since = now - cfg.window
+    back = facts.returned(scope, since)
+    if len(down) + len(back) < 2:
         return None  # one dead node is a node fault
     pop = facts.population(scope)
     limit = cfg.max_share.of(pop)
-    n = clustered((t for t in down.values() if t <= now), cfg.window)
+    n = outage((t for t in down.values() if t <= now), back.values(), cfg.window)
     if n > limit:
         return MassDeathFinding(n, limit, pop, cfg.window)
     if node is None:
@@ -473,7 +489,10 @@ def mass_death(cfg: MassDeath, facts: GuardrailFacts, scope: Scope, node: NodeVi
         members = facts.domain_members(scope, key, value)
         limit = cfg.max_share_per_domain.of(members)
         there = facts.not_ready(scope, (key, value))
-        n = clustered((t for t in there.values() if t <= now), cfg.window)
+        if not there:
+            continue
+        n = outage((t for t in there.values() if t <= now),
+                   facts.returned(scope, since, (key, value)).values(), cfg.window)
         if n > limit:
             return MassDeathFinding(n, limit, members, cfg.window, f"{key}={value}")
     return None

@@ -99,6 +99,12 @@ class FleetIndex:
         self._slurm_view = "off"
         self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
         self._not_ready: dict[str, float] = {}  # node -> since when Ready is not True
+        #: node -> since when Ready is True; entries older than every mass-death window are
+        #: dropped as they are read (:meth:`returned`) and never added again (``_ready_floor``),
+        #: so it holds the recent ones
+        self._ready: dict[str, float] = {}
+        self._ready_floor = float("-inf")
+        self._max_mass_window = 0.0
         self._policies = policies
         self._scopes: list[ScopeCounts] = []
         self._scope_of: dict[str, list[int]] = {}
@@ -148,6 +154,8 @@ class FleetIndex:
         # every scope also counts the members of the mass-death breakers' failure domains
         extra = tuple(dict.fromkeys(k for p in policies.policies if p.dead.enabled
                                     for k in p.dead.mass_death.domains))
+        self._max_mass_window = max((p.dead.mass_death.window for p in policies.policies
+                                     if p.dead.enabled), default=0.0)
         fleet_keys = _keys(domain_keys(policies.fleet.guardrails), extra)
         self._scopes = [ScopeCounts(None, fleet_keys)]
         self._scope_of = {}
@@ -240,6 +248,11 @@ class FleetIndex:
             self._not_ready.pop(name, None)
         else:
             self._not_ready[name] = since
+        back = view.ready_since
+        if back is None or back < self._ready_floor:
+            self._ready.pop(name, None)
+        else:
+            self._ready[name] = back
         self._place(name)
 
     def remove_node(self, name: str) -> None:
@@ -248,6 +261,7 @@ class FleetIndex:
         had = self._info.pop(name, None)
         self._paused.pop(name, None)
         self._not_ready.pop(name, None)
+        self._ready.pop(name, None)
         if had is not None and had.nodeset:
             self._retag_node(name)  # a vanished node is in no NodeSet
         self._place(name)
@@ -475,6 +489,22 @@ class FleetIndex:
         members = self._scope(policy).members
         return {n: t for n, t in self._not_ready.items() if n in members and (
             domain is None or self._nodes[n].labels.get(domain[0]) == domain[1])}
+
+    def returned(self, policy: Scope, since: float,
+                 domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """Amortised O(nodes Ready within the longest mass-death window): older entries are
+        dropped here (``since`` is at most one such window back, so none is needed again)."""
+        members = self._scope(policy).members
+        stale = since - self._max_mass_window
+        self._ready_floor = max(self._ready_floor, stale)
+        out: dict[str, float] = {}
+        for n, t in list(self._ready.items()):
+            if t < stale:
+                del self._ready[n]
+            elif t >= since and n in members and (
+                    domain is None or self._nodes[n].labels.get(domain[0]) == domain[1]):
+                out[n] = t
+        return out
 
     def domain_members(self, policy: Scope, key: str, value: str) -> int:
         scope = self._scope(policy)

@@ -186,6 +186,15 @@ class NodeView:
         return True
 
     @property
+    def ready_since(self) -> float | None:
+        """Since when its Ready condition is True (None: it is not, or it has none, or no
+        transition time is known)."""
+        for c in self.conditions:
+            if c.type == "Ready":
+                return c.last_transition or None if c.status == "True" else None
+        return None
+
+    @property
     def not_ready_since(self) -> float | None:
         """Since when its Ready condition is not True (None: it is, or it has none)."""
         for c in self.conditions:

@@ -370,7 +370,7 @@ class MassDeath:
     """Many nodes of one scope dying together is a control-plane or network fault: nothing is
     fenced or swapped there while more than ``max_share`` of the scope's nodes (or more than
     ``max_share_per_domain`` of one failure domain's) went NotReady within one ``window`` and
-    are still NotReady."""
+    are still NotReady, counting those that answered again within the last ``window``."""
 
     window: float = 300.0
     max_share: Quantity = Quantity(10, percent=True)

@@ -80,6 +80,16 @@ class ScanFacts:
                 out[m.name] = since
         return out
 
+    def returned(self, policy: Scope, since: float,
+                 domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        out: dict[str, float] = {}
+        for m in self._scope(policy)[0]:
+            t = m.ready_since
+            if t is not None and t >= since and (
+                    domain is None or m.labels.get(domain[0]) == domain[1]):
+                out[m.name] = t
+        return out
+
     def domain_members(self, policy: Scope, key: str, value: str) -> int:
         return sum(1 for m in self._scope(policy)[0] if m.labels.get(key) == value)
 

@@ -307,7 +307,8 @@ class FencingSpec(Model):
 
 class MassDeathSpec(Model):
     window: Duration = Field(default=300.0, gt=0, description=(
-        "nodes that went NotReady within one window of each other count together"))
+        "nodes that went NotReady within one window of each other count together, with "
+        "those that answered again within the last window"))
     max_share: Quantity = Field(default="10%", description=(
         "more of the policy's nodes than this NotReady together: suspect the control plane "
         "or the network, fence and swap nothing until they answer again"))

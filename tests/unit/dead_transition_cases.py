@@ -41,9 +41,11 @@ VALIDATE = cp.Steps(validation=cp.ValidationStep(enabled=True, image="i", comman
 BUDGET = cp.Guardrails(retry_budget=cp.RetryBudget(per_node=2, per_gpu_serial=1, window=86400))
 
 
-def dview(**kw: Any) -> BudgetView:
-    """A view whose one policy handles dead nodes (and ``kw``)."""
-    return view(policies(policy(dead=kw.pop("dead", DEAD_ON), **kw)))
+def dview(*, ready: bool = False, **kw: Any) -> BudgetView:
+    """A view whose one policy handles dead nodes (and ``kw``), n1 NotReady (its kubelet
+    silent) unless ``ready``."""
+    return view(policies(policy(dead=kw.pop("dead", DEAD_ON), **kw)),
+                nodes=[node("n1", ready=ready)] + [node(f"n{i}") for i in range(2, 11)])
 
 
 def dead(phase: Phase, *steps: Any, provider: FenceProvider | None = None,
@@ -124,7 +126,12 @@ DEAD_CASES: list[Case] = [
     Case("dead/capacity-limits-never-hold-it", dead(P.DEAD), trigger(K.TICK), P.DEAD,
          ("fence",), view=view(policies(policy(dead=DEAD_ON, guardrails=cp.Guardrails(
              max_concurrent=1, max_unavailable=cp.Quantity(0)))),
+             nodes=[node("n1", ready=False)] + [node(f"n{i}") for i in range(2, 11)],
              records=[record(P.DRAINING, nodename="n2")])),
+    # its Node is Ready again before its verdict caught up (a mass death whose nodes all came
+    # back at once: no NotReady node left to trip the breaker): never admitted
+    Case("dead/ready-again-is-not-admitted", dead(P.DEAD), trigger(K.TICK), P.DEAD, (),
+         view=dview(ready=True), check=lambda d: d.record.step("fence") is None),
     # -- Dead: fencing -------------------------------------------------------------------------
     Case("dead/still-dead-stays", dead(P.DEAD, FENCE_OPEN), d_trigger(), P.DEAD,
          view=dview()),
@@ -132,9 +139,24 @@ DEAD_CASES: list[Case] = [
          ("Recovered",), view=dview(),
          check=lambda d: d.record.step("fence").outcome.value == "skipped"),
     Case("dead/answers-again-goes-graceful", dead(P.DEAD, FENCE_OPEN), v_trigger(H.FAILED),
-         P.DRAINING, ("drain",), ("NodeAnswered",), view=dview(),
+         P.DRAINING, ("drain",), ("NodeAnswered",), view=dview(ready=True),
          check=lambda d: d.record.death is None
          and d.record.step("fence").outcome.value == "skipped"),
+    # a witness let go (Slurm hears the slurmd again, or the Ready condition's transition time
+    # restarted deadAfter) but the node is still not Ready: no answer, it stays dead
+    Case("dead/suspect-while-not-ready-stays", dead(P.DEAD, FENCE_OPEN),
+         v_trigger(H.SUSPECT), P.DEAD, view=dview(),
+         check=lambda d: d.record.death is not None and not d.record.step("fence").done),
+    # a provider says fenced but the Node is Ready (its kubelet contradicts it): nothing is
+    # taken out of service, the fence step stays open for the next Node change to poll
+    Case("dead/fenced-but-ready-stays", dead(P.DEAD, FENCE_OPEN), fence_done(), P.DEAD, (),
+         ("FenceContradicted",), view=dview(ready=True),
+         check=lambda d: d.record.death is not None and not d.record.death.fenced
+         and not d.record.step("fence").done
+         and "the Node is Ready" in d.record.step("fence").error),
+    # ... and once it is silent again, the next poll's answer takes it out of service
+    Case("dead/fenced-but-ready-then-silent", dead(P.DEAD, FENCE_OPEN), trigger(K.NODE),
+         P.DEAD, ("fence",), view=dview()),
     Case("dead/fenced-takes-it-out", dead(P.DEAD, FENCE_OPEN), fence_done(),
          P.OUT_OF_SERVICE, ("cordon", "claim-spare"), ("NodeFenced",), view=dview(),
          check=lambda d: d.record.death.provider is FenceProvider.MANUAL
@@ -171,7 +193,12 @@ DEAD_CASES: list[Case] = [
     Case("held-fencing/still-dead", dead(P.HELD_FOR_FENCING, FENCE_OPEN), d_trigger(),
          P.HELD_FOR_FENCING, view=dview()),
     Case("held-fencing/answers-again", dead(P.HELD_FOR_FENCING, FENCE_OPEN),
-         v_trigger(H.FAILED), P.DRAINING, ("drain",), view=dview()),
+         v_trigger(H.FAILED), P.DRAINING, ("drain",), view=dview(ready=True)),
+    Case("held-fencing/fenced-but-ready-stays", dead(P.HELD_FOR_FENCING, FENCE_OPEN),
+         fence_done(), P.HELD_FOR_FENCING, (), ("FenceContradicted",), view=dview(ready=True),
+         check=lambda d: not d.record.step("fence").done and not d.record.death.fenced),
+    Case("held-fencing/suspect-while-not-ready-stays", dead(P.HELD_FOR_FENCING, FENCE_OPEN),
+         v_trigger(H.SUSPECT), P.HELD_FOR_FENCING, view=dview()),
     Case("held-fencing/lost-jobs", dead(P.HELD_FOR_FENCING, FENCE_OPEN,
                                         open_step("lost-jobs")),
          s_trigger("lost-jobs", S.DONE, jobs="none"), P.HELD_FOR_FENCING, view=dview()),

@@ -7,12 +7,14 @@ nodes of a scope (or of one failure domain) going NotReady together is not a nod
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from healer.core import rules as cp
-from healer.core.budget import MassDeathFinding, check_admission, clustered, mass_death
+from healer.core.budget import MassDeathFinding, check_admission, mass_death, outage
 from healer.core.capacity import FleetIndex
 from healer.core.health import evaluate
 from healer.core.model import HealthState, NodeCondition, NodeView, Severity, Signal, SignalKind
@@ -109,22 +111,48 @@ def test_a_policy_without_dead_node_handling_never_says_dead() -> None:
 # -- mass death -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("times", "window", "most"), [
-    ([], 60, 0), ([1.0], 60, 1), ([0.0, 10, 20, 100], 30, 3), ([0.0, 31, 62], 30, 1),
-    ([5.0, 0, 3, 200, 201], 10, 3),
+@pytest.mark.parametrize(("times", "back", "window", "most"), [
+    ([], [], 60, 0), ([1.0], [], 60, 1), ([0.0, 10, 20, 100], [], 30, 3),
+    ([0.0, 31, 62], [], 30, 1), ([5.0, 0, 3, 200, 201], [], 10, 3),
+    # answered again after the first of a group went NotReady: out with it
+    ([100.0], [150.0], 60, 2), ([100.0, 400], [150.0, 450], 60, 3),
+    # answered again before any went NotReady (a repaired node back): an earlier fault
+    ([100.0], [90.0], 60, 1),
+    # nobody NotReady: no outage, whoever answered
+    ([], [10.0, 20], 60, 0),
 ])
-def test_clustered(times: list[float], window: float, most: int) -> None:
-    assert clustered(times, window) == most
+def test_outage(times: list[float], back: list[float], window: float, most: int) -> None:
+    assert outage(times, back, window) == most
 
 
-def _fleet(down: dict[str, float], domains: dict[str, str]) -> list[NodeView]:
+def _brute_outage(times: list[float], back: list[float], window: float) -> int:
+    return max((sum(1 for u in times if t <= u <= t + window) +
+                sum(1 for b in back if b >= t) for t in times), default=0)
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_outage_is_the_brute_force_count(seed: int) -> None:
+
+    rnd = random.Random(seed)
+    times = [rnd.uniform(0, 1000) for _ in range(rnd.randrange(0, 8))]
+    back = [rnd.uniform(0, 1000) for _ in range(rnd.randrange(0, 8))]
+    window = rnd.choice([1.0, 50.0, 300.0])
+    assert outage(times, back, window) == _brute_outage(times, back, window)
+
+
+def _fleet(down: dict[str, float], domains: dict[str, str],
+           back: dict[str, float] | None = None) -> list[NodeView]:
+    """NotReady since ``down``; the rest Ready, since ``back`` (answered again then) or for a
+    day."""
     out = []
     for name, dom in domains.items():
         n = node(name, **{DOMAIN_LABEL: dom})
         if name in down:
-            n = replace(n, conditions=(NodeCondition("Ready", "Unknown",
-                                                     last_transition=down[name]),))
-        out.append(n)
+            cond = NodeCondition("Ready", "Unknown", last_transition=down[name])
+        else:
+            cond = NodeCondition("Ready", "True",
+                                 last_transition=(back or {}).get(name, T0 - 86400))
+        out.append(replace(n, conditions=(cond,)))
     return out
 
 
@@ -132,8 +160,8 @@ TEN = {f"n{i}": ("a" if i <= 4 else "b") for i in range(1, 11)}  # 4 in a, 6 in 
 MD = cp.MassDeath(window=300, max_share=cp.Quantity(30, percent=True),
                   max_share_per_domain=cp.Quantity(25, percent=True), domains=(DOMAIN_LABEL,))
 
-# (case, NotReady nodes with since, the node asking, tripped where)
-MASS = [
+# (case, NotReady nodes with since, the node asking, tripped where[, Ready again since])
+MASS: list[tuple[Any, ...]] = [
     ("one dead node: a node fault", {"n1": T0 - 10}, "n1", None),
     ("half of domain a at once: tripped", {"n1": T0 - 10, "n2": T0 - 20}, "n1",
      f"{DOMAIN_LABEL}=a"),
@@ -142,15 +170,28 @@ MASS = [
     ("two of a, hours apart: two node faults", {"n1": T0 - 10, "n2": T0 - 7200}, "n1", None),
     ("four of ten across domains at once: the scope", {"n1": T0 - 1, "n5": T0 - 2,
                                                        "n6": T0 - 3, "n7": T0 - 4}, "n6", ""),
+    # an outage healing node by node is one event: its last node is not a node fault
+    ("half of a, one answered again a minute ago: still tripped", {"n1": T0 - 600}, "n1",
+     f"{DOMAIN_LABEL}=a", {"n2": T0 - 60}),
+    ("half of a, one answered again over a window ago: a node fault", {"n1": T0 - 900}, "n1",
+     None, {"n2": T0 - 400}),
+    ("one answered again in the other domain: domain a is fine", {"n1": T0 - 600}, "n1",
+     None, {"n5": T0 - 60}),
+    ("nobody NotReady, some answered again: nothing to trip", {}, "n1", None,
+     {"n1": T0 - 10, "n2": T0 - 20, "n3": T0 - 30}),
+    # a node of a answered again (repaired) a minute before another of a died: two faults
+    ("one of a back before another died: a node fault", {"n1": T0 - 60}, "n1", None,
+     {"n2": T0 - 120}),
 ]
 
 
-@pytest.mark.parametrize(("down", "asking", "where"), [c[1:] for c in MASS],
-                         ids=[c[0] for c in MASS])
-def test_mass_death(down: dict[str, float], asking: str, where: str | None) -> None:
+@pytest.mark.parametrize("case", [c[1:] for c in MASS], ids=[c[0] for c in MASS])
+def test_mass_death(case: tuple[Any, ...]) -> None:
+    down, asking, where = case[:3]
+    back = case[3] if len(case) > 3 else {}
     p = policy(dead=replace(DEAD_ON, mass_death=MD))
     ps = policies(p)
-    nodes = _fleet(down, TEN)
+    nodes = _fleet(down, TEN, back)
     scan = view(ps, nodes=nodes)
     index = FleetIndex(ps)
     for n in nodes:

@@ -154,6 +154,28 @@ def _held_fence(ctx: Ctx) -> None:
 HELD_FENCE = Effect("hold for fencing", _held_fence)
 
 
+def _fence_contradicted(ctx: Ctx) -> None:
+    """A provider says the machine is off, but its Node is Ready: its kubelet contradicts the
+    fence (a stale annotation, a provider mistaken). Nothing is taken out of service; the fence
+    step stays open (the next change of the Node polls it again), and the next verdict takes a
+    node that answers back to the graceful flow."""
+    r = ctx.result
+    s = ctx.rec.step(StepName.FENCE)
+    assert r is not None
+    if s is None:
+        return
+    said = f"{r.get('provider') or 'a provider'} ({r.get('by') or 'no detail'})"
+    ctx.record = ctx.rec.replace_latest(replace(
+        s, finished_at=None, outcome=None, detail="",
+        error=f"{said} says fenced, but the Node is Ready: not taken out of service"[:250]))
+    ctx.event("fence-contradicted", "FenceContradicted",
+              f"{ctx.rec.node}: {said} says the machine is off, but its Node is Ready (its "
+              "kubelet answers): nothing is taken out of service", warning=True)
+
+
+FENCE_CONTRADICTED = Effect("keep fencing open: the Node is Ready", _fence_contradicted)
+
+
 def _alive_again(ctx: Ctx) -> None:
     """The node answers again before it was fenced: back to the graceful flow."""
     v = ctx.trigger.verdict

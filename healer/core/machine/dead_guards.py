@@ -42,6 +42,14 @@ def verdict_dead_alive_record(ctx: Ctx) -> bool:
     return verdict_dead(ctx) and ctx.rec.death is None
 
 
+def node_silent(ctx: Ctx) -> bool:
+    """The node's Ready condition is still not True (or the Node is gone): whatever the verdict
+    says (a witness may have let go: Slurm hears its slurmd again, or the Ready condition's
+    transition time restarted its deadAfter clock), its kubelet has not answered."""
+    view = ctx.view.nodes.get(ctx.rec.node)
+    return view is None or not view.ready
+
+
 def dead_observe_only(ctx: Ctx) -> bool:
     """Fencing not asked for, and the policy's mode is observe: report, fence nothing."""
     return fence_not_started(ctx) and observe_only(ctx)
@@ -56,6 +64,13 @@ def dead_governed_unpaused(ctx: Ctx) -> bool:
 def fence_not_started(ctx: Ctx) -> bool:
     """The dead node's fencing was not asked for yet (admission pending)."""
     return ctx.rec.step(StepName.FENCE) is None
+
+
+def fence_admissible(ctx: Ctx) -> bool:
+    """Fencing not asked for yet, and the node still silent: a dead record whose Node is Ready
+    again (its verdict not caught up yet) is never admitted, since the guardrails would read
+    it as answering (a mass death whose nodes all came back trips nothing)."""
+    return fence_not_started(ctx) and node_silent(ctx)
 
 
 def dead_blocked(ctx: Ctx) -> bool:
@@ -75,6 +90,17 @@ def _fenced_deleted(ctx: Ctx) -> bool:
     r = ctx.result
     return _FENCED(ctx) and r is not None and r.get("provider") == \
         FenceProvider.NODE_DELETED.value
+
+
+def fenced_silent(ctx: Ctx) -> bool:
+    """A provider says the machine is off, and its Node is not Ready (or gone)."""
+    return _FENCED(ctx) and node_silent(ctx)
+
+
+def fenced_but_ready(ctx: Ctx) -> bool:
+    """A provider says the machine is off, but its Node is Ready: its kubelet contradicts the
+    fence (a stale annotation, a provider mistaken): nothing is taken out of service."""
+    return _FENCED(ctx) and not node_silent(ctx)
 
 
 def fenced_deleted_no_swap(ctx: Ctx) -> bool:
@@ -137,6 +163,10 @@ def cleared_validate(ctx: Ctx) -> bool:
 
 
 VERDICT_DEAD = Guard("verdict dead", verdict_dead)
+NODE_SILENT = Guard("node still not Ready", node_silent)
+FENCE_ADMISSIBLE = Guard("fencing not asked for yet, node still not Ready", fence_admissible)
+FENCED_SILENT = Guard("fence done, node not Ready", fenced_silent)
+FENCED_BUT_READY = Guard("fence done, but the node is Ready", fenced_but_ready)
 VERDICT_DEAD_IN_FLIGHT = Guard("verdict dead, not in the dead-node flow yet",
                                verdict_dead_alive_record)
 DEAD_OBSERVE_ONLY = Guard("fencing not asked for, observe-only", dead_observe_only)

@@ -27,6 +27,7 @@ from healer.core.machine.dead_effects import (
     ADMIT_FENCE,
     AFTER_CLEAR,
     ALIVE_AGAIN,
+    FENCE_CONTRADICTED,
     FENCED,
     FENCED_GONE,
     GO_DEAD,
@@ -44,8 +45,12 @@ from healer.core.machine.dead_guards import (
     DEAD_BUDGET_EXHAUSTED,
     DEAD_CONFIRMED,
     DEAD_OBSERVE_ONLY,
+    FENCE_ADMISSIBLE,
     FENCE_NOT_STARTED,
+    FENCED_BUT_READY,
     FENCED_DELETED_NO_SWAP,
+    FENCED_SILENT,
+    NODE_SILENT,
     OUT_OF_SERVICE_NO_SWAP,
     OUT_OF_SERVICE_SWAP,
     REPAIRED_OUT_OF_SERVICE,
@@ -198,16 +203,21 @@ OPT_OUT_CANCELS = (R(K.OPT_OUT, ALWAYS, P.CANCELLED, CANCEL_KEEP),)
 DIES = (R(K.VERDICT, VERDICT_DEAD_IN_FLIGHT, P.DEAD, GO_DEAD),)
 #: The report of a dead node's lost jobs, in whichever dead phase it lands.
 LOST_JOBS_REPORTED = (R(K.STEP, result_is(StepName.LOST_JOBS, S.DONE), STAY, RECORD_LOST_JOBS),)
-#: A dead node answering again before it was fenced goes back to the graceful flow.
+#: A dead node answering again before it was fenced goes back to the graceful flow; a verdict
+#: that is merely no longer "dead" (a witness let go) while the node is still not Ready is not
+#: an answer.
 ANSWERS_AGAIN = (
     R(K.VERDICT, VERDICT_HEALTHY, P.RECOVERED, RECOVER),
     R(K.VERDICT, VERDICT_DEAD, STAY),
+    R(K.VERDICT, NODE_SILENT, STAY),
     R(K.VERDICT, ALWAYS, P.FAILED, ALIVE_AGAIN),
 )
-#: A provider saying the machine is off or cut off ends the wait for fencing.
+#: A provider saying the machine is off or cut off ends the wait for fencing, unless its Node
+#: is Ready (its kubelet contradicts it: the next verdict takes it back to the graceful flow).
 FENCED_ROWS = (
     R(K.STEP, FENCED_DELETED_NO_SWAP, P.DONE, FENCED_GONE),
-    R(K.STEP, result_is(StepName.FENCE, S.DONE), P.OUT_OF_SERVICE, FENCED),
+    R(K.STEP, FENCED_SILENT, P.OUT_OF_SERVICE, FENCED),
+    R(K.STEP, FENCED_BUT_READY, STAY, FENCE_CONTRADICTED),
 )
 #: A change of the Node wakes the step that reads it (a fence provider, the node's readiness).
 NODE_WAKES = (R(K.NODE, ALWAYS, STAY, POLL),)
@@ -413,7 +423,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              R(K.AUTO, DEAD_OBSERVE_ONLY, STAY, BLOCK_OBSERVE),
              R(K.AUTO, DEAD_BUDGET_EXHAUSTED, P.ESCALATED, ESCALATE),
              R(K.AUTO, DEAD_BLOCKED, STAY, BLOCK_GUARDRAIL),
-             R(K.AUTO, FENCE_NOT_STARTED, STAY, ADMIT_FENCE)),
+             R(K.AUTO, FENCE_ADMISSIBLE, STAY, ADMIT_FENCE)),
     # -- HeldForFencing: no provider said so in time; nothing is force-deleted -------------
     *rows_of(P.HELD_FOR_FENCING,
              *ANSWERS_AGAIN,

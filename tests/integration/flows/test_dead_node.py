@@ -349,12 +349,13 @@ async def test_partitioned_alive_node_is_held_never_deleted(flows: FlowFactory,
                        within=120, what="idle again")
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("mode", ["StatefulSet", "DaemonSet"])
 async def test_half_a_domain_dying_is_not_a_node_fault(flows: FlowFactory, mode: str) -> None:
     """Half of NVLink domain nvl-a (2 of its 4 nodes) goes dark at once, both already
-    annotated fenced: nothing is fenced, claimed or tainted; the breaker says why; it closes
-    when they answer again."""
+    annotated fenced: nothing is fenced, claimed or tainted; the breaker says why; as they
+    answer again one after the other the last one is not fenced either; it closes a window
+    after they answer again."""
     f = await flows(mode, "slinky")
     extra = [f"f{f.tid}-x{i}" for i in (4, 5)]  # nvl-a's other two nodes (no slurmd)
     for name in extra:
@@ -396,12 +397,14 @@ async def test_half_a_domain_dying_is_not_a_node_fault(flows: FlowFactory, mode:
         await revive(f, n)
     for n in dying:
         rec = await f.wait_phase(n, "Done", within=240)
-        assert "fence" not in {s["step"] for s in rec["status"]["ledger"]}
+        assert "fence" not in {s["step"] for s in rec["status"]["ledger"]}, \
+            (rec["status"]["ledger"], rec["status"]["history"])
 
     async def closed() -> bool:
         return await d.metric("healer_mass_death_tripped", scope=scope) == 0
 
-    await wait_for(closed, timeout=60, description="the mass-death breaker closed")
+    # one massDeath.window (2m) after they answered again
+    await wait_for(closed, timeout=240, description="the mass-death breaker closed")
 
 
 @pytest.mark.timeout(480)
