@@ -119,7 +119,69 @@ def check_signal(value: Any) -> str:
 
 
 _WORD_OPS = re.compile(r"(?i)\b(?:and|or|unless|atan2)\b")
-_BIG_REPEAT = re.compile(r"\{\s*(\d{4,})")
+#: The repeats RE2 reads as repeats: ``{n}``, ``{n,}``, ``{n,m}``, counts without leading zeros
+#: and under 10^8 (RE2 reads any other ``{`` as literal text).
+_REPEAT = re.compile(r"\{(0|[1-9][0-9]{0,7})(,(0|[1-9][0-9]{0,7})?)?\}")
+MAX_REPEAT = 1000  # RE2's own limit
+
+
+def _shown_brace(pattern: str, i: int) -> str:
+    end = pattern.find("}", i, i + 24)
+    return pattern[i:end + 1] if end >= 0 else pattern[i:i + 12]
+
+
+def check_repeats(pattern: str) -> None:
+    """Raise ``ValueError`` for a ``{`` outside a character class that RE2 would not read as a
+    repeat (``a{,5}``, ``a{ 3}``, ``a{01}``, ``a{4294967296}``, a stray ``{``: RE2 silently
+    takes those as literal text, so the rule would never match what its author meant) and for
+    a repeat count over :data:`MAX_REPEAT`. A literal brace is written ``\\{``.
+
+    Escapes (``\\{``, ``\\p{Greek}``, ``\\x{263a}``), ``\\Q...\\E`` and character classes
+    (``[{]``, ``[[:alpha:]{]``) are skipped as RE2 skips them. Linear in the pattern's length.
+    """
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if nxt == "Q":  # quoted text up to \E (or the end)
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+            elif nxt in ("p", "P", "x") and pattern[i + 2:i + 3] == "{":
+                end = pattern.find("}", i + 3)
+                i = n if end < 0 else end + 1
+            else:
+                i += 2
+            continue
+        if c == "[":  # a character class: nothing in it is a repeat
+            i += 1
+            if pattern[i:i + 1] == "^":
+                i += 1
+            if pattern[i:i + 1] == "]":  # a leading ] is literal
+                i += 1
+            while i < n and pattern[i] != "]":
+                if pattern[i] == "\\":
+                    i += 2
+                elif pattern.startswith("[:", i):
+                    end = pattern.find(":]", i + 2)
+                    i = i + 1 if end < 0 else end + 2
+                else:
+                    i += 1
+            i += 1
+            continue
+        if c == "{":
+            m = _REPEAT.match(pattern, i)
+            if m is None:
+                raise ValueError(f"expected {_shown_brace(pattern, i)!r} to be a repeat "
+                                 "{n}, {n,} or {n,m} (RE2 would read it as literal text; "
+                                 "write \\{ for a literal brace)")
+            counts = [int(x) for x in (m.group(1), m.group(3)) if x]
+            if max(counts) > MAX_REPEAT:
+                raise ValueError(f"expected repeat counts of at most {MAX_REPEAT}, got "
+                                 f"{m.group(0)[:24]}")
+            i = m.end()
+            continue
+        i += 1
 
 
 class Re2Pattern:
@@ -153,15 +215,14 @@ class Re2Pattern:
 def compile_regex(pattern: str) -> Re2Pattern:
     """``pattern`` compiled by RE2 (linear-time matching, no backtracking).
 
-    Refused: more than :data:`MAX_REGEX_CHARS` characters, a repeat count above 1000 (RE2 would
-    read an overflowing ``a{4294967296}`` as literal text), what RE2 cannot do in linear time
-    (backreferences, lookaround) and programs over RE2's memory budget.
+    Refused: more than :data:`MAX_REGEX_CHARS` characters, a brace RE2 would not read as a
+    repeat or a repeat count above 1000 (:func:`check_repeats`: RE2 reads an overflowing
+    ``a{4294967296}`` as literal text), what RE2 cannot do in linear time (backreferences,
+    lookaround) and programs over RE2's memory budget.
     """
     if len(pattern) > MAX_REGEX_CHARS:
         raise ValueError(f"expected a regular expression of at most {MAX_REGEX_CHARS} characters")
-    big = _BIG_REPEAT.search(pattern)
-    if big is not None and int(big.group(1)[:8]) > 1000:
-        raise ValueError(f"expected repeat counts of at most 1000, got {{{big.group(1)[:20]}")
+    check_repeats(pattern)
     try:
         return Re2Pattern(pattern)
     except re2.error as e:

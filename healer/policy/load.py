@@ -140,7 +140,8 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem], found: _Fo
         if isinstance(e, yaml.reader.ReaderError):  # a control character: offset in UTF-8 bytes
             line = text.encode("utf-8", "replace").count(b"\n", 0, max(e.position, 0)) + 1
         line = min(line, max(text.count("\n"), 1))  # "<stream end>" is past the last line
-        problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
+        field = _dotted(getattr(e, "path", ()))  # the value being read, when known
+        problems.append(Problem(str(f), line, field, f"invalid YAML: {_yaml_reason(e)}"))
         return
     if not docs:
         problems.append(Problem(str(f), 0, "", "the file holds no YAML document"))
@@ -231,7 +232,7 @@ def _dotted(loc: Sequence[Any]) -> str:
         else:
             text = str(part)
             out += ("." if out else "") + (text if len(text) <= 60 else text[:57] + "...")
-    return out
+    return out if len(out) <= 120 else out[:117] + "..."
 
 
 def _short(v: Any) -> str:
