@@ -232,8 +232,9 @@ def compile_regex(pattern: str) -> Re2Pattern:
                          f"lookaround; repeats ≤ 1000): {why[:120]}") from None
 
 
-def check_promql(expr: str) -> None:
-    """Parse ``expr`` as PromQL; raise ``ValueError`` with the parser's reason if it is not.
+def check_promql(expr: str) -> Any:
+    """Parse ``expr`` as PromQL and return its tree; raise ``ValueError`` with the parser's
+    reason if it is not PromQL.
 
     Nesting and operator counts are checked first (with strings skipped), so the parser never
     sees an expression deep enough to overflow its stack.
@@ -272,6 +273,6 @@ def check_promql(expr: str) -> None:
         raise ValueError(f"expected a PromQL expression of at most {MAX_PROMQL_OPERATORS} "
                          "operators")
     try:
-        promql_parser.parse(expr)
+        return promql_parser.parse(expr)
     except Exception as e:  # the binding raises ValueError, but a parser bug must not escape
         raise ValueError(f"expected a PromQL expression that parses: {str(e)[:160]}") from None

@@ -20,6 +20,7 @@ from healer.core.xid import XidCatalog
 from healer.policy import schema as s
 from healer.policy.checks import check_promql, compile_regex
 from healer.policy.promql_labels import check_keeps
+from healer.policy.promql_limits import check_limits
 from healer.policy.spare_validation import compile_spare_validation
 
 Path = tuple[str | int, ...]
@@ -168,7 +169,7 @@ def _metric(name: str, sev: Severity, m: s.MetricMatch, p: Path,
         issues.append(Issue((*p, "per"), "expected distinct labels"))
     if m.promql is not None:
         try:
-            check_promql(m.promql)
+            check_limits(check_promql(m.promql))
             node_labels = (m.node_label,) if m.node_label else core.HOST_LABELS
             check_keeps(m.promql, node_labels, m.per)
         except ValueError as e:

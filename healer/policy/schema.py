@@ -32,6 +32,7 @@ from healer.policy.checks import (
     check_prom_label,
     check_signal,
 )
+from healer.policy.promql_limits import MAX_LOOKBACK
 
 API_VERSION = "healer.io/v1alpha1"
 
@@ -149,9 +150,12 @@ class MetricMatch(Model):
     matchers: dict[PromLabel, Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=16,
         description="series: equality label matchers added to its selector")
-    promql: str | None = Field(default=None, min_length=1, max_length=4096,
-                               description="a PromQL expression; its series need the node "
-                                           "label and, for per-GPU rules, gpu/UUID labels")
+    promql: str | None = Field(default=None, min_length=1, max_length=4096, description=(
+        "a PromQL expression; its series need the node label and, for per-GPU rules, gpu/UUID "
+        "labels. Bounded, as it runs every poll: it reads at most 1d back (ranges, subquery "
+        "ranges and offsets together), every selector names its metric (by =), a subquery "
+        "says its step (at least 10s, at most 1440 steps, none inside another), no @ "
+        "modifier, no negative offset"))
     per: list[PromLabel] = Field(default_factory=list, max_length=8, description=(
         "series or promql: the labels that tell the node's parts apart (device, port: per "
         "HCA port); the rule is judged per part and its evidence names the part"))
@@ -161,8 +165,9 @@ class MetricMatch(Model):
     aggregation: Literal["value", "increase", "rate", "max_over_time", "changes"] = Field(
         default="value", description="field or series: value (the last sample), increase or "
         "rate of a counter, max_over_time, changes (how often it changed: flaps) in window")
-    window: Duration = Field(default=300.0, ge=1, description=(
-        "the range of increase/rate/max_over_time/changes: 1s to 366d"))
+    window: Duration = Field(default=300.0, ge=1, le=MAX_LOOKBACK, description=(
+        "the range of increase/rate/max_over_time/changes: 1s to 1d (a longer view belongs "
+        "in a recording rule)"))
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
