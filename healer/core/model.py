@@ -64,6 +64,13 @@ class SignalKind(enum.Enum):
     SLURM = "slurm"  # what Slurm says is wrong (states, reason): core.slurm_signals
 
 
+class TelemetrySourceName(enum.Enum):
+    """The telemetry sources whose samples carry freshness (METRIC, XID, FRESH, STALE signals),
+    which a staleness rule's ``sources`` may name; the policy schema lists exactly these."""
+
+    DCGM = "dcgm"  # the Prometheus source (DCGM fields and any series)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class GpuRef:
     """One GPU on a node. Any of the identifiers may be unknown (empty)."""

@@ -72,6 +72,73 @@ def check_label_value(value: Any) -> str:
 _PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+
+
+def _namespaced(value: Any, what: str, *, key: bool) -> tuple[str, str, str]:
+    """``NAMESPACE/NAME[:KEY]`` split; raise with what was expected (``what``)."""
+    form = "NAMESPACE/NAME[:KEY]" if key else "NAMESPACE/NAME"
+    expected = f"expected {form} of {what}"
+    if not isinstance(value, str) or len(value) > 600:
+        raise ValueError(f"{expected}, got {_shown(value)}")
+    ref, colon, k = value.partition(":") if key else (value, "", "")
+    ns, slash, name = ref.partition("/")
+    if not slash or _DNS_LABEL.fullmatch(ns) is None:
+        raise ValueError(f"{expected} (the namespace a lowercase DNS label of at most 63 "
+                         f"characters), got {_shown(value)}")
+    if len(name) > 253 or _DNS1123_SUBDOMAIN.fullmatch(name) is None:
+        raise ValueError(f"{expected} (the name a lowercase DNS subdomain of at most 253 "
+                         f"characters), got {_shown(value)}")
+    if colon and (_SECRET_KEY.fullmatch(k) is None or k in (".", "..")
+                  or k.startswith("..")):
+        raise ValueError(f"{expected} (the key at most 253 letters, digits, '-', '_', '.', not "
+                         f"'.' and not starting with '..', as Kubernetes allows), got "
+                         f"{_shown(value)}")
+    return ns, name, k
+
+
+def check_secret_ref(value: Any) -> str:
+    """``NAMESPACE/NAME[:KEY]`` of a Secret as Kubernetes can hold it: a DNS-label namespace,
+    a DNS-subdomain name, a valid Secret key (checked here, not when a hook first reads it)."""
+    _namespaced(value, "a Secret", key=True)
+    return str(value)
+
+
+def check_configmap_ref(value: Any) -> str:
+    """``NAMESPACE/NAME`` of a ConfigMap (a job hook's template)."""
+    _namespaced(value, "a ConfigMap holding job.yaml", key=False)
+    return str(value)
+
+
+# An OCI image reference as container runtimes parse it: [host[:port]/]path[:tag][@digest];
+# the path's components lowercase, separated by '.', '_', '__' or dashes.
+_IMAGE_HOST = (r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*"
+               r"[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?")
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REF = re.compile(
+    rf"(?:{_IMAGE_HOST}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def check_image_ref(value: Any) -> str:
+    """A container image reference (``registry.example.com:5000/team/dcgm:4.1``, ``name@sha256:
+    …``): what the kubelet would pull, checked at load rather than when a validation Job is
+    created in the middle of a remediation."""
+    if (not isinstance(value, str) or len(value) > 512
+            or _IMAGE_REF.fullmatch(value) is None):
+        raise ValueError("expected a container image reference ([registry[:port]/]name[:tag]"
+                         f"[@sha256:digest], name in lowercase), got {_shown(value)}")
+    repo = value.split("@", 1)[0]
+    last = repo.rsplit("/", 1)[-1]
+    if ":" in last:  # the tag
+        repo = repo[:len(repo) - len(last) + last.index(":")]
+    if len(repo) > 255:
+        raise ValueError("expected an image name of at most 255 characters (tag aside)")
+    return value
+
+
 def check_prom_label(value: Any) -> str:
     """A Prometheus label name: letters, digits and ``_``, not starting with a digit."""
     if not isinstance(value, str) or _PROM_LABEL.fullmatch(value) is None:

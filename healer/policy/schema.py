@@ -26,10 +26,13 @@ from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
     MAX_DURATION,
     MAX_QUANTITY,
+    check_configmap_ref,
     check_http_url,
+    check_image_ref,
     check_label_key,
     check_label_value,
     check_prom_label,
+    check_secret_ref,
     check_signal,
 )
 from healer.policy.promql_limits import MAX_LOOKBACK
@@ -100,6 +103,16 @@ LabelKey = Annotated[str, BeforeValidator(check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(check_label_value)]
 HttpUrl = Annotated[str, BeforeValidator(check_http_url)]
 SignalName = Annotated[str, BeforeValidator(check_signal)]
+SecretRef = Annotated[str, BeforeValidator(check_secret_ref), WithJsonSchema({
+    "type": "string", "maxLength": 600, "description": "NAMESPACE/NAME[:KEY] of a Secret",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
+               r"(:[-._A-Za-z0-9]{1,253})?$"})]
+ConfigMapRef = Annotated[str, BeforeValidator(check_configmap_ref), WithJsonSchema({
+    "type": "string", "maxLength": 320, "description": "NAMESPACE/NAME of a ConfigMap",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"})]
+ImageRef = Annotated[str, BeforeValidator(check_image_ref), WithJsonSchema({
+    "type": "string", "maxLength": 512,
+    "description": "a container image reference: [registry[:port]/]name[:tag][@digest]"})]
 _METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 PromLabel = Annotated[str, BeforeValidator(check_prom_label),
                       WithJsonSchema({"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$",
@@ -196,7 +209,9 @@ class NotReadyMatch(Model):
 
 class StalenessMatch(Model):
     after: Duration = Field(gt=0, description="no fresh sample for this long: stale")
-    sources: list[str] = Field(default_factory=list, description="empty: every source")
+    sources: list[Literal["dcgm"]] = Field(default_factory=list, max_length=8, description=(
+        "the telemetry sources judged: dcgm (DCGM and any series through Prometheus, the one "
+        "source whose samples carry freshness); empty: every source"))
 
 
 class SlurmMatch(Model):
@@ -232,11 +247,12 @@ class CheckpointSpec(Model):
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
 
 
 class DrainSpec(Model):
@@ -257,7 +273,8 @@ class SwapSpec(Model):
 
 class ValidationSpec(Model):
     enabled: Flag = False
-    image: str | None = None
+    image: ImageRef | None = Field(default=None, description=(
+        "the validation Job's container image: [registry[:port]/]name[:tag][@digest]"))
     command: list[str] = Field(default_factory=list, max_length=256)
     deadline: Duration = Field(default=1800.0, ge=1)
 
@@ -265,11 +282,12 @@ class ValidationSpec(Model):
 class RepairSpec(Model):
     hook: Literal["none", "webhook", "job"] = "none"
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
     deadline: Duration = Field(default=0.0, ge=0)
 
 
@@ -379,8 +397,6 @@ class FleetGuardrails(Model):
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_SECRET_REF = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
-               r"(:[-._A-Za-z0-9]{1,253})?$")
 
 
 class SlurmEndpointSpec(Model):
@@ -389,9 +405,8 @@ class SlurmEndpointSpec(Model):
     slurmrestd_url: HttpUrl | None = Field(
         default=None, description="this cluster's slurmrestd (slurmrestd driver; on Slinky, "
         "for job listing and checkpoint signals)")
-    token_secret: str | None = Field(
-        default=None, pattern=_SECRET_REF, max_length=400,
-        description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
+    token_secret: SecretRef | None = Field(
+        default=None, description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
     slurm_conf: str | None = Field(
         default=None, pattern=r"^/[^\x00-\x1f]*$", max_length=4096,
         description="absolute path of this cluster's slurm.conf in healer's container "
