@@ -46,6 +46,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
               f"nodeSet={where}  {n.source}")
     more = f", {len(ps.nodesets.items)} NodeSets" if ps.nodesets else ""
     print(f"{len(ps.policies)} policies valid{more} (digest {ps.digest})")
+    if not args.kubeconfig:
+        return 0
+    from healer.selection import live_report
+
+    live = asyncio.run(live_report(ps, args.kubeconfig, args.context))
+    for line in live.lines:
+        print(line)
+    for found in live.problems:
+        print(_one_line(found), file=sys.stderr)
+    if live.problems:
+        print(f"{len(live.problems)} problem(s) on the cluster", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -371,6 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate policy files (exit 1 on any problem)")
     v.add_argument("paths", nargs="+", help="policy files or directories")
+    v.add_argument("--kubeconfig", default=None, metavar="FILE",
+                   help="also list the cluster's Nodes and print, per NodeSet and policy, how "
+                        "many nodes and warm spares it selects now; a node that is both a "
+                        "NodeSet's node and a spare, or a NodeSet that serves nothing, is a "
+                        "problem (exit 1)")
+    v.add_argument("--context", default=None, help="kubeconfig context (default: current)")
     v.set_defaults(fn=_cmd_validate)
 
     w = sub.add_parser("workflow", help="print the remediation state machine (Mermaid)")

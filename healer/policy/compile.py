@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from healer.core import rules as core
 from healer.core.model import Severity
+from healer.core.selector_logic import conflict
 from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
@@ -57,7 +58,24 @@ def _selector(sel: s.Selector, path: Path, issues: list[Issue], *,
         if e.operator in ("Exists", "DoesNotExist") and e.values:
             issues.append(Issue(p, f"operator {e.operator} expects no values"))
         exprs.append((e.key, e.operator, frozenset(e.values)))
-    return core.LabelSelector(dict(sel.match_labels), tuple(exprs))
+    out = core.LabelSelector(dict(sel.match_labels), tuple(exprs))
+    key = conflict(out)
+    if key:
+        issues.append(Issue(path, f"this selector can match no node: its requirements on "
+                                  f"label {key!r} contradict each other"))
+    return out
+
+
+def _spare_selector(sel: s.Selector, path: Path, issues: list[Issue]) -> core.LabelSelector:
+    """A spare selector: a selector with matchLabels, which a claim takes off the spare (a
+    selector of matchExpressions alone would pick spares a claim cannot take out of the pool,
+    so healer counts no node as a spare by it)."""
+    out = _selector(sel, path, issues, require=True)
+    if sel.match_expressions and not sel.match_labels:
+        issues.append(Issue((*path, "matchLabels"),
+                            "expected at least one matchLabels entry: claiming a spare removes "
+                            "its matchLabels, and a spare selector without any picks no spare"))
+    return out
 
 
 def _guardrails(g: s.GuardrailsSpec, path: Path, issues: list[Issue]) -> core.Guardrails:
@@ -290,7 +308,7 @@ def compile_policy(doc: s.RemediationPolicy, catalog: XidCatalog,
 
 def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetRules:
     issues: list[Issue] = []
-    sel = _selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
+    sel = _spare_selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues)
     g = _guardrails(doc.spec.guardrails, ("spec", "guardrails"), issues)
     sv = compile_spare_validation(doc.spec.spare_validation, ("spec", "spareValidation"),
                                   lambda p, m: issues.append(Issue(p, m)))

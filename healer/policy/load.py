@@ -25,6 +25,7 @@ from healer.policy import schema as s
 from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
 from healer.policy.nodesets import check_nodesets, compile_nodeset
+from healer.policy.roles import Located, check_roles
 from healer.policy.yamlsrc import (
     LIMITS,
     ReadBudget,
@@ -104,6 +105,9 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         problems.extend(found)
     _cross_file_checks(policies, fleets, problems)
     check_nodesets([(n, doc.file, doc.line_of) for n, doc in nodesets], problems)
+    check_roles([(p, _located(doc)) for p, doc in policies],
+                (fleets[0][0], _located(fleets[0][1])) if fleets else None,
+                [(n, _located(doc)) for n, doc in nodesets], problems)
     if problems:
         raise PolicyError(problems)
     plist = [p for p, _ in policies]
@@ -164,6 +168,10 @@ def _yaml_reason(e: yaml.YAMLError) -> str:
 
 def _where(doc: SourceDoc) -> str:
     return f"{doc.file}:{doc.start_line}"
+
+
+def _located(doc: SourceDoc) -> Located:
+    return Located(doc.file, _where(doc), doc.line_of)
 
 
 def _load_doc(doc: SourceDoc, catalog: XidCatalog,
