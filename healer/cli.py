@@ -84,7 +84,10 @@ def _cmd_xid(args: argparse.Namespace) -> int:
     if args.code is None:
         print("healer xid: give an XID code or --list", file=sys.stderr)
         return 2
-    text, known = explain_xid(args.code, args.policies)
+    paths = args.policies
+    if paths is None:  # not given: the policies/ directory here, if there is one
+        paths = ["policies"] if os.path.isdir("policies") else []
+    text, known = explain_xid(args.code, paths)  # policies given and invalid: PolicyError
     print(text, end="")
     return 0 if known else 1
 
@@ -198,11 +201,12 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     le.add_argument("--identity", default="", type=flags.text_value(128),
                     help="this replica's identity (default: $POD_NAME, else host-pid)")
     le.add_argument("--lease-duration", type=flags.seconds(1, 3600), default=15.0,
-                    help="seconds a lease is valid without renewal (default 15)")
-    le.add_argument("--renew-deadline", type=flags.seconds(0.5, 3600), default=10.0,
+                    help="seconds a lease is valid without renewal; longer than "
+                        "--renew-deadline (default 15)")
+    le.add_argument("--renew-deadline", type=flags.seconds(1, 3600), default=10.0,
                     help="seconds the leader keeps trying to renew before it stops acting "
                          "(default 10)")
-    le.add_argument("--retry-period", type=flags.seconds(0.1, 600), default=2.0,
+    le.add_argument("--retry-period", type=flags.seconds(1, 600), default=2.0,
                     help="seconds between lease attempts (default 2)")
     sl = r.add_argument_group("Slurm")
     sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
@@ -288,8 +292,11 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from healer.app import run
+    from healer.run_checks import check_run_settings
 
-    return asyncio.run(run(_settings(args)))
+    settings = _settings(args)
+    check_run_settings(settings)  # flags that cannot work together: one line, exit 2
+    return asyncio.run(run(settings))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -398,8 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("xid", help="what an XID means and what healer will do about it")
     x.add_argument("code", nargs="?", type=flags.integer(0, 1 << 31))
-    x.add_argument("--policies", nargs="*", default=["policies"],
-                   help="policy files or directories (default: policies)")
+    x.add_argument("--policies", nargs="*", default=None,
+                   help="policy files or directories (default: ./policies if it exists); "
+                        "any that cannot be loaded is an error (exit 2)")
     x.add_argument("--list", action="store_true", help="the whole catalog")
     x.set_defaults(fn=_cmd_xid)
 
