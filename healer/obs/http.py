@@ -1,7 +1,9 @@
 """The HTTP endpoints of the controller and the agent (aiohttp).
 
 ``/healthz``  the event loop is alive and every registered source has a fresh heartbeat
-``/readyz``   caches synced and policies loaded (a follower is ready, just not leading)
+``/readyz``   caches synced and policies loaded (a follower is ready, just not leading); both
+              bodies list under ``degraded`` each dependency healer cannot use now and why
+              (Slurm's view: a NodeSet's cluster unreadable, its token Secret missing)
 ``/metrics``  Prometheus exposition of this process's registry
 ``/debug/state``  redacted JSON of workers, open remediations and guardrail use; served only
               when the process was started with ``--debug-state`` (404 otherwise)
@@ -62,6 +64,10 @@ class Health:
     clock: Callable[[], float] = time.monotonic
     beats: dict[str, tuple[float, float]] = field(default_factory=dict)
     ready: dict[str, bool] = field(default_factory=dict)
+    #: what the daemon depends on and cannot reach or read (name → why), shown in the bodies
+    #: of /healthz and /readyz without failing either: a missing Secret is the operator's to
+    #: fix, and restarting or unreadying healer would not fix it (it would stop the acks)
+    degraded: dict[str, str] = field(default_factory=dict)
 
     def beat(self, name: str, max_age: float) -> None:
         if not math.isfinite(max_age) or max_age <= 0:
@@ -71,6 +77,13 @@ class Health:
 
     def set_ready(self, name: str, ok: bool) -> None:
         self.ready[name] = ok
+
+    def set_dependency(self, name: str, why_not: str) -> None:
+        """``why_not`` the dependency ``name`` is unusable; "" when it is usable again."""
+        if why_not:
+            self.degraded[name] = why_not
+        else:
+            self.degraded.pop(name, None)
 
     def healthy(self) -> tuple[bool, dict[str, Any]]:
         now = self.clock()
@@ -110,11 +123,13 @@ def make_app(health: Health, registry: CollectorRegistry,
              body_timeout: float = BODY_TIMEOUT) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
         ok, detail = health.healthy()
-        return web.json_response({"ok": ok, "heartbeats": detail}, status=200 if ok else 503)
+        return web.json_response({"ok": ok, "heartbeats": detail,
+                                  "degraded": dict(health.degraded)}, status=200 if ok else 503)
 
     async def readyz(_: web.Request) -> web.Response:
         ok, detail = health.is_ready()
-        return web.json_response({"ok": ok, "conditions": detail}, status=200 if ok else 503)
+        return web.json_response({"ok": ok, "conditions": detail,
+                                  "degraded": dict(health.degraded)}, status=200 if ok else 503)
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
