@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps operator image lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
+.PHONY: help venv deps operator image lint test test-unit test-integration demo bench schema docs grafana verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ schema: venv ## regenerate policies/schema.json
 
 docs: venv ## regenerate generated docs (workflow, XID catalog, policy reference)
 	$(BIN)/healer docs --write
+
+grafana: venv ## regenerate dashboards/*.json and the alert files from healer_dev/grafana/ (and the chart's copies)
+	$(BIN)/python -m healer_dev grafana
 
 .PHONY: chart-files
 chart-files: ## refresh the Helm chart's copies under deploy/helm/healer/files/ (dashboards, alert rules, spare checks)

@@ -42,8 +42,8 @@ keys, no wall-clock data).
 
 The modules, by role:
 
-* :mod:`.history`: history reading (Prometheus range queries through the one client, a day at
-  a time, cut into the polls the daemon would have seen; the real Nodes' labels);
+* :mod:`.history`: history reading (Prometheus range queries through prometheus-api-client, a
+  day at a time, cut into the polls the daemon would have seen; the real Nodes' labels);
 * :mod:`.replay`: the replay through the one engine (:class:`~.replay.Backtest`,
   :func:`~.replay.backtest`), against the optimistic world of :mod:`.world`;
 * :mod:`.collect` and :mod:`.report`: what happened, as the report (data, JSON, the table);

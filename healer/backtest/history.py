@@ -2,8 +2,9 @@
 
 The telemetry comes from :meth:`PrometheusSource.history
 <healer.adapters.prometheus.source.PrometheusSource.history>` (the daemon's queries as range
-queries, through the one Prometheus client, a day at a time: :func:`iter_history`, so memory is
-bounded by a day of history, the next day fetched while this one is replayed).
+queries, through the offline tools' Prometheus client, prometheus-api-client: ADR 0012; a day
+at a time: :func:`iter_history`, so memory is bounded by a day of history, the next day
+fetched while this one is replayed).
 :func:`instants` cuts a stream of signals into the polls the daemon would have seen. The real
 Nodes' labels, when a kubeconfig is given, are read once (:func:`kube_node_labels`).
 """

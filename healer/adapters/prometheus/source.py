@@ -1,6 +1,6 @@
-"""The DCGM telemetry source (the one source): the poll loop and the backtest's history
-(:mod:`.history`), every query through the one client (:mod:`.http`), retried (see the package
-docstring)."""
+"""The DCGM telemetry source (the one source): the poll loop, its queries through the daemon's
+client (:mod:`.http`), and the backtest's history (:mod:`.history`, through the offline
+client), every query retried by the source's policy (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import structlog
 
 from healer.adapters.calls import timed
 from healer.adapters.clock import SYSTEM_CLOCK
-from healer.adapters.prometheus.access import check_url
+from healer.adapters.prometheus.access import Access, check_url
 from healer.adapters.prometheus.followup import Pending
 from healer.adapters.prometheus.freshness import FreshnessTracker, Transition
 from healer.adapters.prometheus.http import BadAnswer, connect, decode_result, gc_paused
@@ -145,11 +145,12 @@ class PrometheusSource:
         self.last_success: float | None = None  # evaluation time of the last poll that answered
         self.totals: dict[str, float] = defaultdict(float)
 
-        #: the one Prometheus client (TLS, headers, the bearer token): :mod:`.http`
-        self._http = connect(self.url, timeout=self.timeout, headers=headers,
-                             bearer_token=bearer_token, bearer_token_file=bearer_token_file,
-                             verify=verify, ca_file=ca_file, client_cert=client_cert,
-                             source=source)
+        #: where Prometheus is and how to reach it (both clients are made from it)
+        self.access = Access(self.url, self.timeout, dict(headers or {}), bearer_token,
+                             bearer_token_file, verify, ca_file, client_cert, source)
+        #: the daemon's client (TLS, headers, the bearer token): :mod:`.http`; history reads
+        #: go through the offline tools' client (:mod:`.history`, :mod:`.offline`)
+        self._http = connect(self.access)
 
     # -- configuration --------------------------------------------------------------------
 
@@ -188,9 +189,9 @@ class PrometheusSource:
 
     # -- HTTP -----------------------------------------------------------------------------
 
-    async def _retrying(self, fn: Callable[[], Any], op: str = "query") -> Any:
-        """``fn`` in the pool, retried (:data:`~healer.adapters.retry.QUICK` with ``retries``,
-        within one poll interval)."""
+    async def retried(self, fn: Callable[[], Any], op: str = "query") -> Any:
+        """``fn`` (a blocking query) in the source's threads, retried
+        (:data:`~healer.adapters.retry.QUICK` with ``retries``, within one poll interval)."""
         async def once() -> Any:
             with timed("prometheus", op):
                 return await self._in_thread(fn)
@@ -206,15 +207,7 @@ class PrometheusSource:
 
     async def _query(self, expr: str, at: float, what: str = "") -> list[Any]:
         label = what or f"query {expr[:120]!r}"
-        return list(await self._retrying(lambda: self._http.query(expr, at, label)))
-
-    async def query_range(self, expr: str, start: float, end: float, step: float,
-                          what: str = "") -> list[Any]:
-        """One range query; re-reads the bearer token file first."""
-        await self._in_thread(self._http.refresh_token)
-        label = what or f"query_range {expr[:120]!r}"
-        return list(await self._retrying(
-            lambda: self._http.query_range(expr, start, end, step, label), "query_range"))
+        return list(await self.retried(lambda: self._http.query(expr, at, label)))
 
     # -- polling --------------------------------------------------------------------------
 
