@@ -25,7 +25,10 @@ from healer.errors import HealerError, TransientError
 from healer.ports import SlurmDriver, SlurmNodeState, SlurmStates
 from healer.runtime.executor import Ports
 
-__all__ = ["NodeSetPorts", "NodeSetWiring"]
+__all__ = ["COMMAND_LINE", "NodeSetPorts", "NodeSetWiring"]
+
+#: How the metrics name the command line's NodeSet and cluster (no SlurmNodeSet documents).
+COMMAND_LINE = "(command line)"
 
 log = structlog.get_logger("healer.app")
 
@@ -54,7 +57,8 @@ class NodeSetPorts:
         self.labels_of: Callable[[str], Mapping[str, str] | None] = lambda _node: None
         self._built: dict[str, tuple[NodeSetRules, NodeSetWiring]] = {}
         self._retired: list[NodeSetWiring] = []
-        #: per NodeSet, its cluster and why its last read failed ("": it was read)
+        #: per NodeSet (COMMAND_LINE without documents), its cluster and why its last read
+        #: failed ("": it was read)
         self.readable: dict[str, tuple[str, str]] = {}
 
     def wiring(self, ns: NodeSetRules) -> NodeSetWiring:
@@ -94,8 +98,16 @@ class NodeSetPorts:
         for the metrics)."""
         nodesets = self.policies().nodesets
         if not nodesets:
-            return dict(await self.default_states.node_states()) \
-                if self.default_states is not None else {}
+            if self.default_states is None:
+                self.readable = {}
+                return {}
+            try:
+                got = dict(await self.default_states.node_states())
+            except HealerError as e:
+                self.readable = {COMMAND_LINE: (COMMAND_LINE, printable(str(e), 300))}
+                raise
+            self.readable = {COMMAND_LINE: (COMMAND_LINE, "")}
+            return got
         out: dict[str, SlurmNodeState] = {}
         readable: dict[str, tuple[str, str]] = {}
         for ns in nodesets.items:
