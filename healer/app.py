@@ -57,6 +57,7 @@ from healer.ports import (
     Workload,
 )
 from healer.runtime.controller import Controller, RuntimeSettings
+from healer.runtime.dependencies import Dependencies
 from healer.runtime.executor import ActionRunner, Executor, Ports, SlurmNames, same_name
 from healer.runtime.loops import (
     LOOP_SLACK,
@@ -172,12 +173,17 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     health = Health()
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
+    self_events = SelfEvents(api, namespace=settings.kube.namespace,
+                             instance=settings.leader.identity, pod=settings.kube.pod_name,
+                             lease=settings.leader.lease_name)
+    if slurm_feed is not None:  # a lost Slurm view: on /readyz, as an Event, in the metrics
+        slurm_feed.on_view = Dependencies(health, self_events.emit).slurm_view
     prom = _prometheus(settings, policies)
     sources: list[TelemetrySource] = [*(o.telemetry or []), *prom]
     depth: dict[str, int] = {}
-    metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed))
+    metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed, nodesets))
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
-    reloader = _reloader(settings, api, metrics, health,
+    reloader = _reloader(settings, self_events, metrics, health,
                          apply=lambda new: switch_policies(new, ctl, sources))
     await reloader.prime()
     loops = {
@@ -396,13 +402,14 @@ def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSourc
 
 
 def _state_source(ctl: Controller, prom: Sequence[PrometheusSource], depth: Mapping[str, int],
-                  slurm_feed: SlurmFeed | None) -> StateSource:
+                  slurm_feed: SlurmFeed | None, nodesets: NodeSetPorts) -> StateSource:
     """What the metrics read at scrape time."""
     return StateSource(
         records=lambda: {n: s.record for n, s in ctl.records.items()},
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
         leading=lambda: ctl.leading,
-        slurm_feed=slurm_feed.metrics if slurm_feed is not None else dict,
+        slurm_feed=(lambda: {**slurm_feed.metrics(), "nodesets": dict(nodesets.readable)})
+        if slurm_feed is not None else dict,
         stale_nodes=lambda: {**{p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
                              **ctl.stale_conditions()},
         last_poll=lambda: {p.name: p.last_success for p in prom
@@ -435,12 +442,9 @@ async def _serve(settings: Settings, health: Health, metrics: Metrics, ctl: Cont
                           f"{e.strerror or e}") from e
 
 
-def _reloader(settings: Settings, api: client.ApiClient, metrics: Metrics, health: Health, *,
+def _reloader(settings: Settings, self_events: SelfEvents, metrics: Metrics, health: Health, *,
               apply: Callable[[PolicySet], None]) -> PolicyReloader:
     """The policy reload loop: a failed reload is an Event about healer itself."""
-    self_events = SelfEvents(api, namespace=settings.kube.namespace,
-                             instance=settings.leader.identity, pod=settings.kube.pod_name,
-                             lease=settings.leader.lease_name)
     every = settings.policy_reload_seconds + settings.policy_load_timeout + LOOP_SLACK
     return PolicyReloader(settings.policies, apply=apply, observer=metrics,
                           emit=self_events.emit, max_mode=_max_mode(settings),

@@ -46,6 +46,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
               f"nodeSet={where}  {n.source}")
     more = f", {len(ps.nodesets.items)} NodeSets" if ps.nodesets else ""
     print(f"{len(ps.policies)} policies valid{more} (digest {ps.digest})")
+    if not args.kubeconfig:
+        return 0
+    from healer.selection import live_report
+
+    live = asyncio.run(live_report(ps, args.kubeconfig, args.context))
+    for line in live.lines:
+        print(line)
+    for found in live.problems:
+        print(_one_line(found), file=sys.stderr)
+    if live.problems:
+        print(f"{len(live.problems)} problem(s) on the cluster", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -72,7 +84,10 @@ def _cmd_xid(args: argparse.Namespace) -> int:
     if args.code is None:
         print("healer xid: give an XID code or --list", file=sys.stderr)
         return 2
-    text, known = explain_xid(args.code, args.policies)
+    paths = args.policies
+    if paths is None:  # not given: the policies/ directory here, if there is one
+        paths = ["policies"] if os.path.isdir("policies") else []
+    text, known = explain_xid(args.code, paths)  # policies given and invalid: PolicyError
     print(text, end="")
     return 0 if known else 1
 
@@ -186,11 +201,12 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     le.add_argument("--identity", default="", type=flags.text_value(128),
                     help="this replica's identity (default: $POD_NAME, else host-pid)")
     le.add_argument("--lease-duration", type=flags.seconds(1, 3600), default=15.0,
-                    help="seconds a lease is valid without renewal (default 15)")
-    le.add_argument("--renew-deadline", type=flags.seconds(0.5, 3600), default=10.0,
+                    help="seconds a lease is valid without renewal; longer than "
+                        "--renew-deadline (default 15)")
+    le.add_argument("--renew-deadline", type=flags.seconds(1, 3600), default=10.0,
                     help="seconds the leader keeps trying to renew before it stops acting "
                          "(default 10)")
-    le.add_argument("--retry-period", type=flags.seconds(0.1, 600), default=2.0,
+    le.add_argument("--retry-period", type=flags.seconds(1, 600), default=2.0,
                     help="seconds between lease attempts (default 2)")
     sl = r.add_argument_group("Slurm")
     sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
@@ -276,8 +292,11 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from healer.app import run
+    from healer.run_checks import check_run_settings
 
-    return asyncio.run(run(_settings(args)))
+    settings = _settings(args)
+    check_run_settings(settings)  # flags that cannot work together: one line, exit 2
+    return asyncio.run(run(settings))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -371,6 +390,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate policy files (exit 1 on any problem)")
     v.add_argument("paths", nargs="+", help="policy files or directories")
+    v.add_argument("--kubeconfig", default=None, metavar="FILE",
+                   help="also list the cluster's Nodes and print, per NodeSet and policy, how "
+                        "many nodes and warm spares it selects now; a node that is both a "
+                        "NodeSet's node and a spare, or a NodeSet that serves nothing, is a "
+                        "problem (exit 1)")
+    v.add_argument("--context", default=None, help="kubeconfig context (default: current)")
     v.set_defaults(fn=_cmd_validate)
 
     w = sub.add_parser("workflow", help="print the remediation state machine (Mermaid)")
@@ -380,8 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("xid", help="what an XID means and what healer will do about it")
     x.add_argument("code", nargs="?", type=flags.integer(0, 1 << 31))
-    x.add_argument("--policies", nargs="*", default=["policies"],
-                   help="policy files or directories (default: policies)")
+    x.add_argument("--policies", nargs="*", default=None,
+                   help="policy files or directories (default: ./policies if it exists); "
+                        "any that cannot be loaded is an error (exit 2)")
     x.add_argument("--list", action="store_true", help="the whole catalog")
     x.set_defaults(fn=_cmd_xid)
 

@@ -177,10 +177,11 @@ def secret_ref(text: str) -> str:
     """``NAMESPACE/NAME[:KEY]``; empty means unset."""
     if text == "":
         return text
-    ref, _, key = text.partition(":")
+    ref, colon, key = text.partition(":")  # a key as Kubernetes allows (not ".", "..", "..x")
     ns, slash, name = ref.partition("/")
     if not slash or not _DNS_LABEL.match(ns) or not name or not _DNS_SUBDOMAIN.match(name) \
-            or (key and not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key)):
+            or (colon and (not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key) or key == "."
+                       or key.startswith(".."))):
         raise _fail(f"expected NAMESPACE/NAME[:KEY] of a Secret, got {_show(text)}")
     return text
 

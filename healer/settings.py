@@ -16,8 +16,8 @@ from healer.errors import ConfigError
 
 #: (setting, lowest, highest) for every number a Settings holds.
 LIMITS: dict[str, tuple[float, float]] = {
-    "lease_duration": (1.0, 3600.0), "renew_deadline": (0.5, 3600.0),
-    "retry_period": (0.1, 600.0), "poll_interval": (0.1, 3600.0), "port": (0, 65535),
+    "lease_duration": (1.0, 3600.0), "renew_deadline": (1.0, 3600.0),
+    "retry_period": (1.0, 600.0), "poll_interval": (0.1, 3600.0), "port": (0, 65535),
     "policy_reload_seconds": (0.1, 86400.0), "policy_load_timeout": (1.0, 3600.0),
     "policy_load_memory_mb": (64, 1 << 20), "shutdown_grace": (0.0, 3600.0),
 }

@@ -13,6 +13,7 @@ from healer.adapters.kube.crd import reason_of
 from healer.adapters.kube.store import CRStateStore
 from healer.core.machine import releases
 from healer.core.model import NodeRecord
+from healer.core.text import printable
 from healer.errors import ConfigError, NotFoundError
 
 
@@ -54,11 +55,11 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
     header = (f"{'NAME':38} {'NODE':16} {'PHASE':16} {'AGE':>5} {'IN PHASE':>8}  "
               f"{'SPARE':24} REASON")
     print(header)
-    for s in rows:
+    for s in rows:  # records hold others' text (reasons, answers): shown printable only
         r = s.record
-        print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase.value:16} "
+        print(f"{printable(s.name[:38]):38} {printable(r.node[:16]):16} {r.phase.value:16} "
               f"{_age(now - r.incident.opened_at):>5} {_age(now - r.phase_since):>8}  "
-              f"{_spare(r):24} {reason_of(r)}")
+              f"{printable(_spare(r)):24} {printable(reason_of(r))}")
     if not rows:
         print("(no remediations)")
     return 0

@@ -16,7 +16,8 @@ connection errors, 429 and 5xx (:data:`healer.adapters.retry.WEBHOOK`). A 2xx an
 ``{"status": "done"}`` (or an empty body) acknowledges a checkpoint at once;
 ``{"status": "pending"}`` means the receiver answers later, by annotating the Node or by POSTing
 a signed, timestamped, single-use ack to healer's ``/v1/hooks/ack``
-(:mod:`healer.adapters.acks`), which writes the annotation.
+(:mod:`healer.adapters.acks`), which writes the annotation. A redirect is never followed (it
+would re-send the signed body to another host): the step fails and its result says so.
 
 ``job``: healer creates a Kubernetes Job from a template (a ConfigMap ``namespace/name`` whose
 key ``job.yaml`` holds a Job manifest), named after the incident so it is created once, with
@@ -42,6 +43,7 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import WEBHOOK
 from healer.core.vocabulary import (
     CHECKPOINT_ACK,
@@ -108,7 +110,11 @@ class WebhookHook:
         async def once() -> dict[str, Any]:
             try:
                 async with session.post(spec.url, data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(self.timeout)) as r:
+                                        timeout=aiohttp.ClientTimeout(self.timeout),
+                                        allow_redirects=False) as r:
+                    if 300 <= r.status < 400:  # never re-send a signed body elsewhere
+                        raise PermanentError(refused_redirect(f"the {kind} webhook", spec.url,
+                                                              r.status, r.headers))
                     text = await r.text()
                     if r.status >= 500 or r.status == 429:
                         raise TransientError(f"{kind} webhook {spec.url}: HTTP {r.status}")

@@ -41,7 +41,7 @@ from healer.adapters.kube.events import KubeEvents
 from healer.agent.findings import Assessment, EventKind, GpuEvent
 from healer.core.gpu_identity import GpuIdentity, with_block
 from healer.core.timefmt import parse_rfc3339, rfc3339
-from healer.core.vocabulary import GPU_CONDITION
+from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION
 from healer.core.xid import XidCatalog
 from healer.errors import PermanentError
 
@@ -242,7 +242,7 @@ class ConditionWriter:
                    lambda: self.core.patch_node_status(
                        self.node, body,  # type: ignore[call-arg]
                        _content_type="application/strategic-merge-patch+json",
-                       _request_timeout=self.request_timeout, field_manager="healer-agent"),
+                       _request_timeout=self.request_timeout, field_manager=AGENT_FIELD_MANAGER),
                    attempts=self.attempts)
 
 

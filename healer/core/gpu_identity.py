@@ -14,7 +14,11 @@ holds only ``A-Z a-z 0-9 . _ -`` (an index only digits). The block is the messag
 ``[tag …]``. Another version, a block over :data:`MAX_BLOCK_CHARS` or more than
 :data:`MAX_GPUS` entries is ignored whole; a malformed entry is skipped. A node's conditions
 are writable by whoever may patch the node, so :func:`split_message` and :func:`parse_entries`
-are total: any text gives an answer, never an exception.
+are total: any text gives an answer, never an exception. What conflicts identifies nothing:
+a message with two blocks, a block in which one index, UUID or serial names two GPUs. The
+block is read only from the agent's own condition (``GPUHealthy``, its message written by the
+agent's field manager, one such condition on the node: :func:`healer.core.signals.
+identity_condition`).
 
 The controller uses the block twice (:func:`with_gpu_identity`, run on every verdict):
 
@@ -115,7 +119,24 @@ def parse_entries(text: str) -> tuple[GpuIdentity, ...]:
             continue
         ref = GpuRef(int(index) if index else -1, uuid, serial)
         out[ref] = out.get(ref, False) or affected
+    if _conflicting(out):
+        return ()
     return tuple(GpuIdentity(ref, affected) for ref, affected in out.items())
+
+
+def _conflicting(refs: Iterable[GpuRef]) -> bool:
+    """Does one index, UUID or serial stand for two different GPUs? (A block that says so
+    identifies nothing: no identity beats the wrong one.)"""
+    seen: tuple[dict[object, GpuRef], ...] = ({}, {}, {})
+    for ref in refs:
+        for by, key in zip(seen, (ref.index if ref.index >= 0 else None, ref.uuid or None,
+                                  ref.serial or None), strict=True):
+            if key is None:
+                continue
+            other = by.setdefault(key, ref)
+            if other != ref:
+                return True
+    return False
 
 
 def split_message(message: str) -> tuple[str, str]:
@@ -123,6 +144,8 @@ def split_message(message: str) -> tuple[str, str]:
     the block is not a readable ``v1`` one: then the message is returned as it is)."""
     start = message.rfind(_OPEN)
     if start < 0:
+        return message, ""
+    if message.find(_OPEN) != start:  # two blocks: which one is true is anyone's guess
         return message, ""
     end = message.find("]", start)
     if end < 0 or end - start > MAX_BLOCK_CHARS:

@@ -64,6 +64,13 @@ class SignalKind(enum.Enum):
     SLURM = "slurm"  # what Slurm says is wrong (states, reason): core.slurm_signals
 
 
+class TelemetrySourceName(enum.Enum):
+    """The telemetry sources whose samples carry freshness (METRIC, XID, FRESH, STALE signals),
+    which a staleness rule's ``sources`` may name; the policy schema lists exactly these."""
+
+    DCGM = "dcgm"  # the Prometheus source (DCGM fields and any series)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class GpuRef:
     """One GPU on a node. Any of the identifiers may be unknown (empty)."""
@@ -156,11 +163,13 @@ class NodeCondition:
     message: str = ""
     last_transition: float = 0.0
     last_heartbeat: float = 0.0  # when its detector last vouched for it (0: it never says)
+    writer: str = ""  # the field manager that wrote its message (managedFields; "": unknown)
 
     def same_content(self, other: NodeCondition) -> bool:
         """Equal but for the heartbeat (a re-publish of an unchanged condition)."""
-        return (self.type, self.status, self.reason, self.message, self.last_transition) == (
-            other.type, other.status, other.reason, other.message, other.last_transition)
+        return (self.type, self.status, self.reason, self.message, self.last_transition,
+                self.writer) == (other.type, other.status, other.reason, other.message,
+                                 other.last_transition, other.writer)
 
 
 @dataclass(frozen=True, slots=True)

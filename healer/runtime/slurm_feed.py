@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -56,7 +56,8 @@ class SlurmFeed:
     def __init__(self, states: SlurmStates, sink: SlurmSink, clock: Clock, *,
                  interval: float = DEFAULT_INTERVAL, timeout: float | None = None,
                  grace: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 on_view: Callable[[bool, str], Awaitable[None]] | None = None) -> None:
         if not interval > 0:
             raise ValueError(f"the Slurm state interval must be > 0 s, not {interval!r}")
         self.states = states
@@ -76,6 +77,9 @@ class SlurmFeed:
         self.failures = 0
         self.last_error = ""
         self._outage = OnceLogger("healer.slurm_feed")
+        #: told (known, why not) whenever either changes: the daemon's dependency status
+        self.on_view = on_view
+        self._told: tuple[bool, str] | None = None
 
     async def run(self) -> None:
         while True:
@@ -89,7 +93,9 @@ class SlurmFeed:
             causes = _causes(got)
             signals = self._findings(got)
         except (HealerError, TimeoutError, ValueError, KeyError, TypeError) as e:
-            self._failed(f"{type(e).__name__}: {e}"[:300])
+            self._failed(f"{type(e).__name__}: {e}"[:600])
+            if not self.known:
+                await self._tell(False, self.last_error)
             return
         self._outage.ok("Slurm node states")
         self.reads += 1
@@ -104,6 +110,16 @@ class SlurmFeed:
             self.sink.on_slurm_states(changes, known=True)
         if signals:
             await self.sink.on_signals(signals)
+        await self._tell(True, "")
+
+    async def _tell(self, known: bool, why: str) -> None:
+        if self.on_view is None or self._told == (known, why):
+            return
+        self._told = (known, why)
+        try:
+            await self.on_view(known, why)
+        except HealerError as e:  # an Event that cannot be written must not stop the feed
+            log.warning("Slurm view change not reported", error=str(e)[:300])
 
     def _findings(self, states: Mapping[str, SlurmNodeState]) -> list[Signal]:
         """The SLURM signals of the nodes whose finding changed (and remembers them)."""

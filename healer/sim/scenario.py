@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 import yaml
@@ -36,6 +36,7 @@ from healer.core.vocabulary import (
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
 from healer.policy.schema import Duration
+from healer.policy.yamlsrc import SourceError, load_documents, read_source
 from healer.sim.engine import Replay, TimelineEntry
 from healer.sim.world import Latencies, SimJob, SimNode, SimWorld
 
@@ -147,12 +148,30 @@ class Scenario(_M):
     expect: list[ExpectSpec] = Field(default_factory=list)
 
 
+def _scenario_data(p: Path) -> Any:
+    """The scenario file's one YAML document, read as hostile as a policy file (regular file,
+    size and alias limits, UTF-8: a binary file is named with its first bad line)."""
+    try:
+        docs = list(load_documents(read_source(p), str(p)))
+    except SourceError as e:
+        where = f"{p}:{e.line}" if e.line else str(p)
+        raise ConfigError(f"{where}: cannot read scenario: {e.message}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: cannot read scenario: invalid YAML: {problem}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{p}: cannot read scenario: "
+                          f"{getattr(e, 'strerror', '') or e}") from None
+    if len(docs) != 1:
+        raise ConfigError(f"{p}: expected one YAML document (a scenario), got {len(docs)}")
+    return docs[0].data
+
+
 def load_scenario(path: str | Path) -> tuple[Scenario, PolicySet]:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text("utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{p}: cannot read scenario: {e}") from e
+    data = _scenario_data(p)
     try:
         sc = Scenario.model_validate(data)
     except pydantic.ValidationError as e:

@@ -121,14 +121,18 @@ PANELS: list[PanelBuilder] = [
         "Replaced nodes and Slurm's view",
         ("Nodes in Repair whose spare serves in their place (not counted as unavailable), and "
          "whether healer can read Slurm's node states (0: admissions under maxUnavailable or "
-         "failure-domain limits are held) with the age of the last read."),
+         "failure-domain limits are held) with the age of the last read, per NodeSet too "
+         "(0: its cluster unreachable or its token Secret missing)."),
         Q("max by (scope) (healer_replaced_nodes and on (job, instance) (healer_leader == 1))",
           "{{scope}} replaced"),
         Q("max(healer_slurm_view_known and on (job, instance) (healer_leader == 1))",
           "Slurm view known"),
         Q(("time() - max(healer_slurm_view_last_success_timestamp_seconds and on (job, "
            "instance) (healer_leader == 1))"),
-          "seconds since Slurm was read")),
+          "seconds since Slurm was read"),
+        Q(("min by (nodeset, cluster) (healer_nodeset_slurm_readable and on (job, instance) "
+           "(healer_leader == 1))"),
+          "{{nodeset}} ({{cluster}}) Slurm readable")),
 ]
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.processes import run_in_group
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,10 +67,10 @@ def _bench_processes() -> list[str]:
 def test_bench_smoke_prints_every_figure(tmp_path: Path) -> None:
     before = set(_bench_processes())
     out_json = tmp_path / "bench.json"
-    proc = subprocess.run(
+    # its own process group: on a timeout the bench's stack goes with it, not only the bench
+    proc = run_in_group(
         [sys.executable, "-m", "healer_dev", "bench", "--smoke", "--json", str(out_json)],
-        cwd=REPO, capture_output=True, text=True, timeout=400,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+        cwd=REPO, timeout=400, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}"
     lines = proc.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("group "))

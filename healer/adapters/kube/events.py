@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
+from healer.core.text import printable
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
 from healer.errors import ConflictError
 from healer.ports import Clock
@@ -51,9 +52,9 @@ class KubeEvents:
             "eventTime": _micro(self._clock.now()),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.instance,
-            "action": (action or reason)[:128],
-            "reason": reason[:128],
-            "note": note[:NOTE_LIMIT],
+            "action": printable((action or reason)[:128]),
+            "reason": printable(reason[:128]),
+            "note": printable(note, NOTE_LIMIT),  # another's text in it: no control chars
             "type": type,
             "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
         }

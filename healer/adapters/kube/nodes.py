@@ -1,5 +1,10 @@
 """Nodes: read, watch (re-list on 410, bookmarks), cordon/uncordon with provenance, labels.
 
+A Node is read as hostile input (anyone who may patch its status writes its conditions): at
+most :data:`MAX_CONDITION_TYPES` conditions are kept per read, messages and reasons are cut,
+and each condition carries the field manager that wrote its message (``managedFields``), which
+is how the core knows a GPU identity block is the agent's own.
+
 Every write is a JSON merge patch carrying the ``resourceVersion`` it was computed from, so a
 concurrent writer makes it fail with 409 and it is recomputed from a fresh read: healer never
 overwrites a field it did not mean to change and never uncordons a node someone else cordoned.
@@ -7,6 +12,8 @@ overwrites a field it did not mean to change and never uncordons a node someone 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -23,6 +30,7 @@ from healer.core.vocabulary import (
     CORDONED_AT,
     CORDONED_BY,
     CORDONED_BY_HEALER,
+    GPU_CONDITION,
     INCIDENT_ANNOTATION,
     REASON_ANNOTATION,
     REMEDIATION_TAINT,
@@ -38,17 +46,89 @@ def _ts(value: Any) -> float:
     return parse_rfc3339(value) or 0.0
 
 
+#: At most this many condition types are read per Node (the first of each type; Ready and
+#: healer's GPUHealthy wherever they are): a Node carrying thousands of conditions costs one
+#: look at each one's type and at most this many parsed conditions per read.
+MAX_CONDITION_TYPES = 32
+#: A condition's message is read up to this many characters (its end kept: the agent's GPU
+#: identity block is last); its reason up to REASON_CHARS.
+MESSAGE_CHARS = 8192
+REASON_CHARS = 1024
+#: managedFields entries looked at per Node (the API server keeps about ten update managers).
+MAX_MANAGERS = 64
+_CONDITION_TYPE = re.compile(r"[A-Za-z0-9][-A-Za-z0-9_./]{0,315}")
+_ALWAYS = ("Ready", GPU_CONDITION)
+
+
+def _message_writers(meta: Mapping[str, Any]) -> dict[str, str]:
+    """Condition type → the field manager that owns its ``message`` (managedFields); ""
+    when more than one manager claims it (a shared server-side apply)."""
+    out: dict[str, str] = {}
+    entries = meta.get("managedFields")
+    if not isinstance(entries, list):
+        return out
+    for entry in entries[:MAX_MANAGERS]:
+        if not isinstance(entry, Mapping):
+            continue
+        fields = entry.get("fieldsV1")
+        status = fields.get("f:status") if isinstance(fields, Mapping) else None
+        conds = status.get("f:conditions") if isinstance(status, Mapping) else None
+        if not isinstance(conds, Mapping):
+            continue
+        manager = str(entry.get("manager") or "")
+        for key, owned in list(conds.items())[:MAX_CONDITION_TYPES * 4]:
+            if not (isinstance(key, str) and key.startswith("k:{") and len(key) <= 400
+                    and isinstance(owned, Mapping) and "f:message" in owned):
+                continue
+            try:
+                ctype = json.loads(key[2:]).get("type")
+            except (ValueError, AttributeError):
+                continue
+            if isinstance(ctype, str):
+                out[ctype] = manager if out.get(ctype, manager) == manager else ""
+    return out
+
+
+def _conditions(raw: Any, writers: Mapping[str, str]) -> tuple[NodeCondition, ...]:
+    """At most :data:`MAX_CONDITION_TYPES` conditions, the first of each type (a second
+    GPUHealthy too: the core must see a conflicting one), types a rule could name."""
+    if not isinstance(raw, list):
+        return ()
+    picked: list[Mapping[str, Any]] = []
+    seen: dict[str, int] = {}
+    for c in raw:
+        ctype = c.get("type") if isinstance(c, Mapping) else None
+        if not isinstance(ctype, str) or _CONDITION_TYPE.fullmatch(ctype) is None:
+            continue
+        n = seen.get(ctype, 0)
+        if n >= (2 if ctype == GPU_CONDITION else 1):
+            continue
+        if len(seen) >= MAX_CONDITION_TYPES and ctype not in _ALWAYS:
+            continue
+        seen[ctype] = n + 1
+        picked.append(c)
+    out = []
+    for c in picked:
+        message = str(c.get("message") or "")
+        if len(message) > MESSAGE_CHARS:
+            message = "…" + message[-(MESSAGE_CHARS - 1):]
+        ctype = str(c["type"])
+        out.append(NodeCondition(ctype, str(c.get("status", ""))[:16],
+                                 str(c.get("reason") or "")[:REASON_CHARS], message,
+                                 _ts(c.get("lastTransitionTime")),
+                                 _ts(c.get("lastHeartbeatTime")), writers.get(ctype, "")))
+    return tuple(out)
+
+
 def node_view(obj: Mapping[str, Any]) -> NodeView:
-    """A plain Node dict (as the API serves it) → the core's NodeView."""
+    """A plain Node dict (as the API serves it) → the core's NodeView (conditions bounded,
+    each with the field manager that wrote its message)."""
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     taints = tuple(Taint(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
                    for t in spec.get("taints") or [])
-    conds = tuple(NodeCondition(str(c.get("type", "")), str(c.get("status", "")),
-                                str(c.get("reason") or ""), str(c.get("message") or ""),
-                                _ts(c.get("lastTransitionTime")), _ts(c.get("lastHeartbeatTime")))
-                  for c in status.get("conditions") or [])
+    conds = _conditions(status.get("conditions"), _message_writers(meta))
     return NodeView(str(meta.get("name", "")), dict(meta.get("labels") or {}),
                     dict(meta.get("annotations") or {}), bool(spec.get("unschedulable")),
                     taints, conds)

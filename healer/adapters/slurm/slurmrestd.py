@@ -51,6 +51,7 @@ from urllib.parse import quote
 import aiohttp
 
 from healer.adapters.calls import timed
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import QUICK
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
@@ -375,8 +376,12 @@ class SlurmrestdDriver:
             try:
                 async with self._http().request(
                         method, url, params=params, json=json, headers=headers,
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                        timeout=aiohttp.ClientTimeout(total=self.timeout),
+                        allow_redirects=False) as resp:  # the token never follows one
                     status = resp.status
+                    if 300 <= status < 400:
+                        raise PermanentError(refused_redirect(f"slurmrestd {where}", url,
+                                                              status, resp.headers))
                     text = await resp.text()
             except aiohttp.ClientConnectorError as e:
                 raise _ConnectFailed(f"{where}: cannot connect to slurmrestd: {e}") from e
