@@ -11,6 +11,7 @@ from Prometheus a day at a time (:mod:`healer.backtest.history`) and replays the
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections import defaultdict
@@ -201,6 +202,7 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     TransientError/PermanentError when Prometheus cannot answer.
     """
     from healer.adapters.prometheus import PrometheusSource
+    from healer.adapters.prometheus.history import history
 
     check_range(start, end, step, time.time())
     began = time.monotonic()
@@ -214,7 +216,8 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     opts.update(source_options or {})
     src = PrometheusSource(prometheus, policies, **opts)
     try:
-        async with contextlib.aclosing(iter_history(src, start, end, step)) as chunks:
+        async with contextlib.aclosing(iter_history(functools.partial(history, src), start,
+                                                    end, step)) as chunks:
             async for part in chunks:
                 bt.feed(part)
     finally:

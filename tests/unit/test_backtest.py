@@ -552,7 +552,7 @@ async def test_history_is_fetched_a_day_at_a_time() -> None:
 
     end = T0 + 2 * 86400 + 30 * M
     src = _ChunkedSource([T0 + 86400, T0 + 86400 + 7.5, end])
-    got = await fetch_history(src, T0, end, STEP)
+    got = await fetch_history(src.history, T0, end, STEP)
     assert [(a - T0, b - T0) for a, b, _ in src.calls] == [
         (0, 86400), (86400, 2 * 86400), (2 * 86400, 2 * 86400 + 30 * M)]
     fresh = [s.observed_at for s in got if s.kind is SignalKind.FRESH]

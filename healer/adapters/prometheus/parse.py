@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name
@@ -129,6 +129,12 @@ class PollParser:
                 self._details.clear()
             out = self._details[key] = Signal.details(**kw)
         return out
+
+    def xid_signals(self, events: Iterable[XidEvent]) -> list[Signal]:
+        """XID occurrences → their XID signals (with the GPU's job labels)."""
+        detail = self.detail
+        return [Signal(e.node, self.source, SignalKind.XID, XID_GAUGE, float(e.code), e.at,
+                       e.gpu, detail(e.node, e.gpu, "via", e.via)) for e in events]
 
     def forget(self, node: str) -> None:
         """The freshness tracker forgot ``node``: so does the violating set."""
