@@ -78,8 +78,9 @@ error mapping; ADR 0012 says which client serves what and why).
 Modules. Pure (no I/O, no clock: the time is an argument; an import-linter contract in
 ``pyproject.toml`` keeps them so): :mod:`.promql` (query generation), :mod:`.labels`,
 :mod:`.sanity` (what a sample may be, the drop counter), :mod:`.xid` (the cursor),
-:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
-(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.stats`. I/O:
+:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers), :mod:`.view` (sample
+stamps), :mod:`.parse` (answers → signals), :mod:`.followup` (the second round's queries),
+:mod:`.stats`. I/O:
 :mod:`.access` (how to reach Prometheus: URL, TLS, bearer token file), :mod:`.http` (the
 daemon's client), :mod:`.offline` (the offline tools' client), :mod:`.source` (the one source:
 its settings, the poll's HTTP), :mod:`.rounds` (the live poll: its state between polls, each

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name
-from healer.adapters.prometheus.nodes import PollView
 from healer.adapters.prometheus.promql import (
     JOB_LABEL,
     TAG_LABEL,
@@ -34,6 +33,7 @@ from healer.adapters.prometheus.sanity import (
     value_reason,
     xid_label,
 )
+from healer.adapters.prometheus.view import PollView
 from healer.adapters.prometheus.xid import XidCursor, XidEvent, XidSeries, XidTracker
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.parts import PartRef

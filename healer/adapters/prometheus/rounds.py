@@ -30,7 +30,7 @@ import structlog
 from healer.adapters.prometheus.followup import Pending, recovery_queries
 from healer.adapters.prometheus.freshness import FreshnessTracker, NodeRows, Transition
 from healer.adapters.prometheus.http import BadAnswer, decode_result, gc_paused
-from healer.adapters.prometheus.nodes import PollView, read_freshness
+from healer.adapters.prometheus.nodes import read_freshness
 from healer.adapters.prometheus.parse import PollParser
 from healer.adapters.prometheus.promql import (
     QueryPlan,
@@ -41,6 +41,7 @@ from healer.adapters.prometheus.promql import (
 )
 from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, XID, XID_EDGE
 from healer.adapters.prometheus.stats import Answer, PollStats
+from healer.adapters.prometheus.view import PollView
 from healer.adapters.prometheus.xid import XidTracker
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import HealerError, PermanentError, TransientError
