@@ -8,14 +8,9 @@ runtime's Slurm feed and the ``healer_unavailable_nodes`` metric all count with 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
 
-from healer.core.model import NodeView
+from healer.core.model import NodeView, OpenRemediation
 from healer.core.phases import Phase
-
-if TYPE_CHECKING:
-    from healer.core.budget import OpenRemediation
-
 
 #: Why a node counts as unavailable (the ``cause`` label of ``healer_unavailable_nodes``), in
 #: the order one is named when several apply. Bounded: metrics label values.
