@@ -28,8 +28,6 @@ from pathlib import Path
 ALLOWED: dict[frozenset[str], str] = {
     frozenset({"healer_dev/devstack/slurm.py", "healer_dev/devstack/slurm_dynamic.py"}):
         "issue 21 rewrites the local Slurm; issue 24 removes this entry after it merges",
-    # broken along their seams by the next commits of issue 24 (each removes its entry)
-    frozenset({"healer/core/nodesets.py", "healer/core/rules.py"}): "issue 24",
 }
 
 
