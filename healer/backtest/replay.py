@@ -141,7 +141,7 @@ class Backtest:
 
     def feed(self, signals: Iterable[Signal]) -> None:
         """Replay ``signals``; every one must be later than those fed before."""
-        began = time.monotonic()
+        began = time.monotonic()  # the replay's cost in real time (the report's timings)
         batches = instants(signals, self.start, self.end)
         if batches and batches[0][0].observed_at <= self._last:
             raise ValueError("backtest signals must be fed in time order")
@@ -159,7 +159,7 @@ class Backtest:
 
     def report(self) -> Report:
         """Run to the end of the range; the report."""
-        began = time.monotonic()
+        began = time.monotonic()  # the replay's cost in real time (the report's timings)
         self.replay.run(self.end)
         report = build_report(
             self.replay.verdict_log, self.world, self.collector, self.policies, self.evaluated,
@@ -201,11 +201,12 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     ``ca_file``, ``verify``, ``host_labels``, ``matchers``, ``stale_after``...). Raises
     TransientError/PermanentError when Prometheus cannot answer.
     """
+    from healer.adapters.clock import SYSTEM_CLOCK
     from healer.adapters.prometheus import PrometheusSource
     from healer.adapters.prometheus.history import history
 
-    check_range(start, end, step, time.time())
-    began = time.monotonic()
+    check_range(start, end, step, SYSTEM_CLOCK.now())
+    began = time.monotonic()  # how long the fetch and the replay took, in real time
     nodes = await kube_node_labels(kubeconfig) if kubeconfig else None
     bt = Backtest(policies, start, end, step=step, node_labels=node_labels, nodes=nodes,
                   spares=spares, as_configured=as_configured, latencies=latencies,

@@ -50,7 +50,7 @@ async def make_api_client(kubeconfig: str | None = None, context: str | None = N
     if kubeconfig:
         _check_kubeconfig_file(kubeconfig)
         try:
-            await asyncio.wait_for(
+            await asyncio.wait_for(  # a bound on a library call, in real time
                 config.load_kube_config(config_file=kubeconfig, context=context,
                                         client_configuration=cfg, persist_config=False),
                 KUBECONFIG_TIMEOUT)

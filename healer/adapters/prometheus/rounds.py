@@ -214,7 +214,7 @@ class LivePoll:
             self.outage, self.outage_since = True, now
         signals = self.freshness.unreachable(now, error)
         n = self.plan.queries_per_poll
-        self.record(PollStats(now, time.monotonic() - started, n, failed or n,
+        self.record(PollStats(now, time.monotonic() - started, n, failed or n,  # its cost
                               self.requests() - requests_before, 0, len(signals), 0, 0,
                               len(signals), 0, 0, True, (error,)))
         return signals
@@ -348,7 +348,7 @@ class LivePoll:
                             source=self.name, count=parser.malformed)
         fresh_nodes = sum(1 for s in signals if s.kind is SignalKind.FRESH)
         stale_nodes = len({s.node for s in signals if s.kind is SignalKind.STALE})
-        self.record(PollStats(now, time.monotonic() - started, n_queries, failed,
+        self.record(PollStats(now, time.monotonic() - started, n_queries, failed,  # its cost
                               self.requests() - requests_before, samples, len(signals),
                               xid_events, fresh_nodes, stale_nodes, unmapped, stale_samples,
                               False, tuple(errors), parser.malformed))
