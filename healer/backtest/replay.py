@@ -39,13 +39,7 @@ class HistoryReplay(Replay):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.step = 60.0
-        self.backtest_world: BacktestWorld | None = None
         self.verdict_log: dict[str, list[tuple[float, HealthState, str]]] = defaultdict(list)
-
-    def attach(self, world: BacktestWorld, step: float) -> None:
-        self.backtest_world = world
-        self.step = step
 
     def feeder(self, batch: Sequence[Signal]) -> Callable[[float], None]:
         """A callback that delivers ``batch`` (signals of one instant) when it is due."""
@@ -118,7 +112,6 @@ class Backtest:
         self.collector = Collector()
         self.replay = HistoryReplay(self.evaluated, self.world, start, on_step=self.collector,
                                     keep_timeline=False)
-        self.replay.attach(self.world, step)
         self.seen: set[str] = set()
         self.signals = 0
         self.seconds = 0.0  # spent replaying

@@ -233,13 +233,9 @@ def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Scope, population
 
 def population(view: BudgetView, policy: Scope) -> list[NodeView]:
     """The nodes a limit is computed over (see the module docstring), in ``view.nodes``
-    order. O(fleet): use :func:`population_size` for the count."""
+    order. O(fleet): ``view.facts().population(policy)`` is the count."""
     names = view.index.members(policy)
     return [n for n in view.nodes.values() if n.name in names]
-
-
-def population_size(view: BudgetView, policy: Scope) -> int:
-    return view.facts().population(policy)
 
 
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,

@@ -16,7 +16,6 @@ from healer.core.phases import Phase
 #: the order one is named when several apply. Bounded: metrics label values.
 CAUSES = ("healer", "cordoned", "not-ready", "slurm-down", "slurm-not-responding",
           "slurm-fail", "slurm-drain", "slurm-reboot", "slurm-power-down", "slurm-maintenance")
-SLURM_CAUSES = frozenset(c for c in CAUSES if c.startswith("slurm-"))
 
 
 def slurm_cause(base: str, flags: AbstractSet[str]) -> str:

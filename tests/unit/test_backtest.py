@@ -403,7 +403,6 @@ def _plain_and_compact(h: History, ps: PolicySet) -> tuple[Replay, HistoryReplay
     plain.run(h.end)
     world = _world(h)
     compact = HistoryReplay(ps, world, h.start)
-    compact.attach(world, STEP)
     for b in batches:
         compact.add_callback(b[0].observed_at, compact.feeder(b))
     compact.run(h.end)

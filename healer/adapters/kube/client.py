@@ -29,9 +29,6 @@ from healer.errors import (
 
 T = TypeVar("T")
 
-#: Field manager for everything healer writes.
-FIELD_MANAGER = "healer"
-
 
 #: A kubeconfig larger than this is refused (real ones are a few KiB).
 KUBECONFIG_MAX_BYTES = 4 << 20
