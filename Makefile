@@ -28,10 +28,11 @@ operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go modul
 image: venv deps ## the controller/agent image from Debian packages and healer's wheel, no container engine (OCI layout + tarball in build/image/; cached; ADR 0011)
 	$(BIN)/python -m healer_dev.image --out build/image
 
-lint: venv ## ruff, mypy --strict, import-linter
+lint: venv ## ruff, mypy --strict, import-linter, no import circles
 	$(BIN)/ruff check healer healer_dev tests
 	$(BIN)/mypy healer healer_dev
 	$(BIN)/lint-imports
+	$(BIN)/python -m healer_dev.circles healer healer_dev
 
 test: lint deps operator image ## the whole suite (lint first); what CI runs
 	$(BIN)/python -m pytest tests

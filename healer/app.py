@@ -170,7 +170,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     nodesets.prepare()
     slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
                              else None, ctl, clock)
-    health = Health()
+    health = Health(clock=clock.now)
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
     self_events = SelfEvents(api, namespace=settings.kube.namespace,
@@ -183,17 +183,17 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     depth: dict[str, int] = {}
     metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed, nodesets))
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
-    reloader = _reloader(settings, self_events, metrics, health,
+    reloader = _reloader(settings, self_events, metrics, health, clock,
                          apply=lambda new: switch_policies(new, ctl, sources))
     await reloader.prime()
     loops = {
-        "heartbeat": health.loop_heartbeat(),
+        "heartbeat": health.loop_heartbeat(clock.sleep),
         "node-watch": NodeEvents(nodes, ctl, health).run(),
-        "spare-depth": spare_depth(health, ports.spares, ctl, depth),
-        "spare-validation": spare_validation(health, validator, ports, ctl),
+        "spare-depth": spare_depth(health, ports.spares, ctl, depth, clock),
+        "spare-validation": spare_validation(health, validator, ports, ctl, clock),
         "policy-reload": reloader.run(settings.policy_reload_seconds),
-        "retention": retention(health, ctl),
-        "reconcile": reconcile_heartbeat(health, ctl.probe),
+        "retention": retention(health, ctl, clock),
+        "reconcile": reconcile_heartbeat(health, ctl.probe, clock),
         "leadership": lead(ctl, _election(settings, api, ctl)),
     }
     if slurm_feed is not None:
@@ -442,14 +442,15 @@ async def _serve(settings: Settings, health: Health, metrics: Metrics, ctl: Cont
                           f"{e.strerror or e}") from e
 
 
-def _reloader(settings: Settings, self_events: SelfEvents, metrics: Metrics, health: Health, *,
-              apply: Callable[[PolicySet], None]) -> PolicyReloader:
+def _reloader(settings: Settings, self_events: SelfEvents, metrics: Metrics, health: Health,
+              clock: Clock, *, apply: Callable[[PolicySet], None]) -> PolicyReloader:
     """The policy reload loop: a failed reload is an Event about healer itself."""
     every = settings.policy_reload_seconds + settings.policy_load_timeout + LOOP_SLACK
     return PolicyReloader(settings.policies, apply=apply, observer=metrics,
                           emit=self_events.emit, max_mode=_max_mode(settings),
                           budget=_budget(settings), beat=lambda: health.beat("policy-reload",
-                                                                             every))
+                                                                             every),
+                          clock=clock)
 
 
 def _election(settings: Settings, api: client.ApiClient, ctl: Controller) -> Leadership | None:

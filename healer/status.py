@@ -6,23 +6,21 @@ kubeconfig, an unreachable API server, no permission, or no NodeRemediation CRD 
 from __future__ import annotations
 
 import json
-import time
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import reason_of
 from healer.adapters.kube.store import CRStateStore
 from healer.core.machine import releases
 from healer.core.model import NodeRecord
 from healer.core.text import printable
+from healer.core.timefmt import format_duration
 from healer.errors import ConfigError, NotFoundError
 
 
 def _age(seconds: float) -> str:
-    s = int(max(seconds, 0))
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s // n}{unit}"
-    return f"{s}s"
+    """An age as kubectl writes one: its largest unit, whole (``5d``, ``3h``, ``45s``)."""
+    return format_duration(int(max(seconds, 0)), units=1)
 
 
 def _spare(r: NodeRecord) -> str:
@@ -44,7 +42,7 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
                           f"installed on this cluster ({e}); apply deploy/crds/") from None
     finally:
         await api.close()
-    now = time.time()
+    now = SYSTEM_CLOCK.now()
     rows = sorted(stored, key=lambda s: s.record.incident.opened_at, reverse=True)
     if not show_all:
         rows = [s for s in rows if not releases(s.record)

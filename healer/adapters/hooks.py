@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +39,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
@@ -53,7 +53,7 @@ from healer.core.vocabulary import (
     REPAIR_RESULT,
 )
 from healer.errors import PermanentError, TransientError
-from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
+from healer.ports import Clock, HookResult, HookSpec, NodeAPI, StepOutcome
 
 SIGNATURE = "X-Healer-Signature"
 MAX_REMEMBERED = 10_000
@@ -89,7 +89,8 @@ class Secrets:
 class WebhookHook:
     def __init__(self, nodes: NodeAPI, secrets: Secrets,
                  session: aiohttp.ClientSession | None = None, *, timeout: float = 10.0,
-                 attempts: int = 3, callback_url: str = "") -> None:
+                 attempts: int = 3, callback_url: str = "", clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock  # a request's sentAt
         self.nodes = nodes
         self.secrets = secrets
         self._session = session
@@ -144,7 +145,7 @@ class WebhookHook:
             return HookResult(StepOutcome.PENDING, "waiting for the checkpoint webhook's ack")
         answer = await self._post("checkpoint", spec, {
             "incident": incident, "node": node, "slurmNode": slurm_node, "signal": spec.signal,
-            "callback": self.callback_url, "sentAt": time.time()})
+            "callback": self.callback_url, "sentAt": self.clock.now()})
         self._posted[incident] = None
         while len(self._posted) > MAX_REMEMBERED:  # forgetting one only re-POSTs it (idempotent)
             self._posted.popitem(last=False)
@@ -155,7 +156,8 @@ class WebhookHook:
 
     async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
         await self._post("repair", spec, {"incident": incident, "node": node,
-                                          "callback": self.callback_url, "sentAt": time.time()})
+                                          "callback": self.callback_url,
+                                          "sentAt": self.clock.now()})
         return HookResult(StepOutcome.DONE)
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -203,7 +202,7 @@ def _gpu_name(ev: GpuEvent) -> str:
 
 def event_note(ev: GpuEvent, catalog: XidCatalog) -> str:
     """``XID 79 GPU_HAS_FALLEN_OFF_THE_BUS on GPU 2 GPU-... at ...: <meaning> [failed]``."""
-    when = datetime.fromtimestamp(ev.at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = rfc3339(ev.at, micros=True)
     if ev.kind is EventKind.XID:
         entry = None if ev.xid is None else catalog.get(ev.xid)
         if entry is None:

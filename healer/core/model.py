@@ -315,6 +315,30 @@ class GuardrailBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenRemediation:
+    """What the guardrails need to know about a record that is not closed."""
+
+    node: str
+    policy: str
+    phase: Phase
+    opened_at: float
+    spare: str = ""
+    out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
+    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
+
+
+@dataclass(frozen=True, slots=True)
+class PastIncident:
+    """An incident opened recently (open or closed), for the breaker and retry budgets."""
+
+    id: str
+    node: str
+    opened_at: float
+    policy: str = ""
+    serials: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """How far a claimed spare is from the node it replaces (``status.sparePlacement``).
 

@@ -41,11 +41,6 @@ ACTIVE = frozenset({
 #: No further transitions (the record is closed; open ledger steps may still be re-issued).
 TERMINAL = frozenset({Phase.DONE, Phase.ESCALATED, Phase.CANCELLED})
 
-#: Phases where a cleared signal still means "recovered": the node has not been taken out yet.
-RECOVERABLE = frozenset({
-    Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED, Phase.CHECKPOINTING, Phase.DRAINING,
-})
-
 #: Phases in which healer may have cordoned the node (an admin uncordon then cancels).
 MAY_BE_CORDONED = frozenset({
     Phase.DRAINING, Phase.CORDONED, Phase.HELD_FOR_CAPACITY, Phase.SWAPPING, Phase.ANNOTATING,

@@ -21,13 +21,11 @@ logged as one line naming the error's type, never with a traceback or the reques
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import math
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -38,6 +36,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.obs.redact import redact
 
 MAX_ACK_BODY = 16 * 1024
@@ -61,7 +60,7 @@ class Health:
     policy reload, the spare-depth and retention loops); ``/healthz`` fails while any one is
     older than its max age, so a stalled loop is never hidden behind a live event loop."""
 
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = SYSTEM_CLOCK.now  # the daemon's: its loops sleep on it
     beats: dict[str, tuple[float, float]] = field(default_factory=dict)
     ready: dict[str, bool] = field(default_factory=dict)
     #: what the daemon depends on and cannot reach or read (name → why), shown in the bodies
@@ -94,10 +93,12 @@ class Health:
     def is_ready(self) -> tuple[bool, dict[str, bool]]:
         return bool(self.ready) and all(self.ready.values()), dict(self.ready)
 
-    async def loop_heartbeat(self, every: float = 1.0) -> None:
+    async def loop_heartbeat(self, sleep: Callable[[float], Awaitable[None]],
+                             every: float = 1.0) -> None:
+        """Beat ``event-loop`` every ``every`` seconds of ``sleep`` (the daemon's clock)."""
         while True:
             self.beat("event-loop", every * 10)
-            await asyncio.sleep(every)
+            await sleep(every)
 
 
 AckHandler = Callable[[bytes, str, str], Awaitable[tuple[int, str]]]

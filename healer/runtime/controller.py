@@ -489,7 +489,3 @@ class Controller:
     async def drain(self, grace: float) -> None:
         if self._dispatcher is not None:
             await self._dispatcher.drain(grace)
-
-    def open_phase(self, node: str) -> Phase:
-        rec = self.engine.records.get(node)
-        return rec.phase if rec is not None else Phase.HEALTHY

@@ -24,6 +24,7 @@ from healer.core.parts import PartRef
 from healer.core.phases import Phase
 from healer.core.rules import MetricRule, Mode, PolicySet
 from healer.core.slurm_signals import finding_signal, next_finding
+from healer.core.timefmt import format_duration
 from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import (
     CORDONED_BY,
@@ -359,20 +360,11 @@ def render_timeline(entries: list[TimelineEntry], start: float, *,
             dur = ""
             if e.kind == "transition":
                 if last_t is not None:
-                    dur = f" (after {_human(e.at - last_t)})"
+                    dur = f" (after {format_duration(e.at - last_t, units=2)})"
                 last_t = e.at
             marker = {"transition": "▶", "verdict": "·", "event": "✎", "action": "→"}[e.kind]
             lines.append(f"   {_clock(e.at, start)}  {marker} {e.text}{dur}")
     return lines
-
-
-def _human(seconds: float) -> str:
-    s = round(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def check_expectations(sc: Scenario, replay: Replay, world: SimWorld) -> list[str]:
@@ -406,7 +398,7 @@ def simulate(path: str | Path, *, verbose: bool = False,
     out(f"scenario {sc.name}: {sc.description}".rstrip(": "))
     out(f"policies: {', '.join(p.name + ' (' + p.mode.value + ')' for p in ps.policies)}; "
         f"fleet: {len(sc.fleet.nodes)} GPU nodes, {len(sc.fleet.spares)} warm spares; "
-        f"replaying {_human(sc.until)} of simulated time")
+        f"replaying {format_duration(sc.until, units=2)} of simulated time")
     replay.run(start + sc.until)
     for line in render_timeline(replay.timeline, start, verbose=verbose):
         out(line)

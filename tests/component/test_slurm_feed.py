@@ -74,7 +74,7 @@ async def rig() -> AsyncIterator[Rig]:
     slurm = FakeStates()
     for i in range(4):
         slurm.set(f"gpu-{i}")
-    feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, grace=30, monotonic=h.clock.now)
+    feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, grace=30)
     h.ctl.expect_slurm()
     metrics = Metrics(CollectorRegistry())
     metrics.attach_state(StateSource(view=h.ctl.view, slurm_feed=feed.metrics,
@@ -154,7 +154,7 @@ async def test_slurm_unknown_until_the_first_read() -> None:
         h.ctl.expect_slurm()
         slurm = FakeStates()
         slurm.down = True
-        feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, monotonic=h.clock.now)
+        feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10)
         await feed.poll()
         assert h.ctl.view().slurm_view == "unknown"
         await h.xid("gpu-1")

@@ -432,7 +432,7 @@ async def test_the_loop_validates_only_while_acting_and_survives_a_failing_round
         return await nodes.list("healer.io/role=spare")
 
     task = asyncio.create_task(validate_spares(health, validator, spares, lambda: acting["now"],
-                                               every=30.0, sleep=clock.sleep))
+                                               clock, every=30.0))
     try:
         await clock.advance(120)
         assert lists["n"] == 0  # observe / dryRun / follower: no round, no Job

@@ -395,8 +395,11 @@ class Clock:
     def __init__(self, t: float) -> None:
         self.t = t
 
-    def __call__(self) -> float:
+    def now(self) -> float:
         return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
 
 
 class FakeReader:

@@ -28,7 +28,6 @@ from healer.core.gpu_identity import (
     parse_entries,
     split_message,
     with_block,
-    with_gpu_identity,
 )
 from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import Decision
@@ -43,6 +42,7 @@ from healer.core.model import (
 )
 from healer.core.phases import Phase
 from healer.core.signals import condition_signals
+from healer.core.verdict_gpus import with_gpu_identity
 from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION, GPU_IDENTITY_TAG
 from tests.builders import GPU_LABELS, T0, policy
 

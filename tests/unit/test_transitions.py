@@ -14,7 +14,7 @@ import pytest
 
 from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
-from healer.core.budget import BudgetView, PastIncident
+from healer.core.budget import BudgetView
 from healer.core.machine import (
     TRANSITIONS,
     Decision,
@@ -25,7 +25,7 @@ from healer.core.machine import (
     stepping,
 )
 from healer.core.machine.context import Ctx
-from healer.core.model import HealthState, NodeRecord, Severity
+from healer.core.model import HealthState, NodeRecord, PastIncident, Severity
 from healer.core.phases import Phase
 from tests.builders import (
     T0,

@@ -29,9 +29,6 @@ from healer.errors import (
 
 T = TypeVar("T")
 
-#: Field manager for everything healer writes.
-FIELD_MANAGER = "healer"
-
 
 #: A kubeconfig larger than this is refused (real ones are a few KiB).
 KUBECONFIG_MAX_BYTES = 4 << 20
@@ -50,7 +47,7 @@ async def make_api_client(kubeconfig: str | None = None, context: str | None = N
     if kubeconfig:
         _check_kubeconfig_file(kubeconfig)
         try:
-            await asyncio.wait_for(
+            await asyncio.wait_for(  # a bound on a library call, in real time
                 config.load_kube_config(config_file=kubeconfig, context=context,
                                         client_configuration=cfg, persist_config=False),
                 KUBECONFIG_TIMEOUT)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -13,6 +12,7 @@ from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
 from healer.core.text import printable
+from healer.core.timefmt import rfc3339
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
 from healer.errors import ConflictError
 from healer.ports import Clock
@@ -26,7 +26,8 @@ def event_name(key: str) -> str:
 
 
 def _micro(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A Kubernetes MicroTime."""
+    return rfc3339(t, micros=True)
 
 
 class KubeEvents:

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
 from healer.adapters.spare_validation import SpareValidator, is_failed_spare
@@ -36,6 +36,7 @@ from healer.core.model import NodeView
 from healer.core.nodesets import Toleration, untolerated
 from healer.core.rules import LabelSelector
 from healer.core.spare_validation import Readiness
+from healer.core.timefmt import rfc3339
 from healer.core.topology import (
     TOPOGRAPH,
     TopologyKeys,
@@ -54,7 +55,7 @@ from healer.core.vocabulary import (
     TAINT_VALUE,
 )
 from healer.errors import ConflictError
-from healer.ports import PendingClaim
+from healer.ports import Clock, PendingClaim
 
 
 class KubeSparePool:
@@ -62,8 +63,10 @@ class KubeSparePool:
                  claim_labels: Mapping[str, str] | None = None,
                  labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
                  *, topology_name: str | None = None, keys: TopologyKeys = TOPOGRAPH,
-                 tolerations: Sequence[Toleration] | None = None) -> None:
+                 tolerations: Sequence[Toleration] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.nodes = nodes
+        self.clock = clock  # the claim's time (CLAIMED_AT)
         self.selector = selector
         #: the labels placement reads (the NodeSet's), and the taints its slurmd pods
         #: tolerate: a spare with another taint (healer's own spare taint aside) can never
@@ -174,7 +177,7 @@ class KubeSparePool:
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
         taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
-        annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
+        annotations = {CLAIMED_BY: incident, CLAIMED_AT: rfc3339(self.clock.now())}
         if self.topology_name is not None:
             spec = slinky_topology_spec(node_view(raw), self.topology_name, self.keys)
             if spec:
@@ -232,6 +235,3 @@ def claim_digest(incident: str) -> str:
     """A label value naming ``incident`` (incident ids may exceed a label value's 63 bytes)."""
     return hashlib.sha256(incident.encode()).hexdigest()[:40]
 
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

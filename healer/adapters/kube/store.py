@@ -41,7 +41,7 @@ async def ensure_crd(api: client.ApiClient, install: bool) -> None:
             await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
             return
         except Exception:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # polls the API server at start-up, in real time
     raise ConfigError(f"{name} was created but is not served")
 
 

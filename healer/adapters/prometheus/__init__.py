@@ -49,7 +49,7 @@ timestamp is only the evaluation time): a node's metric signals come in the foll
 with its per-GPU rows, unless those rows were in the first answer; recoveries of a node whose
 rows were not fetched take the node's newest scrape time. Samples of a GPU or node with no
 heartbeat in this poll are dropped (range functions still see their old samples), its STALE
-signal says why. The backtest path (:meth:`PrometheusSource.history`, range queries) is not
+signal says why. The backtest path (:func:`.history.history`, range queries) is not
 filtered: every sample.
 
 Stale telemetry is *unknown*, never healthy and never failed: a node whose series are absent
@@ -78,11 +78,13 @@ error mapping; ADR 0012 says which client serves what and why).
 Modules. Pure (no I/O, no clock: the time is an argument; an import-linter contract in
 ``pyproject.toml`` keeps them so): :mod:`.promql` (query generation), :mod:`.labels`,
 :mod:`.sanity` (what a sample may be, the drop counter), :mod:`.xid` (the cursor),
-:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
-(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.stats`. I/O:
+:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers), :mod:`.view` (sample
+stamps), :mod:`.parse` (answers → signals), :mod:`.followup` (the second round's queries),
+:mod:`.stats`. I/O:
 :mod:`.access` (how to reach Prometheus: URL, TLS, bearer token file), :mod:`.http` (the
 daemon's client), :mod:`.offline` (the offline tools' client), :mod:`.source` (the one source:
-the poll), :mod:`.rounds` (the parse of both rounds, timed), :mod:`.history` (the backtest's
+its settings, the poll's HTTP), :mod:`.rounds` (the live poll: its state between polls, each
+round's queries and the parse of their answers), :mod:`.history` (the backtest's
 range queries).
 """
 

@@ -1,4 +1,5 @@
-"""Backtests: what the source would have produced over a past interval (range queries).
+"""Backtests: what a source would have produced over a past interval (range queries):
+:func:`history`, the backtest's history reader.
 
 Unfiltered: every sample of every series becomes a METRIC signal (a replay evaluates rules
 itself). Nothing here touches the live poll state (trackers, cursors, violating set). Samples
@@ -12,7 +13,7 @@ source's threads and retried by its policy.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from healer.adapters.prometheus.freshness import FreshnessTracker, NodeRows
 from healer.adapters.prometheus.labels import labels_of
@@ -20,11 +21,9 @@ from healer.adapters.prometheus.offline import OfflineClient
 from healer.adapters.prometheus.parse import PollParser
 from healer.adapters.prometheus.promql import UP_MARK, xid_expr
 from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, XID, XID_EDGE
+from healer.adapters.prometheus.source import PrometheusSource
 from healer.adapters.prometheus.xid import XidTracker
 from healer.core.model import Signal
-
-if TYPE_CHECKING:
-    from healer.adapters.prometheus.source import PrometheusSource
 
 
 async def history(src: PrometheusSource, start: float, end: float, step: float
@@ -114,7 +113,7 @@ async def _history(src: PrometheusSource, client: OfflineClient, start: float, e
             b = min(a + 3600.0, end)
             res = await query(xid_expr(b - a, src.matchers), b)
             series, _ = parser.xid_series(res, a - XID_EDGE, b + FUTURE_SLACK)
-            signals.extend(src.xid_signals(xids.feed(series, since=start), parser))
+            signals.extend(parser.xid_signals(xids.feed(series, since=start)))
             if xids.capped:
                 src.drops.add(XID, "too-many", xids.capped)
             a = b

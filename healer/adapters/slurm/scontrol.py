@@ -183,6 +183,7 @@ class ScontrolDriver:
         except OSError as e:
             raise TransientError(f"cannot run {args[0]}: {e}") from e
         try:
+            # a bound on a process, in real time (not the daemon's clock)
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):

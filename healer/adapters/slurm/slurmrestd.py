@@ -129,7 +129,7 @@ class CallableToken:
     ``ttl`` seconds and fetched again after that or after a 401."""
 
     def __init__(self, fetch: Callable[[], str | Awaitable[str]], ttl: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:  # a cache's age
         self._fetch = fetch
         self._ttl = ttl
         self._clock = clock
