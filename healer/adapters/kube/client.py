@@ -74,7 +74,25 @@ async def make_api_client(kubeconfig: str | None = None, context: str | None = N
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.cert_file = None
         cfg.key_file = None
-    return client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    _no_env_lookups(api)
+    return api
+
+
+#: Environment variables that configure an HTTP proxy (aiohttp's ``trust_env`` reads them).
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
+
+
+def _no_env_lookups(api: client.ApiClient) -> None:
+    """kubernetes_asyncio's session trusts the environment, so aiohttp looks up proxy
+    variables and reads ``~/.netrc`` (a file read in a thread) on *every* request: a tenth of
+    the daemon's CPU in a burst of writes. Without a proxy configured there is nothing to find;
+    the session then stops looking (with one, it is left as it was)."""
+    if any(os.environ.get(k) for k in PROXY_ENV):
+        return
+    session = api.rest_client.pool_manager
+    if hasattr(session, "_trust_env"):
+        session._trust_env = False
 
 
 def _check_kubeconfig_file(path: str) -> None:

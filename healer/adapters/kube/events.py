@@ -1,9 +1,19 @@
-"""Events (``events.k8s.io/v1``) on Nodes and NodeRemediations, idempotent by key."""
+"""Events (``events.k8s.io/v1``) on Nodes and NodeRemediations: idempotent by key, and
+repeats folded into one Event's ``series`` (count, last observed) on a back-off, the way
+Kubernetes' own recorder does (:mod:`healer.adapters.kube.event_series`).
+
+An Event's *key* names one occurrence (emitted twice, e.g. re-emitted after a restart, it is
+written once). Its *series* key names what it says (by default: the node, reason, type, action,
+remediation and note): a new occurrence of an open series updates that series' Event instead
+of creating another. Updates that are not due yet are written by :meth:`KubeEvents.flush_series`
+(the caller's loop calls it by :meth:`KubeEvents.next_series_due`).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import socket
+from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,11 +22,14 @@ from kubernetes_asyncio import client
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
+from healer.adapters.kube.event_series import EventSeries, Series, SeriesPolicy
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
-from healer.errors import ConflictError
+from healer.errors import ConflictError, NotFoundError
 from healer.ports import Clock
 
 NOTE_LIMIT = 1000
+#: Keys of Events written recently, remembered to skip a second write (bounded).
+RECENT_KEYS = 4096
 
 
 def event_name(key: str) -> str:
@@ -35,13 +48,71 @@ class KubeEvents:
     namespace = "default"
 
     def __init__(self, api: client.ApiClient, *, instance: str | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, series: SeriesPolicy | None = None) -> None:
         self.events = client.EventsV1Api(api)
         self.instance = (instance or socket.gethostname())[:128]
         self._clock = clock
+        self.series = EventSeries(series)
+        self._recent: OrderedDict[str, None] = OrderedDict()
+        #: API writes (creates and series updates) this recorder sent
+        self.writes = 0
 
     async def emit(self, *, key: str, node: str, reason: str, note: str, type: str = "Normal",
-                   action: str = "", remediation: str = "") -> None:
+                   action: str = "", remediation: str = "", series: str = "") -> None:
+        """Write the Event for occurrence ``key`` (once), or count it in its open series."""
+        if key in self._recent:
+            return
+        skey = series or "\0".join((node, reason, type, action, remediation, note))
+        now = self._clock.now()
+        occ = self.series.observe(skey, event_name(key), now)
+        if not occ.create:
+            self._remember(key)
+            if occ.update is not None:
+                await self._write_series(occ.update)
+            return
+        try:
+            await self._create(key=key, node=node, reason=reason, note=note, type=type,
+                               action=action, remediation=remediation)
+        except BaseException:
+            self.series.forget(skey)  # not written: the next occurrence creates it
+            raise
+        self._remember(key)
+
+    def _remember(self, key: str) -> None:
+        self._recent[key] = None
+        if len(self._recent) > RECENT_KEYS:
+            self._recent.popitem(last=False)
+
+    def next_series_due(self) -> float | None:
+        """Seconds until a series update is due (None: none pending)."""
+        now = self._clock.now()
+        at = self.series.next_due(now)
+        return None if at is None else max(0.0, at - now)
+
+    async def flush_series(self) -> int:
+        """Write the series updates that are due; returns how many were written."""
+        n = 0
+        for s in self.series.due(self._clock.now()):
+            await self._write_series(s)
+            n += 1
+        return n
+
+    async def _write_series(self, s: Series) -> None:
+        count = s.count
+        body = {"series": {"count": count, "lastObservedTime": _micro(s.last_observed)}}
+        try:
+            self.writes += 1
+            await call(f"patch event {s.name} series",
+                       lambda: self.events.patch_namespaced_event(
+                           s.name, self.namespace, body,
+                           _content_type="application/merge-patch+json"))  # type: ignore[call-arg]
+        except NotFoundError:
+            self.series.forget(s.key)  # gone (an Event's TTL): the next occurrence creates
+            return
+        self.series.written(s, count, self._clock.now())
+
+    async def _create(self, *, key: str, node: str, reason: str, note: str, type: str,
+                      action: str, remediation: str) -> None:
         body: dict[str, Any] = {
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
@@ -61,6 +132,7 @@ class KubeEvents:
             body["related"] = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
                                "name": remediation}
         try:
+            self.writes += 1
             await call(f"create event {reason} for {node}",
                        lambda: self.events.create_namespaced_event(
                            self.namespace, body))  # type: ignore[arg-type]
