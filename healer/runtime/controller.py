@@ -75,7 +75,17 @@ class Evaluate:
     at: float
 
 
-Item = Trigger | Evaluate
+@dataclass(frozen=True, slots=True)
+class TimerTick:
+    """Internal work item: the node's tick timer fired (``seq``: which arming of it). A tick
+    armed before the node's latest decision re-armed it is stale and dropped: under a slow
+    API a poll queued behind the very action it would poll only doubled the work."""
+
+    trigger: Trigger
+    seq: int
+
+
+Item = Trigger | Evaluate | TimerTick
 
 
 @dataclass
@@ -127,6 +137,8 @@ class Controller:
         self._stale_conditions: dict[str, tuple[str, ...]] = {}  # node → stale condition/<type>
         #: nodes whose latest record waits for the next decision's write (:meth:`_deferrable`)
         self._dirty: set[str] = set()
+        #: per node, how often its tick was armed (a fired tick of an older arming is stale)
+        self._tick_seq: dict[str, int] = {}
 
     # -- state (the engine's) -------------------------------------------------------------------
 
@@ -310,6 +322,10 @@ class Controller:
                 trigger = self._evaluate(node)
                 if trigger is None:
                     return
+            elif isinstance(item, TimerTick):
+                if item.seq != self._tick_seq.get(node):
+                    return  # re-armed since: the newer arming fires instead
+                trigger = item.trigger
             else:
                 trigger = item
             await self._step(node, trigger)
@@ -421,7 +437,7 @@ class Controller:
         if new is None or new.phase is Phase.SUSPECT or (
                 new == record and node not in self._dirty):
             return True, stored
-        if not reserved and self._deferrable(node, record, decision):
+        if self._deferrable(node, record, decision):
             self._dirty.add(node)
             self.stats.deferred += 1
             return True, stored
@@ -483,11 +499,16 @@ class Controller:
 
     def _schedule(self, node: str, kind: str, delay: float, item: Item) -> None:
         if self.leading:
+            if kind == "tick" and isinstance(item, Trigger):
+                seq = self._tick_seq[node] = self._tick_seq.get(node, 0) + 1
+                item = TimerTick(item, seq)
             self._timers.schedule((node, kind), delay, item)
 
     def _fire(self, key: tuple[str, str], item: Item) -> None:
         now = self.clock.now()
-        if isinstance(item, Trigger):
+        if isinstance(item, TimerTick):
+            self._submit(key[0], replace(item, trigger=replace(item.trigger, at=now)))
+        elif isinstance(item, Trigger):
             self._submit(key[0], replace(item, at=now))
         else:
             self._submit(key[0], Evaluate(now))
