@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -207,6 +208,25 @@ async def call(what: str, fn: Callable[[], Awaitable[T]], *, attempts: int = 4,
                 raise translate(e, what) from e
 
     return await KUBERNETES.but(attempts=attempts).run(what, once, retry_if=retryable)
+
+
+async def plain_json(fn: Any) -> dict[str, Any]:
+    """Call a client method with ``_preload_content=False`` and decode its body with orjson:
+    no round trip through the client's model classes (or its slower JSON decoder)."""
+    resp = await fn(_preload_content=False)
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status <= 299:
+        e = ApiException(status=resp.status, reason=resp.reason)
+        e.body = body.decode("utf-8", "replace")
+        e.headers = resp.headers
+        raise e
+    out = orjson.loads(body)
+    if not isinstance(out, dict):
+        raise ApiException(status=0, reason="the API server answered something not an object")
+    return out
 
 
 def to_dict(api: client.ApiClient, obj: Any) -> dict[str, Any]:

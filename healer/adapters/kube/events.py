@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from healer.adapters.clock import SYSTEM_CLOCK
-from healer.adapters.kube.client import call
+from healer.adapters.kube.client import call, plain_json
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
 from healer.adapters.kube.event_series import EventSeries, Series, SeriesPolicy
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
@@ -103,9 +103,9 @@ class KubeEvents:
         try:
             self.writes += 1
             await call(f"patch event {s.name} series",
-                       lambda: self.events.patch_namespaced_event(
+                       lambda: plain_json(lambda **kw: self.events.patch_namespaced_event(  # type: ignore[call-arg]
                            s.name, self.namespace, body,
-                           _content_type="application/merge-patch+json"))  # type: ignore[call-arg]
+                           _content_type="application/merge-patch+json", **kw)))
         except NotFoundError:
             self.series.forget(s.key)  # gone (an Event's TTL): the next occurrence creates
             return
@@ -134,7 +134,7 @@ class KubeEvents:
         try:
             self.writes += 1
             await call(f"create event {reason} for {node}",
-                       lambda: self.events.create_namespaced_event(
-                           self.namespace, body))  # type: ignore[arg-type]
+                       lambda: plain_json(lambda **kw: self.events.create_namespaced_event(
+                           self.namespace, body, **kw)))  # type: ignore[arg-type]
         except ConflictError:
             return  # already emitted: idempotent

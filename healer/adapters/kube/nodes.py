@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import orjson
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, to_dict, translate
+from healer.adapters.kube.client import plain_json as _json
 from healer.adapters.kube.node_cache import NodeCache
 from healer.adapters.retry import Backoff
 from healer.core.model import NodeCondition, NodeView, Taint
@@ -68,24 +68,6 @@ class _PlainWatch(watch.Watch):
 
     def get_return_type(self, func: object) -> str:
         return ""  # no model type: events keep the decoded JSON
-
-
-async def _json(fn: Any) -> dict[str, Any]:
-    """Call a client method with ``_preload_content=False`` and decode its body (orjson)."""
-    resp = await fn(_preload_content=False)
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status <= 299:
-        e = ApiException(status=resp.status, reason=resp.reason)
-        e.body = body.decode("utf-8", "replace")
-        e.headers = resp.headers
-        raise e
-    out = orjson.loads(body)
-    if not isinstance(out, dict):
-        raise ApiException(status=0, reason="the API server answered something not an object")
-    return out
 
 
 class KubeNodes:
