@@ -54,8 +54,9 @@ async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> lis
                 engine.run_group, [1000, 2000] if smoke else [10_000, 100_000], repeats,
                 args.seed, say)
         elif g == "stack":
-            st = (stack.StackSizes(args.nodes or 50, 10, 20, 5.0) if smoke
-                  else stack.StackSizes(args.nodes or 2000, 50, 500, 30.0))
+            qps = float(getattr(args, "kube_api_qps", 0.0) or 0.0)
+            st = (stack.StackSizes(args.nodes or 50, 10, args.burst or 20, 5.0, qps) if smoke
+                  else stack.StackSizes(args.nodes or 10_000, 50, args.burst or 1000, 30.0, qps))
             figures += await stack.run_group(st, repeats, args.seed, say)
         elif g == "shards":
             figures += await asyncio.to_thread(
