@@ -28,7 +28,7 @@ from healer.adapters.acks import AckReceiver, AckTarget, target_of
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
-from healer.adapters.kube.client import make_api_client
+from healer.adapters.kube.client import ApiEventWriter, make_api_client
 from healer.adapters.kube.events import KubeEvents
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
@@ -154,7 +154,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     secrets = Secrets(api)
     slurm = side.driver
     # Events are written off the critical path, repeats folded into series (one queue)
-    events = EventQueue(KubeEvents(api, instance=settings.leader.identity))
+    events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
     ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
     validator = spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
@@ -363,7 +363,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
                                              "webhook": webhook, "job": jobhook})
     if events is None:
-        events = KubeEvents(api, instance=settings.leader.identity)
+        events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys,

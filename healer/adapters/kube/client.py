@@ -17,13 +17,12 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.calls import timed
+from healer.adapters.kube.lite import status_error
 from healer.adapters.retry import KUBERNETES
 from healer.errors import (
     ConfigError,
     ConflictError,
-    ForbiddenError,
     HealerError,
-    NotFoundError,
     PermanentError,
     TransientError,
 )
@@ -151,26 +150,9 @@ def translate(e: BaseException, what: str) -> HealerError:
         return e
     if isinstance(e, ApiException):
         status = e.status or 0
-        reason = _reason(e)
-        msg = f"{what}: HTTP {status} {reason}".rstrip()
-        if status == 409:
-            return ConflictError(msg)
-        if status == 404:
-            return NotFoundError(msg)
-        if status in (401, 403):
-            return ForbiddenError(msg)
-        if status == 410:
-            return TransientError(msg)
-        if status == 429 or status >= 500:
-            retry_after = None
-            headers: Any = e.headers or {}
-            if "Retry-After" in headers:
-                try:
-                    retry_after = float(headers["Retry-After"])
-                except ValueError:
-                    retry_after = None
-            return TransientError(msg, retry_after)
-        return PermanentError(msg)
+        headers: Any = e.headers or {}
+        return status_error(status, f"{what}: HTTP {status} {_reason(e)}".rstrip(),
+                            headers.get("Retry-After") if "Retry-After" in headers else None)
     if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, OSError)):
         return TransientError(f"{what}: {type(e).__name__}: {e}")
     return PermanentError(f"{what}: {type(e).__name__}: {e}")
@@ -235,3 +217,18 @@ def to_dict(api: client.ApiClient, obj: Any) -> dict[str, Any]:
     out = api.sanitize_for_serialization(obj)
     assert isinstance(out, dict)
     return out
+
+
+class ApiEventWriter:
+    """EventWriter (:mod:`healer.adapters.kube.events`) over the daemon's ApiClient."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.events = client.EventsV1Api(api)
+
+    async def create(self, namespace: str, body: dict[str, Any], what: str) -> None:
+        await call(what, lambda: plain_json(lambda **kw: self.events.create_namespaced_event(
+            namespace, body, **kw)))  # type: ignore[arg-type]
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        await call(what, lambda: plain_json(lambda **kw: self.events.patch_namespaced_event(  # type: ignore[call-arg]
+            name, namespace, body, _content_type="application/merge-patch+json", **kw)))

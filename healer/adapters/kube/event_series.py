@@ -76,6 +76,10 @@ class EventSeries:
     def __len__(self) -> int:
         return len(self._open)
 
+    def open_series(self, key: str) -> Series | None:
+        """The open series ``key`` ("": none), if any."""
+        return self._open.get(key) if key else None
+
     def observe(self, key: str, name: str, now: float) -> Occurrence:
         """An occurrence of series ``key`` whose Event would be named ``name``."""
         self.expire(now)
@@ -127,3 +131,31 @@ class EventSeries:
         times = [max(s.next_write, now) for s in self._open.values() if s.dirty]
         ends = [s.last_observed + self.policy.finish for s in self._open.values() if s.dirty]
         return min(times + ends) if times or ends else None
+
+
+class WriteBudget:
+    """A token bucket for writes: ``burst`` at once, then one more every ``every`` seconds
+    (``now`` passed in). The node agent bounds its Event writes per node with one."""
+
+    def __init__(self, burst: int, every: float) -> None:
+        self.burst = burst
+        self.every = every
+        self._tokens = float(burst)
+        self._at: float | None = None
+
+    def take(self, now: float) -> bool:
+        """Spend one write if there is one."""
+        if self._at is not None:
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) / self.every)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    def next_in(self, now: float) -> float:
+        """Seconds until a write is available again."""
+        if self._at is None or self._tokens >= 1.0:
+            return 0.0
+        have = min(float(self.burst), self._tokens + (now - self._at) / self.every)
+        return max(0.0, (1.0 - have) * self.every)

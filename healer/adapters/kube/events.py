@@ -15,16 +15,14 @@ import hashlib
 import socket
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Any
-
-from kubernetes_asyncio import client
+from typing import Any, Protocol
 
 from healer.adapters.clock import SYSTEM_CLOCK
-from healer.adapters.kube.client import call, plain_json
 from healer.adapters.kube.crd import GROUP, KIND, VERSION
-from healer.adapters.kube.event_series import EventSeries, Series, SeriesPolicy
+from healer.adapters.kube.event_series import EventSeries, Series, SeriesPolicy, WriteBudget
+from healer.adapters.kube.lite import LiteClient
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
-from healer.errors import ConflictError, NotFoundError
+from healer.errors import ConflictError, NotFoundError, TransientError
 from healer.ports import Clock
 
 NOTE_LIMIT = 1000
@@ -41,15 +39,51 @@ def _micro(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+class BudgetSpent(TransientError):
+    """The recorder's write budget allows no write now (the Event waits; nothing failed)."""
+
+
+class EventWriter(Protocol):
+    """How Events reach the API server (the daemon's client, or the agent's lean one)."""
+
+    async def create(self, namespace: str, body: dict[str, Any], what: str) -> None:
+        """POST the Event; ConflictError when one of that name exists."""
+        ...
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        """Merge-patch the Event; NotFoundError when it is gone."""
+        ...
+
+
+class LiteEventWriter:
+    """EventWriter over :class:`~healer.adapters.kube.lite.LiteClient` (the node agent)."""
+
+    def __init__(self, client: LiteClient) -> None:
+        self.client = client
+
+    async def create(self, namespace: str, body: dict[str, Any], what: str) -> None:
+        await self.client.request(
+            "POST", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events", body, what=what)
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        await self.client.request(
+            "PATCH", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}", body,
+            content_type="application/merge-patch+json", what=what)
+
+
 class KubeEvents:
     """The EventRecorder port. Events about Nodes (cluster-scoped) are written to ``default``:
     the API server accepts an Event about a cluster-scoped object in no other namespace."""
 
     namespace = "default"
 
-    def __init__(self, api: client.ApiClient, *, instance: str | None = None,
-                 clock: Clock = SYSTEM_CLOCK, series: SeriesPolicy | None = None) -> None:
-        self.events = client.EventsV1Api(api)
+    def __init__(self, writer: EventWriter, *, instance: str | None = None,
+                 clock: Clock = SYSTEM_CLOCK, series: SeriesPolicy | None = None,
+                 budget: WriteBudget | None = None) -> None:
+        self.writer = writer
+        #: bounds the writes (creates and updates) when given: a create over it raises
+        #: TransientError (the caller keeps the Event queued), an update waits
+        self.budget = budget
         self.instance = (instance or socket.gethostname())[:128]
         self._clock = clock
         self.series = EventSeries(series)
@@ -64,6 +98,11 @@ class KubeEvents:
             return
         skey = series or "\0".join((node, reason, type, action, remediation, note))
         now = self._clock.now()
+        self.series.expire(now)
+        if self.budget is not None and self.series.open_series(skey) is None and \
+                not self.budget.take(now):
+            raise BudgetSpent(f"Event write budget spent (at most {self.budget.burst} at "
+                                 f"once, then one every {self.budget.every:g}s)")
         occ = self.series.observe(skey, event_name(key), now)
         if not occ.create:
             self._remember(key)
@@ -83,11 +122,18 @@ class KubeEvents:
         if len(self._recent) > RECENT_KEYS:
             self._recent.popitem(last=False)
 
+    def budget_wait(self) -> float:
+        """Seconds until the write budget allows a write (0: it does, or there is none)."""
+        return self.budget.next_in(self._clock.now()) if self.budget is not None else 0.0
+
     def next_series_due(self) -> float | None:
         """Seconds until a series update is due (None: none pending)."""
         now = self._clock.now()
         at = self.series.next_due(now)
-        return None if at is None else max(0.0, at - now)
+        if at is None:
+            return None
+        wait = max(0.0, at - now)
+        return max(wait, self.budget.next_in(now)) if self.budget is not None else wait
 
     async def flush_series(self) -> int:
         """Write the series updates that are due; returns how many were written."""
@@ -98,14 +144,13 @@ class KubeEvents:
         return n
 
     async def _write_series(self, s: Series) -> None:
+        if self.budget is not None and not self.budget.take(self._clock.now()):
+            return  # stays due: written once the budget allows
         count = s.count
         body = {"series": {"count": count, "lastObservedTime": _micro(s.last_observed)}}
         try:
             self.writes += 1
-            await call(f"patch event {s.name} series",
-                       lambda: plain_json(lambda **kw: self.events.patch_namespaced_event(  # type: ignore[call-arg]
-                           s.name, self.namespace, body,
-                           _content_type="application/merge-patch+json", **kw)))
+            await self.writer.patch(self.namespace, s.name, body, f"patch event {s.name} series")
         except NotFoundError:
             self.series.forget(s.key)  # gone (an Event's TTL): the next occurrence creates
             return
@@ -133,8 +178,6 @@ class KubeEvents:
                                "name": remediation}
         try:
             self.writes += 1
-            await call(f"create event {reason} for {node}",
-                       lambda: plain_json(lambda **kw: self.events.create_namespaced_event(
-                           self.namespace, body, **kw)))  # type: ignore[arg-type]
+            await self.writer.create(self.namespace, body, f"create event {reason} for {node}")
         except ConflictError:
             return  # already emitted: idempotent
