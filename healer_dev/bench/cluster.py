@@ -297,6 +297,28 @@ class BenchCluster:
         return {(d["doing"], d["verb"], d["resource"]): int(d["count"])
                 for d in json.loads(path.read_text())}
 
+    async def apiserver_writes_per_second(self, window: float) -> float:
+        """Write requests per second the API server served over ``window`` seconds (its
+        ``apiserver_request_total``), whoever sent them (in the bench: kwok's node Leases)."""
+        api = self.api
+        assert api is not None
+
+        async def writes() -> float:
+            resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                                           _preload_content=False, _return_http_data_only=True)
+            text = (await resp.read()).decode()
+            resp.release()
+            total = 0.0
+            for line in text.splitlines():
+                if line.startswith("apiserver_request_total{") and any(
+                        f'verb="{v}"' in line for v in ("POST", "PUT", "PATCH", "DELETE")):
+                    total += float(line.rsplit(" ", 1)[1])
+            return total
+
+        w0, t0 = await writes(), time.monotonic()
+        await asyncio.sleep(window)  # the measurement window itself
+        return (await writes() - w0) / (time.monotonic() - t0)
+
     def daemon_cpu_seconds(self) -> float:
         assert self.daemon is not None
         fields = Path(f"/proc/{self.daemon.pid}/stat").read_text().rsplit(")", 1)[1].split()

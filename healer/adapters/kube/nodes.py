@@ -58,6 +58,10 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
                     taints, conds)
 
 
+#: Nodes per page of the watch's (re-)list, as client-go's informers page.
+LIST_PAGE = 500
+
+
 def _raw(obj: Any, api: client.ApiClient) -> dict[str, Any]:
     return to_dict(api, obj)
 
@@ -122,6 +126,25 @@ class KubeNodes:
         return list(raw.get("items") or []), str((raw.get("metadata") or {}).get(
             "resourceVersion", ""))
 
+    async def list_pages(self, limit: int = LIST_PAGE
+                         ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """Every node, ``limit`` at a time (the API server's ``continue``): the last page
+        carries the list's resourceVersion. A 10,000-node list in one answer is a peak of
+        decoded JSON that the process keeps as RSS long after; pages bound it."""
+        token = ""
+        while True:
+            page: dict[str, Any] = {"limit": limit}
+            if token:
+                page["_continue"] = token
+            raw = await call("list nodes", lambda page=page: _json(  # type: ignore[misc]
+                lambda **kw: self.core.list_node(**page, **kw)))
+            meta = raw.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            yield list(raw.get("items") or []), "" if token else str(
+                meta.get("resourceVersion", ""))
+            if not token:
+                return
+
     async def list(self, selector: str = "") -> list[NodeView]:
         items, _ = await self.list_raw(selector)
         return [node_view(i) for i in items]
@@ -140,20 +163,22 @@ class KubeNodes:
         self._watching = True
         while True:
             if not rv:
+                names: set[str] = set()
                 try:
-                    items, rv = await self.list_raw()
+                    async for items, page_rv in self.list_pages():
+                        for item in items:
+                            view = self._seen(item)
+                            names.add(view.name)
+                            yield NodeEvent("ADDED", view, str(
+                                item["metadata"].get("resourceVersion", "")))
+                        rv = page_rv
                 except Exception as e:  # keep the watch alive through any transient trouble
                     err = translate(e, "list nodes")
                     if not isinstance(err, TransientError):
                         raise err from e
+                    rv = ""  # a list cut short (its continue token may have expired): again
                     await backoff.sleep()
                     continue
-                names = set()
-                for item in items:
-                    view = self._seen(item)
-                    names.add(view.name)
-                    yield NodeEvent("ADDED", view, str(
-                        item["metadata"].get("resourceVersion", "")))
                 self.cache.keep_only(names)
                 yield NodeEvent("SYNCED", None, rv)
             try:
