@@ -195,6 +195,17 @@ async def run_group(sizes: StackSizes, repeats: int, seed: int,
                 # idle means nothing left to do: every remediation has reached its wait
                 await wait_until(all_held, 120 + sizes.burst, f"{sizes.burst} nodes held",
                                  interval=0.1)
+                # ... and its Events are written (the queue writes them after the actions)
+                last: list[int] = [-1]
+
+                async def quiet(last: list[int] = last) -> bool:
+                    now = sum(c for (_, verb, res), c in (await cl.requests()).items()
+                              if res != "leases" and verb in WRITES)
+                    done, last[0] = now == last[0], now
+                    return done
+
+                await wait_until(quiet, 120 + sizes.burst, "the daemon's writes to stop",
+                                 interval=1.0)
                 by, w, rd = _per_remediation(counted, await cl.requests(), sizes.burst)
                 writes.add(w)
                 reads.add(rd)
@@ -235,9 +246,9 @@ async def run_group(sizes: StackSizes, repeats: int, seed: int,
     idle.note = (f"over {sizes.idle_seconds:g}s, the burst's remediations open (held: no "
                  f"spare offered); open per repeat: {', '.join(map(str, opens))}")
     writes.note = ("every write the daemon sent from the burst's first fault until all were "
-                   "held (Leases left out), over the burst's remediations; the rows below "
-                   "split it by what the daemon was doing (a record's write, an action, the "
-                   "Event queue)")
+                   "held and their Events written (Leases left out), over the burst's "
+                   "remediations; the rows below split it by what the daemon was doing (a "
+                   "record's write, an action, the Event queue)")
     c99.note = note
     ratios = [
         per_floor(c99, rtts, "write round trip", scale=1 / 1000, unit="RTT",
