@@ -38,7 +38,8 @@ def test_a_relist_drops_what_went_and_marks_it_synced() -> None:
         c.put(view(n, role="spare"), "1", [])
     assert not c.synced
     c.keep_only({"a", "c"})
-    assert c.synced and len(c) == 2
+    assert c.synced
+    assert len(c) == 2
     assert c.with_label("role", "spare") == {"a", "c"}
     c.remove("a")
     assert c.with_label("role", "spare") == {"c"}
