@@ -307,7 +307,11 @@ class EventSink:
             emitted += 1
             if self.on_emit is not None:
                 self.on_emit(ev, event_reason(ev))
-        await self.events.flush_series()
+        try:
+            await self.events.flush_series()
+        except PermanentError as e:  # refused for good: the series' later counts are lost
+            if self.on_drop is not None and self.pending:
+                self.on_drop(self.pending[0], f"series update: {e}")
         return EmitOutcome(emitted, dropped)
 
     def next_flush_in(self) -> float | None:

@@ -15,7 +15,7 @@ from healer.adapters.kube.events import KubeEvents
 from healer.agent.findings import EventKind, GpuEvent
 from healer.agent.metrics import AgentMetrics, AgentState
 from healer.agent.publish import EVENT_WRITE_BURST, EVENT_WRITE_EVERY, EventSink, series_key
-from healer.errors import NotFoundError
+from healer.errors import NotFoundError, PermanentError
 from healer.policy.catalog import default_catalog
 
 CATALOG = default_catalog()
@@ -166,3 +166,21 @@ def test_series_bookkeeping_stays_bounded_and_counts_every_occurrence(
     for s in series.due(t + 1e9):  # everything ends: nothing left unwritten after this
         series.written(s, s.count, t + 1e9)
     assert series.next_due(t + 1e9) is None
+
+
+async def test_a_series_update_the_api_refuses_for_good_never_stops_the_sink() -> None:
+    """An API that takes creates but refuses the series' merge patch (405, say): the Events
+    still flow, the refused series is dropped and the next occurrence creates anew."""
+    clock, writer = Clock(), Writer()
+
+    async def refuse(namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        raise PermanentError(f"{what}: HTTP 405 Method Not Allowed")
+
+    writer.patch = refuse  # type: ignore[method-assign]
+    sink = EventSink(KubeEvents(writer, instance="t", clock=clock), "gpu-1", CATALOG)
+    for _ in range(3):
+        sink.add(xid(clock.now()))
+        await sink.flush()
+        clock.t += 1
+    assert writer.creates == 2  # the first, then a new one after the refused update
+    assert not sink.pending

@@ -22,7 +22,7 @@ from healer.adapters.kube.crd import GROUP, KIND, VERSION
 from healer.adapters.kube.event_series import EventSeries, Series, SeriesPolicy, WriteBudget
 from healer.adapters.kube.lite import LiteClient
 from healer.core.vocabulary import EVENT_KEY_ANNOTATION, NODE_LABEL, REPORTING_CONTROLLER
-from healer.errors import ConflictError, NotFoundError, TransientError
+from healer.errors import ConflictError, NotFoundError, PermanentError, TransientError
 from healer.ports import Clock
 
 NOTE_LIMIT = 1000
@@ -154,6 +154,9 @@ class KubeEvents:
         except NotFoundError:
             self.series.forget(s.key)  # gone (an Event's TTL): the next occurrence creates
             return
+        except PermanentError:
+            self.series.forget(s.key)  # refused for good: never retried, never in the way
+            raise
         self.series.written(s, count, self._clock.now())
 
     async def _create(self, *, key: str, node: str, reason: str, note: str, type: str,
