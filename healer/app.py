@@ -28,10 +28,11 @@ from healer.adapters.acks import AckReceiver, AckTarget, target_of
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
-from healer.adapters.kube.client import make_api_client
+from healer.adapters.kube.client import ApiEventWriter, make_api_client
 from healer.adapters.kube.events import KubeEvents
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.ratelimit import RateLimit, limit_requests
 from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
@@ -49,6 +50,7 @@ from healer.obs.metrics import Metrics, StateSource
 from healer.ports import (
     CheckpointHook,
     Clock,
+    EventRecorder,
     SlurmDriver,
     SlurmStates,
     StateStore,
@@ -58,6 +60,7 @@ from healer.ports import (
 )
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.dependencies import Dependencies
+from healer.runtime.event_queue import EventQueue
 from healer.runtime.executor import ActionRunner, Executor, Ports, SlurmNames, same_name
 from healer.runtime.loops import (
     LOOP_SLACK,
@@ -121,6 +124,8 @@ async def _start(settings: Settings, o: Overrides,
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
+    # client-go's politeness: QPS and burst in front of every request (Leases exempt)
+    limit_requests(api, RateLimit(settings.kube.api_qps, settings.kube.api_burst))
     side: SlurmSide | None = None
     try:
         try:
@@ -149,14 +154,16 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
     slurm = side.driver
-    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies)
+    # Events are written off the critical path, repeats folded into series (one queue)
+    events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
+    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
     validator = spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
     spares.validation = validator  # claims validate through the loop's one validator
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
         lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies,
-                                   validator, ns),
+                                   validator, ns, events),
         ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
@@ -216,6 +223,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
             p.close()
         if o.slurm is None:
             await nodesets.close()
+        await events.close(settings.shutdown_grace)
         await runner.cleanup()
 
 
@@ -325,7 +333,8 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets, side: SlurmSide, policies: PolicySet,
-           nodeset: NodeSetRules | None = None) -> tuple[Ports, KubeSparePool]:
+           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None
+           ) -> tuple[Ports, KubeSparePool]:
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
     its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
@@ -359,7 +368,9 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
                                              "webhook": webhook, "job": jobhook})
-    return Ports(nodes=nodes, events=KubeEvents(api, instance=settings.leader.identity),
+    if events is None:
+        events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
+    return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys,
                                     slinky_pods=o.workload is None),
@@ -379,11 +390,12 @@ def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
 
 def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
                     secrets: Secrets, policies: Callable[[], PolicySet],
-                    validator: SpareValidator, ns: NodeSetRules) -> NodeSetWiring:
+                    validator: SpareValidator, ns: NodeSetRules,
+                    events: EventRecorder | None = None) -> NodeSetWiring:
     """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
     own = _nodeset_settings(settings, ns)
     side = _slurm_side(own, api, nodes, o.slurm)
-    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns)
+    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events)
     spares.validation = validator  # claims validate through the loop's one validator
     return NodeSetWiring(ports, _slurm_states(own, api, side.driver), side.driver)
 

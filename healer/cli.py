@@ -141,7 +141,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         shutdown_grace=args.shutdown_grace, callback_url=args.callback_url,
         kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
                           namespace=args.namespace,
-                          install_crd=args.install_crd),
+                          install_crd=args.install_crd, api_qps=args.kube_api_qps,
+                          api_burst=args.kube_api_burst),
         leader=leader,
         slurm=SlurmSettings(driver=args.slurm_driver, slurmrestd_url=args.slurmrestd_url,
                             token_secret=args.slurmrestd_token_secret,
@@ -171,6 +172,15 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
                    type=flags.dns_label,
                    help="namespace of healer's Lease and hook Jobs ($POD_NAMESPACE; default "
                         "healer-system)")
+    k.add_argument("--kube-api-qps", type=flags.number(0, 100_000), default=200.0,
+                   metavar="QPS",
+                   help="client-side rate limit: API requests per second once the burst is "
+                        "spent, as client-go's (0: none; Lease renewals are exempt; the API "
+                        "server's 429 Retry-After is honoured either way; default 200)")
+    k.add_argument("--kube-api-burst", type=flags.integer(1, 1_000_000), default=1000,
+                   metavar="N",
+                   help="client-side rate limit: API requests that may be sent at once "
+                        "(default 1000)")
     k.add_argument("--install-crd", action="store_true",
                    help="create the NodeRemediation CRD if it is missing (development only; "
                         "install it from deploy/crds/ in production)")

@@ -48,6 +48,21 @@ def seconds(lo: float = 0.0, hi: float = 86400.0, *, zero: bool = False
     return parse
 
 
+def number(lo: float, hi: float) -> Callable[[str], float]:
+    """A number: finite, ``lo`` ≤ x ≤ ``hi``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise _fail(f"expected a number, got {_show(text)}") from None
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise _fail(f"expected a number from {lo:g} to {hi:g}, got {text.strip()}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
                    "w": 7 * 86400.0}

@@ -73,7 +73,12 @@ def add_bench_flags(b: argparse.ArgumentParser) -> None:
     b.add_argument("--smoke", action="store_true",
                    help="tiny sizes, about a minute (what `make test` runs)")
     b.add_argument("--nodes", type=flags.integer(1, 100_000), default=None,
-                   help="kwok nodes of the stack group (default 2000; smoke 50)")
+                   help="kwok nodes of the stack group (default 10000; smoke 50)")
+    b.add_argument("--burst", type=flags.integer(1, 100_000), default=None,
+                   help="stack group: faults at once (default 1,000; --smoke 20)")
+    b.add_argument("--kube-api-qps", type=flags.number(0, 100_000), default=0.0,
+                   help="stack group: the daemon's client-side rate limit (default 0: none, "
+                        "healer's own ceiling; the chart's default is 200, burst 1000)")
     b.add_argument("--long-polls", type=flags.integer(1, 1_000_000), default=None,
                    help="polls of the flat-over-time telemetry run (default 1000; smoke 20)")
     b.add_argument("--json", default="", metavar="FILE", help="also write the figures to FILE")

@@ -37,16 +37,18 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import structlog
-from kubernetes_asyncio import client
 
 from healer import flags
 from healer.adapters.clock import SYSTEM_CLOCK
-from healer.adapters.kube.client import make_api_client
-from healer.adapters.kube.events import KubeEvents
+from healer.adapters.kube.event_series import WriteBudget
+from healer.adapters.kube.events import KubeEvents, LiteEventWriter
+from healer.adapters.kube.lite import LiteClient, lite_client
 from healer.agent.findings import Assessment, GpuEvent, GpuReading, Thresholds, assess
 from healer.agent.metrics import AgentMetrics, AgentState
 from healer.agent.nvml import NvmlReader
 from healer.agent.publish import (
+    EVENT_WRITE_BURST,
+    EVENT_WRITE_EVERY,
     Condition,
     ConditionWriter,
     EventSink,
@@ -255,7 +257,8 @@ class Agent:
                 self.metrics.latency.observe(max(0.0, self.clock.now() - pending_since))
         if self.unwritten_since == pending_since:
             self.unwritten_since = None
-        if self.sink.pending:
+        due = self.sink.next_flush_in()
+        if self.sink.pending or (due is not None and due <= 0):
             # a bound on API calls, in real time (not the agent's clock)
             async with asyncio.timeout(self.settings.api_timeout * 4):
                 await self.sink.flush()
@@ -275,7 +278,11 @@ class Agent:
         for what in (API, "node-status", "event-queue"):
             self.once.ok(what)
         self.health.set_ready("condition-written", True)
-        return next_write_in(self.last, self.settings.heartbeat, self.clock.now())
+        wait = next_write_in(self.last, self.settings.heartbeat, self.clock.now())
+        due = self.sink.next_flush_in()
+        if self.sink.pending:  # Events waiting for the write budget
+            due = min(due if due is not None else wait, self.sink.events.budget_wait())
+        return min(wait, due) if due is not None else wait
 
     async def publish_loop(self) -> None:
         while True:
@@ -322,9 +329,9 @@ class Agent:
 # composition root
 
 
-async def _api_client(settings: AgentSettings) -> client.ApiClient:
+async def _api_client(settings: AgentSettings) -> LiteClient:
     try:
-        return await make_api_client(settings.kubeconfig, settings.context)
+        return lite_client(settings.kubeconfig, settings.context, timeout=settings.api_timeout)
     except Exception as e:  # kubeconfig unreadable, not in a cluster...
         where = settings.kubeconfig or "the in-cluster service account"
         raise ConfigError(f"cannot configure the Kubernetes client from {where}: "
@@ -354,13 +361,14 @@ async def run_agent(settings: AgentSettings, *, reader: NvmlReader | None = None
         await asyncio.to_thread(nvml.stop)
 
 
-async def _run(settings: AgentSettings, reader: NvmlReader, api: client.ApiClient,
+async def _run(settings: AgentSettings, reader: NvmlReader, api: LiteClient,
                catalog: XidCatalog) -> int:
     node = settings.node_name
     instance = settings.instance or os.environ.get("POD_NAME") or socket.gethostname()
-    writer = ConditionWriter(api, node, request_timeout=settings.api_timeout)
-    sink = EventSink(KubeEvents(api, instance=instance),  # Node Events: only in default
-                     node, catalog)
+    writer = ConditionWriter(api, node)
+    events = KubeEvents(LiteEventWriter(api), instance=instance,  # Node Events: in default
+                        budget=WriteBudget(EVENT_WRITE_BURST, EVENT_WRITE_EVERY))
+    sink = EventSink(events, node, catalog)
     health = Health()
     agent = Agent(settings, reader, writer, sink, catalog, health)
     health.set_ready("nvml", True)

@@ -21,6 +21,7 @@ logged as one line naming the error's type, never with a traceback or the reques
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging

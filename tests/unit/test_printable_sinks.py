@@ -18,6 +18,7 @@ from healer.adapters.kube.events import KubeEvents
 from healer.core.model import LedgerOutcome, StepRecord
 from healer.core.phases import Phase
 from healer.core.text import bounded, printable
+from healer_dev.testing import ManualClock
 from tests.builders import record
 
 EVIL = ["a\nforged: line", "\x1b[2J\x1b[31mred", "nul\x00x", "rtl\u202etxt", "cr\rx",
@@ -54,19 +55,23 @@ def test_a_noderemediation_object_holds_no_control_character(evil: str) -> None:
     assert reason_of(rec).isprintable()
 
 
-class _Events:
+class _Writer:
+    """An EventWriter that keeps what it is asked to create."""
+
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
 
-    async def create_namespaced_event(self, namespace: str, body: dict[str, Any]) -> None:
+    async def create(self, namespace: str, body: dict[str, Any], what: str) -> None:
         self.bodies.append(body)
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        raise AssertionError("one Event: no series update expected")
 
 
 @pytest.mark.parametrize("evil", EVIL)
 async def test_an_event_note_holds_no_control_character(evil: str) -> None:
-    ev = KubeEvents.__new__(KubeEvents)
-    ev.instance, ev._clock = "h", type("C", (), {"now": staticmethod(lambda: 0.0)})()
-    fake = ev.events = _Events()  # type: ignore[assignment]
+    fake = _Writer()
+    ev = KubeEvents(fake, instance="h", clock=ManualClock(0.0))
     await ev.emit(key="k", node="n1", reason="IncidentOpened", note=f"XID 79: {evil}")
     (body,) = fake.bodies
     assert body["note"].isprintable()

@@ -8,6 +8,9 @@ is how the core knows a GPU identity block is the agent's own.
 Every write is a JSON merge patch carrying the ``resourceVersion`` it was computed from, so a
 concurrent writer makes it fail with 409 and it is recomputed from a fresh read: healer never
 overwrites a field it did not mean to change and never uncordons a node someone else cordoned.
+While the watch runs, a write is first computed from what it last saw (:attr:`KubeNodes.cache`,
+:mod:`healer.adapters.kube.node_cache`) instead of a read; a write the cache says is not needed
+is confirmed by a read first.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import orjson
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, to_dict, translate
+from healer.adapters.kube.client import plain_json as _json
+from healer.adapters.kube.node_cache import NodeCache
 from healer.adapters.retry import Backoff
 from healer.core.model import NodeCondition, NodeView, Taint
 from healer.core.timefmt import parse_rfc3339, rfc3339
@@ -134,6 +138,10 @@ def node_view(obj: Mapping[str, Any]) -> NodeView:
                     taints, conds)
 
 
+#: Nodes per page of the watch's (re-)list, as client-go's informers page.
+LIST_PAGE = 500
+
+
 def _raw(obj: Any, api: client.ApiClient) -> dict[str, Any]:
     return to_dict(api, obj)
 
@@ -146,24 +154,6 @@ class _PlainWatch(watch.Watch):
         return ""  # no model type: events keep the decoded JSON
 
 
-async def _json(fn: Any) -> dict[str, Any]:
-    """Call a client method with ``_preload_content=False`` and decode its body (orjson)."""
-    resp = await fn(_preload_content=False)
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status <= 299:
-        e = ApiException(status=resp.status, reason=resp.reason)
-        e.body = body.decode("utf-8", "replace")
-        e.headers = resp.headers
-        raise e
-    out = orjson.loads(body)
-    if not isinstance(out, dict):
-        raise ApiException(status=0, reason="the API server answered something not an object")
-    return out
-
-
 class KubeNodes:
     """The NodeAPI port on a real API server."""
 
@@ -171,18 +161,41 @@ class KubeNodes:
                  clock: Clock = SYSTEM_CLOCK) -> None:
         self.api = api
         self.core = client.CoreV1Api(api)
+        self._watching = False
         self.watch_timeout = watch_timeout
         self._clock = clock
         #: resourceVersion of every node last seen (for optimistic concurrency)
         self.versions: dict[str, str] = {}
+        #: what the watch (and healer's own writes) last saw of every node
+        self.cache = NodeCache()
+        #: reads a write did not need, thanks to the cache (for the bench and /debug)
+        self.reads_saved = 0
 
     # -- reads -------------------------------------------------------------------------------
 
     async def get_raw(self, name: str) -> dict[str, Any]:
         raw = await call(f"get node {name}", lambda: _json(
             lambda **kw: self.core.read_node(name, **kw)))
-        self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
+        self._seen(raw)
         return raw
+
+    def _seen(self, raw: dict[str, Any], view: NodeView | None = None) -> NodeView:
+        """Remember what the API said of a node (its version; the cache while a watch runs)."""
+        rv = str(raw["metadata"].get("resourceVersion", ""))
+        view = view or node_view(raw)
+        self.versions[view.name] = rv
+        if self.cache.synced or self._watching:
+            self.cache.put(view, rv, (raw.get("spec") or {}).get("taints") or [])
+        return view
+
+    def cached(self, name: str) -> NodeView | None:
+        """The node as the watch last saw it (None: not watched, or unknown)."""
+        c = self.cache.get(name) if self.cache.synced else None
+        return c.view if c is not None else None
+
+    async def view(self, name: str) -> NodeView:
+        """The node from the cache when the watch has it, else read."""
+        return self.cached(name) or await self.get(name)
 
     async def get(self, name: str) -> NodeView:
         return node_view(await self.get_raw(name))
@@ -192,6 +205,25 @@ class KubeNodes:
             lambda **kw: self.core.list_node(label_selector=selector, **kw)))
         return list(raw.get("items") or []), str((raw.get("metadata") or {}).get(
             "resourceVersion", ""))
+
+    async def list_pages(self, limit: int = LIST_PAGE
+                         ) -> AsyncIterator[tuple[list[dict[str, Any]], str]]:
+        """Every node, ``limit`` at a time (the API server's ``continue``): the last page
+        carries the list's resourceVersion. A 10,000-node list in one answer is a peak of
+        decoded JSON that the process keeps as RSS long after; pages bound it."""
+        token = ""
+        while True:
+            page: dict[str, Any] = {"limit": limit}
+            if token:
+                page["_continue"] = token
+            raw = await call("list nodes", lambda page=page: _json(  # type: ignore[misc]
+                lambda **kw: self.core.list_node(**page, **kw)))
+            meta = raw.get("metadata") or {}
+            token = str(meta.get("continue") or "")
+            yield list(raw.get("items") or []), "" if token else str(
+                meta.get("resourceVersion", ""))
+            if not token:
+                return
 
     async def list(self, selector: str = "") -> list[NodeView]:
         items, _ = await self.list_raw(selector)
@@ -208,19 +240,26 @@ class KubeNodes:
         """
         rv = resource_version
         backoff = Backoff(0.2, 5.0, clock=self._clock)
+        self._watching = True
         while True:
             if not rv:
+                names: set[str] = set()
                 try:
-                    items, rv = await self.list_raw()
+                    async for items, page_rv in self.list_pages():
+                        for item in items:
+                            view = self._seen(item)
+                            names.add(view.name)
+                            yield NodeEvent("ADDED", view, str(
+                                item["metadata"].get("resourceVersion", "")))
+                        rv = page_rv
                 except Exception as e:  # keep the watch alive through any transient trouble
                     err = translate(e, "list nodes")
                     if not isinstance(err, TransientError):
                         raise err from e
+                    rv = ""  # a list cut short (its continue token may have expired): again
                     await backoff.sleep()
                     continue
-                for item in items:
-                    yield NodeEvent("ADDED", node_view(item), str(
-                        item["metadata"].get("resourceVersion", "")))
+                self.cache.keep_only(names)
                 yield NodeEvent("SYNCED", None, rv)
             try:
                 async with _PlainWatch() as w:
@@ -240,8 +279,12 @@ class KubeNodes:
                                 break
                             raise TransientError(f"node watch error: {raw.get('message')}")
                         rv = new_rv or rv
-                        view = node_view(raw)
-                        self.versions[view.name] = new_rv
+                        if etype == "DELETED":
+                            view = node_view(raw)
+                            self.versions.pop(view.name, None)
+                            self.cache.remove(view.name)
+                        else:
+                            view = self._seen(raw)
                         yield NodeEvent(str(etype), view, new_rv)
                 backoff.reset()
             except ApiException as e:
@@ -264,13 +307,27 @@ class KubeNodes:
             lambda **kw: self.core.patch_node(
                 name, body, _content_type="application/merge-patch+json",  # type: ignore[call-arg]
                 field_manager="healer", **kw)))
-        self.versions[name] = str(raw["metadata"].get("resourceVersion", ""))
+        self._seen(raw)
         return raw
 
     async def _read_modify_write(self, name: str, mutate: Any, what: str) -> Any:
         """Read the node, compute a patch from it, apply it guarded by its resourceVersion;
-        on 409 start again from a fresh read (a bounded number of times)."""
+        on 409 start again from a fresh read (a bounded number of times). The first attempt
+        starts from the cache when the watch has the node; a patch it finds unneeded is
+        confirmed by a read."""
+        first = [True]
+
         async def once() -> Any:
+            cached = self.cache.get(name) if first[0] and self.cache.synced else None
+            first[0] = False
+            if cached is not None:
+                raw = cached.raw()
+                body, result = mutate(raw)
+                if body is not None:
+                    self.reads_saved += 1
+                    body.setdefault("metadata", {})["resourceVersion"] = cached.version
+                    await self._patch(name, body)
+                    return result
             raw = await self.get_raw(name)
             body, result = mutate(raw)
             if body is None:

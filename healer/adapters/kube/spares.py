@@ -82,9 +82,37 @@ class KubeSparePool:
         #: spare validation (set by the spare-validation loop's wiring); None: every free
         #: spare is claimable
         self.validation: SpareValidator | None = None
+        # while the node watch runs, the pool and the claims are looked up in its cache
+        for key in self.selector.match_labels:
+            nodes.cache.index(key)
+        nodes.cache.index(CLAIM_LABEL)
 
-    async def _free(self) -> list[tuple[NodeView, dict[str, Any]]]:
-        items, _ = await self.nodes.list_raw(self.selector.to_query())
+    def _cached_candidates(self) -> list[dict[str, Any]] | None:
+        """The nodes the selector may match, from the watch's cache (None: not synced)."""
+        cache = self.nodes.cache
+        if not cache.synced:
+            return None
+        names: set[str] | None = None
+        for key, value in self.selector.match_labels.items():
+            found = cache.with_label(key, value)
+            if found is None:
+                continue
+            names = found if names is None else names & found
+        out = []
+        for name in sorted(names) if names is not None else sorted(v.name for v in cache.views()):
+            c = cache.get(name)
+            if c is not None:
+                raw = c.raw()
+                raw["status"] = {"conditions": [
+                    {"type": x.type, "status": x.status} for x in c.view.conditions]}
+                out.append(raw)
+        return out
+
+    async def _free(self, fresh: bool = False) -> list[tuple[NodeView, dict[str, Any]]]:
+        """The free spares (from the watch's cache unless ``fresh``: read from the API)."""
+        items = None if fresh else self._cached_candidates()
+        if items is None:
+            items, _ = await self.nodes.list_raw(self.selector.to_query())
         out = []
         for raw in items:
             v = node_view(raw)
@@ -101,13 +129,20 @@ class KubeSparePool:
         return out
 
     async def choose(self, node: str) -> str | None:
-        bad = await self.nodes.get(node)
+        bad = await self.nodes.view(node)
         ranked = rank_spares(bad, [v for v, _ in await self._free()], self.keys)
         return ranked[0].name if ranked else None
 
     async def held_by(self, incident: str) -> str | None:
-        """The spare ``incident`` holds, if any (one label-selected read)."""
-        items, _ = await self.nodes.list_raw(f"{CLAIM_LABEL}={claim_digest(incident)}")
+        """The spare ``incident`` holds, if any (one label-selected read, or the watch's
+        cache: healer's own claim is in it from the claim's answer on)."""
+        digest = claim_digest(incident)
+        cache = self.nodes.cache
+        names = cache.with_label(CLAIM_LABEL, digest) if cache.synced else None
+        if names is not None:
+            items = [c.raw() for n in sorted(names) if (c := cache.get(n)) is not None]
+        else:
+            items, _ = await self.nodes.list_raw(f"{CLAIM_LABEL}={digest}")
         for raw in items:
             if (raw["metadata"].get("annotations") or {}).get(CLAIMED_BY) == incident:
                 return str(raw["metadata"]["name"])
@@ -118,12 +153,13 @@ class KubeSparePool:
         held = await self.held_by(incident)
         if held is not None:  # idempotent: this incident already holds a spare
             return held
-        bad = await self.nodes.get(node)
+        bad = await self.nodes.view(node)
         if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
             self.claim_labels = dict(await self._provider())
         validating: str | None = None
+        fresh = False  # after a conflict the cache was behind: read the pool from the API
         for _ in range(5):
-            free = await self._free()
+            free = await self._free(fresh)
             by_name = {v.name: raw for v, raw in free}
             rank = same_domain_spares if same_domain else rank_spares
             ranked = rank(bad, [v for v, _ in free], self.keys)
@@ -137,6 +173,7 @@ class KubeSparePool:
                     await self.nodes._patch(cand.name, self._claim_patch(raw, incident))
                     return cand.name
                 except ConflictError:
+                    fresh = True
                     continue  # someone took or changed it: try the next one
             if validating is not None:
                 break
