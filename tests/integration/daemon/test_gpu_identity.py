@@ -16,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
 
-from healer.adapters.kube.lite import LiteClient, LiteConfig
 from healer.agent.findings import EventKind, GpuEvent, GpuInfo, GpuReading, Thresholds, assess
 from healer.agent.publish import ConditionWriter, build_condition
 from healer.policy.catalog import default_catalog
@@ -36,6 +34,7 @@ from healer_dev.sim.dcgm import (
     ThreadedDcgmFleet,
     make_node,
 )
+from tests.integration.agent_client import lite_like
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for
 
@@ -87,22 +86,13 @@ async def publish(api: client.ApiClient, node: str, gpus: list[GpuInfo], *,
                                                  now, xid=79, serial=gpus[xid_on].serial)]
     a = assess(readings, events, default_catalog(), Thresholds(), now)
     cond = build_condition(a, None, now)
-    lite = _lite(api)  # the agent's own client, to the same API server as the same user
+    lite = lite_like(api)  # the agent's own client, to the same API server as the same user
     try:
         await ConditionWriter(lite, node).write(cond)
     finally:
         await lite.close()
     return cond.message
 
-
-def _lite(api: client.ApiClient) -> LiteClient:
-    cfg = api.configuration
-
-    def data(path: str | None) -> bytes | None:
-        return Path(path).read_bytes() if path else None
-
-    return LiteClient(LiteConfig(server=str(cfg.host), ca_data=data(cfg.ssl_ca_cert),
-                                 cert_data=data(cfg.cert_file), key_data=data(cfg.key_file)))
 
 
 async def _incident(f: Fleet, node: str, phase: str | None = None) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from healer.core.model import GpuRef
 from healer.core.signals import condition_signals, identity_condition
 from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION
 from healer_dev.devstack.kube import fake_node
+from tests.integration.agent_client import lite_like
 
 A = GpuRef(2, "GPU-aaaa-1111", "1650000000002")
 FORGED = GpuRef(2, "GPU-aaaa-1111", "1650999999999")
@@ -65,7 +66,15 @@ async def _identity(kn: KubeNodes, node: str) -> tuple[str, tuple[GpuIdentity, .
 async def test_only_the_agents_own_message_carries_identity(
         kube_api: client.ApiClient, node: str) -> None:
     kn = KubeNodes(kube_api)
-    writer = ConditionWriter(kube_api, node)
+    lite = lite_like(kube_api)  # the agent's own client, as the agent writes
+    try:
+        await _agent_and_intruder(kube_api, kn, ConditionWriter(lite, node), node)
+    finally:
+        await lite.close()
+
+
+async def _agent_and_intruder(kube_api: client.ApiClient, kn: KubeNodes,
+                              writer: ConditionWriter, node: str) -> None:
     t = float(int(time.time()))
     await writer.write(_condition(with_block("XID 79 on GPU 2", [GpuIdentity(A, True)]), t))
     assert await _identity(kn, node) == (AGENT_FIELD_MANAGER, (GpuIdentity(A, True),))
