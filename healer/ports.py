@@ -134,7 +134,7 @@ class SlurmJobHistory(Protocol):
 @runtime_checkable
 class SlurmHold(Protocol):
     """A driver that can drain a node with someone else's reason, word for word (the
-    ``carryOver`` of a swap, docs/adr/0013): a drain healer does not own and never clears."""
+    ``carryOver`` of a swap, docs/adr/0016): a drain healer does not own and never clears."""
 
     async def hold(self, node: str, reason: str) -> None: ...
 

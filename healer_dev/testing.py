@@ -621,7 +621,7 @@ class FakeWorkload(Faulty):
             return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
-        if theirs and not carry:  # as Slinky's move (ADR 0006, ADR 0013)
+        if theirs and not carry:  # as Slinky's move (ADR 0006, ADR 0016)
             return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained or "
                               f"down by someone else (reason {st.reason!r}): held",
                               {"held": "foreign-drain"})

@@ -7,16 +7,15 @@ from typing import Any
 
 from healer.core import rules as cp
 from healer.core.actions import StepStatus
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
+from healer.core.budget import BudgetView
+from healer.core.capacity import FleetIndex, open_remediation
 from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import (
     SlurmObservation,
     StepResult,
     Trigger,
     TriggerKind,
-    counts_as_active,
     incident_id,
-    record_out_of_service,
 )
 from healer.core.model import (
     Death,
@@ -27,6 +26,7 @@ from healer.core.model import (
     NodeCondition,
     NodeRecord,
     NodeView,
+    PastIncident,
     Severity,
     StepRecord,
 )
@@ -96,12 +96,17 @@ def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
 def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,
          records: list[NodeRecord] | None = None, incidents: list[PastIncident] | None = None,
          paused: bool = False, paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
-    ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
-    open_ = {r.node: OpenRemediation(r.node, r.policy, r.phase, r.incident.opened_at,
-                                     r.spare, record_out_of_service(r), counts_as_active(r))
-             for r in (records or [])}
-    return BudgetView(ps or policies(), {n.name: n for n in ns}, open_, tuple(incidents or ()),
-                      paused, paused_nodes)
+    """What the guardrails see of ``nodes`` (default n1..n10) with ``records`` open and
+    ``incidents`` past: the view of a fleet index told just that. Only ``paused_nodes`` are
+    paused node by node."""
+    index = FleetIndex(ps or policies())
+    for n in nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]:
+        index.set_node(n)
+    for r in records or []:
+        index.set_open(open_remediation(r), r.incident.id)
+    for i in incidents or []:
+        index.add_incident(i)
+    return replace(index.view(paused=paused), paused_nodes=paused_nodes)
 
 
 def verdict(state: HealthState, nodename: str = "n1", at: float = T0, policy_name: str = "p",

@@ -22,8 +22,7 @@ holds the node (HeldForFencing), and nothing is force-deleted.
 
 from __future__ import annotations
 
-import time
-
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import WebhookHook
 from healer.core.model import FenceProvider
 from healer.core.timefmt import rfc3339
@@ -34,7 +33,7 @@ from healer.core.vocabulary import (
     FENCED_ANNOTATION,
 )
 from healer.errors import HealerError, NotFoundError
-from healer.ports import FenceSpec, HookResult, HookSpec, NodeAPI, StepOutcome
+from healer.ports import Clock, FenceSpec, HookResult, HookSpec, NodeAPI, StepOutcome
 
 __all__ = ["KubeFencing"]
 
@@ -46,7 +45,9 @@ def _done(provider: FenceProvider, by: str) -> HookResult:
 class KubeFencing:
     """The Fencing port on the Kubernetes Node (see the module docstring)."""
 
-    def __init__(self, nodes: NodeAPI, webhook: WebhookHook, *, callback_url: str = "") -> None:
+    def __init__(self, nodes: NodeAPI, webhook: WebhookHook, *, callback_url: str = "",
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock  # a request's sentAt
         self.nodes = nodes
         self.webhook = webhook
         self.callback_url = callback_url
@@ -93,4 +94,4 @@ class KubeFencing:
                                                   secret_ref=spec.secret_ref), {
             "incident": incident, "node": node, "action": "fence",
             "deadline": rfc3339(spec.deadline) if spec.deadline else "",
-            "callback": self.callback_url, "sentAt": time.time()})
+            "callback": self.callback_url, "sentAt": self.clock.now()})

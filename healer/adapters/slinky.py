@@ -131,7 +131,7 @@ PRESTOP_REASON = "Pod is terminating"
 def foreign_reason(st: SlurmNodeState) -> str:
     """The reason of a drain or a DOWN someone else set ("" if none): neither healer's, nor
     the operator's (its prefix, its preStop), nor Slurm's own ``Not responding`` of a silent
-    slurmd. Moving the slurmd would lose it (docs/adr/0006, docs/adr/0013)."""
+    slurmd. Moving the slurmd would lose it (docs/adr/0006, docs/adr/0016)."""
     if not (st.drain or st.down) or not st.reason or st.reason_is_ours:
         return ""
     if st.reason.startswith((OPERATOR_PREFIX, PRESTOP_REASON)):

@@ -195,7 +195,7 @@ class SlinkyWorkload:
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
         """A drain or DOWN someone else owns: evicting would run the pod's preStop, which
         deletes the Slurm node record and so their reason (docs/adr/0006); a recreated pod
-        registering again clears their DOWN (docs/adr/0013). Hold until they clear it."""
+        registering again clears their DOWN (docs/adr/0016). Hold until they clear it."""
         if (incident, reason) not in self._held:
             self._held.add((incident, reason))
             log.warning("holding the swap: Slurm node drained or down by someone else",
@@ -210,7 +210,7 @@ class SlinkyWorkload:
         """Do the Slurm half of the dead pod's preStop, which never ran: delete the Slurm
         node's record before the recreated pod can register under the same name. A dynamic
         slurmd (``slurmd -Z``) registering again keeps the old record's address, the dead
-        pod's IP: slurmctld would mark the replacement not responding (docs/adr/0013).
+        pod's IP: slurmctld would mark the replacement not responding (docs/adr/0016).
         Only once Slurm lists no job there (it requeues or fails them when it sets the node
         DOWN) and no slurmd answers for it. None: deleted, or there was none."""
         if st.busy:

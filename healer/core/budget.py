@@ -33,9 +33,9 @@ the first incident that brings the count to the threshold and stays tripped for 
 after the last such incident; then it closes by itself. Its state is a function of the incident
 history alone, so a restarted or new leader computes the same state from the records.
 
-The checks read their numbers through :class:`GuardrailFacts`. A view built by
-:class:`healer.core.capacity.FleetIndex` (and so by :func:`healer.core.fleet.budget_view`)
-answers each in O(1) from incrementally kept counts; a hand-built view is scanned.
+The checks read their numbers through :class:`GuardrailFacts`: the fleet index a view is made
+by (:class:`healer.core.capacity.FleetIndex`, also behind :func:`healer.core.fleet.budget_view`)
+answers each in O(1) from incrementally kept counts.
 """
 
 from __future__ import annotations
@@ -48,50 +48,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
-from healer.core.model import GuardrailBlock, NodeView
+from healer.core.model import GuardrailBlock, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
-from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, MassDeath, Policy, PolicySet
 from healer.core.timefmt import rfc3339
-from healer.core.unavailability import CAUSES, claims_in_flight, replaced, unavailable_cause
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRemediation:
-    """What the guardrails need to know about a record that is not closed."""
-
-    node: str
-    policy: str
-    phase: Phase
-    opened_at: float
-    spare: str = ""
-    out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
-    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
-
-
-@dataclass(frozen=True, slots=True)
-class PastIncident:
-    """An incident opened recently (open or closed), for the breaker and retry budgets."""
-
-    id: str
-    node: str
-    opened_at: float
-    policy: str = ""
-    serials: tuple[str, ...] = ()
-
+from healer.core.unavailability import CAUSES
 
 Scope = Policy | NodeSetRules | None
 """Where a limit applies: a policy's nodes, a NodeSet's, or (None) every governed node."""
-
-
-def in_scope(policies: PolicySet, scope: Scope, node: NodeView) -> bool:
-    """Does ``scope``'s selection take ``node`` (spares and replaced nodes aside)?"""
-    if scope is None:
-        return policies.for_node(node) is not None
-    if isinstance(scope, NodeSetRules):
-        ns = policies.nodesets.of(node.labels)
-        return ns is not None and ns.name == scope.name and policies.for_node(node) is not None
-    return scope.applies_to(node)
 
 
 def nodeset_name(policies: PolicySet, node: NodeView | None) -> str:
@@ -163,8 +127,8 @@ class GuardrailFacts(Protocol):
 class BudgetView:
     """What the guardrails see of the fleet when a step runs.
 
-    ``index`` answers the guardrails' questions without a scan; when it is None (a view built
-    by hand) they are computed from the other fields.
+    ``index`` answers the guardrails' questions without a scan (the fleet index the view was
+    made by, :meth:`healer.core.capacity.FleetIndex.view`).
     """
 
     policies: PolicySet
@@ -173,7 +137,7 @@ class BudgetView:
     incidents: Collection[PastIncident] = ()
     paused: bool = False
     paused_nodes: AbstractSet[str] = frozenset()
-    index: GuardrailFacts | None = field(default=None, compare=False, repr=False)
+    index: GuardrailFacts = field(kw_only=True, compare=False, repr=False)
     slurm: Mapping[str, str] = field(default_factory=dict)
     """Node → why Slurm will not start jobs there (:func:`slurm_cause`); absent: it will."""
     slurm_view: str = "off"
@@ -184,11 +148,7 @@ class BudgetView:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
 
     def facts(self) -> GuardrailFacts:
-        if self.index is not None:
-            return self.index
-        from healer.core.scan_facts import ScanFacts  # it scans with this module's functions
-
-        return ScanFacts(self)
+        return self.index
 
     @property
     def slurm_unknown(self) -> bool:
@@ -286,35 +246,9 @@ def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Scope, population
 
 def population(view: BudgetView, policy: Scope) -> list[NodeView]:
     """The nodes a limit is computed over (see the module docstring), in ``view.nodes``
-    order. O(fleet): use :func:`population_size` for the count."""
-    if view.index is not None:
-        names = view.index.members(policy)
-        return [n for n in view.nodes.values() if n.name in names]
-    in_flight = {claims_in_flight(r) for r in view.open.values()}
-    out: list[NodeView] = []
-    for n in view.nodes.values():
-        if view.policies.is_spare(n.labels) or n.name in in_flight:
-            continue
-        if not in_scope(view.policies, policy, n):
-            continue
-        if replaced(view.open.get(n.name)):
-            continue  # replaced: its spare serves in its place
-        out.append(n)
-    return out
-
-
-def population_size(view: BudgetView, policy: Scope) -> int:
-    return view.facts().population(policy)
-
-
-def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
-    """The unavailable ones among ``nodes``, with their causes."""
-    out: dict[str, str] = {}
-    for n in nodes:
-        cause = unavailable_cause(n, view.open.get(n.name), view.slurm.get(n.name, ""))
-        if cause:
-            out[n.name] = cause
-    return out
+    order. O(fleet): ``view.facts().population(policy)`` is the count."""
+    names = view.index.members(policy)
+    return [n for n in view.nodes.values() if n.name in names]
 
 
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
 
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident, Scope
+from healer.core.budget import BudgetView, Scope
 from healer.core.machine import counts_as_active, record_out_of_service, releases
-from healer.core.model import NodeRecord, NodeView
+from healer.core.model import NodeRecord, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
@@ -142,8 +142,8 @@ class FleetIndex:
         """A view of the index as it is (and will be: it reads the live tables; only the
         Slurm feed's state is read now). O(1)."""
         return BudgetView(self._policies, self._nodes_ro, self._open_ro,
-                          self._incidents.values(), paused, self._paused.keys(), self,
-                          self._slurm_ro, self._slurm_view)
+                          self._incidents.values(), paused, self._paused.keys(),
+                          self._slurm_ro, self._slurm_view, index=self)
 
     # -- policies --------------------------------------------------------------------------
 

@@ -65,6 +65,13 @@ class SignalKind(enum.Enum):
     SLURM = "slurm"  # what Slurm says is wrong (states, reason): core.slurm_signals
 
 
+class TelemetrySourceName(enum.Enum):
+    """The telemetry sources whose samples carry freshness (METRIC, XID, FRESH, STALE signals),
+    which a staleness rule's ``sources`` may name; the policy schema lists exactly these."""
+
+    DCGM = "dcgm"  # the Prometheus source (DCGM fields and any series)
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class GpuRef:
     """One GPU on a node. Any of the identifiers may be unknown (empty)."""
@@ -157,11 +164,13 @@ class NodeCondition:
     message: str = ""
     last_transition: float = 0.0
     last_heartbeat: float = 0.0  # when its detector last vouched for it (0: it never says)
+    writer: str = ""  # the field manager that wrote its message (managedFields; "": unknown)
 
     def same_content(self, other: NodeCondition) -> bool:
         """Equal but for the heartbeat (a re-publish of an unchanged condition)."""
-        return (self.type, self.status, self.reason, self.message, self.last_transition) == (
-            other.type, other.status, other.reason, other.message, other.last_transition)
+        return (self.type, self.status, self.reason, self.message, self.last_transition,
+                self.writer) == (other.type, other.status, other.reason, other.message,
+                                 other.last_transition, other.writer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +330,30 @@ class GuardrailBlock:
     def from_dict(cls, d: Mapping[str, Any]) -> GuardrailBlock:
         return cls(guardrail=str(d["guardrail"]), message=str(d["message"]),
                    current=float(d.get("current", 0)), limit=float(d.get("limit", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRemediation:
+    """What the guardrails need to know about a record that is not closed."""
+
+    node: str
+    policy: str
+    phase: Phase
+    opened_at: float
+    spare: str = ""
+    out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
+    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
+
+
+@dataclass(frozen=True, slots=True)
+class PastIncident:
+    """An incident opened recently (open or closed), for the breaker and retry budgets."""
+
+    id: str
+    node: str
+    opened_at: float
+    policy: str = ""
+    serials: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,7 +526,7 @@ class NodeRecord:
     """The node was declared dead (its own flow: fence, out of service, swap)."""
     carried: str = ""
     """Someone else's drain or DOWN reason the swap carried over to the replacement
-    (``swap.foreignReason: carryOver``, docs/adr/0013)."""
+    (``swap.foreignReason: carryOver``, docs/adr/0016)."""
 
     @property
     def node_deleted(self) -> bool:

@@ -3,6 +3,10 @@
 :mod:`healer.policy` parses YAML, validates it in two layers and compiles it into these types once,
 at load time. Durations are seconds; regular expressions are compiled; XID groups are resolved to
 sets of codes.
+
+The parts a NodeSet (:mod:`healer.core.nodesets`) is made of too, the label selector
+(:mod:`healer.core.selector`) and the guardrails (:mod:`healer.core.limits`), sit in modules of
+their own below both; they are named from here as well, like the mode (:mod:`healer.core.modes`).
 """
 
 from __future__ import annotations
@@ -10,16 +14,21 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+# re-exported (see the module): callers name a compiled policy's parts from here
+from healer.core.limits import Breaker as Breaker
+from healer.core.limits import FailureDomain as FailureDomain
+from healer.core.limits import Guardrails as Guardrails
+from healer.core.limits import Quantity as Quantity
+from healer.core.limits import RetryBudget as RetryBudget
 from healer.core.model import FenceProvider, NodeView, Severity
-from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
+from healer.core.modes import Mode as Mode
+from healer.core.nodesets import NodeSets
+from healer.core.selector import LabelSelector as LabelSelector
 from healer.core.spare_validation import SpareValidation
 from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
-
-if TYPE_CHECKING:
-    from healer.core.nodesets import NodeSets
 
 
 class TextPattern(Protocol):
@@ -70,38 +79,6 @@ class Aggregation(enum.Enum):
     RATE = "rate"  # per-second counter rate over ``window``
     MAX_OVER_TIME = "max_over_time"
     CHANGES = "changes"  # how often the value changed within ``window`` (a link's flaps)
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    match_labels: Mapping[str, str] = field(default_factory=dict)
-    # (key, operator, values) with operator In | NotIn | Exists | DoesNotExist
-    match_expressions: tuple[tuple[str, str, frozenset[str]], ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for k, v in self.match_labels.items():
-            if labels.get(k) != v:
-                return False
-        for key, op, values in self.match_expressions:
-            present = key in labels
-            if op == "In" and (not present or labels[key] not in values):
-                return False
-            if op == "NotIn" and present and labels[key] in values:
-                return False
-            if op == "Exists" and not present:
-                return False
-            if op == "DoesNotExist" and present:
-                return False
-        return True
-
-    def to_query(self) -> str:
-        """The selector as a Kubernetes ``labelSelector`` query string."""
-        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
-        for key, op, values in self.match_expressions:
-            vs = ",".join(sorted(values))
-            parts.append({"In": f"{key} in ({vs})", "NotIn": f"{key} notin ({vs})",
-                          "Exists": key, "DoesNotExist": f"!{key}"}[op])
-        return ",".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +219,7 @@ class DrainStep:
 
 class ForeignReason(enum.Enum):
     """What a swap does with a Slurm drain or DOWN reason someone else set (docs/adr/0006,
-    docs/adr/0013): moving the slurmd would lose it."""
+    docs/adr/0016): moving the slurmd would lose it."""
 
     HOLD = "hold"  # the swap waits, and says why, until the owner clears it
     CARRY_OVER = "carryOver"  # the reason is put on the replacement, word for word
@@ -287,57 +264,6 @@ class Steps:
 
 
 # ---------------------------------------------------------------------------------------------
-# Guardrails
-
-
-@dataclass(frozen=True, slots=True)
-class Quantity:
-    """A count or a percentage of a population."""
-
-    value: float
-    percent: bool = False
-
-    def of(self, population: int) -> int:
-        if not self.percent:
-            return int(self.value)
-        # a percentage rounds down but never below one node unless it is 0%
-        n = int(population * self.value / 100.0)
-        return max(n, 1) if self.value > 0 and population > 0 else n
-
-    def __str__(self) -> str:
-        return f"{self.value:g}%" if self.percent else f"{int(self.value)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Breaker:
-    window: float = 600.0
-    threshold: Quantity = Quantity(5)
-    cooldown: float = 1800.0
-
-
-@dataclass(frozen=True, slots=True)
-class FailureDomain:
-    key: str
-    max_unavailable: int = 1
-
-
-@dataclass(frozen=True, slots=True)
-class RetryBudget:
-    per_node: int = 3
-    per_gpu_serial: int = 2
-    window: float = 7 * 86400.0
-
-
-@dataclass(frozen=True, slots=True)
-class Guardrails:
-    max_concurrent: int | None = None
-    max_unavailable: Quantity | None = None
-    failure_domains: tuple[FailureDomain, ...] = ()
-    breaker: Breaker | None = None
-    retry_budget: RetryBudget | None = None
-
-
-# ---------------------------------------------------------------------------------------------
 # Dead nodes
 
 
@@ -370,7 +296,8 @@ class MassDeath:
     """Many nodes of one scope dying together is a control-plane or network fault: nothing is
     fenced or swapped there while more than ``max_share`` of the scope's nodes (or more than
     ``max_share_per_domain`` of one failure domain's) went NotReady within one ``window`` and
-    are still NotReady, counting those that answered again within the last ``window``."""
+    are still NotReady, counting those that answered again within the last ``window`` after
+    the first of them went NotReady (:func:`healer.core.budget.outage`)."""
 
     window: float = 300.0
     max_share: Quantity = Quantity(10, percent=True)
@@ -433,12 +360,6 @@ class FleetRules:
     spare_validation: SpareValidation = field(default_factory=SpareValidation)
 
 
-def _no_nodesets() -> NodeSets:
-    from healer.core.nodesets import NodeSets  # it builds on this module's types
-
-    return NodeSets()
-
-
 @dataclass(frozen=True, slots=True)
 class PolicySet:
     """Every loaded policy plus the fleet guardrails, with a content hash for metrics.
@@ -451,7 +372,7 @@ class PolicySet:
     policies: tuple[Policy, ...]
     fleet: FleetRules = FleetRules()
     digest: str = ""
-    nodesets: NodeSets = field(default_factory=_no_nodesets)
+    nodesets: NodeSets = field(default_factory=NodeSets)
     """The ``kind: SlurmNodeSet`` documents (:mod:`healer.core.nodesets`); none: the one
     NodeSet the command line names."""
 

@@ -125,6 +125,9 @@ SLURM_REASON_PREFIX = "healer: "
 CHECKPOINT_ACK_COMMENT_PREFIX = "healer-ack:"
 #: Node condition the agent publishes (and the default health policy reads).
 GPU_CONDITION = "GPUHealthy"
+#: The field manager the agent writes that condition with: GPU identity is read only from a
+#: GPUHealthy condition whose message this manager wrote (ADR 0009, managedFields).
+AGENT_FIELD_MANAGER = "healer-agent"
 #: Tag of the machine-readable GPU identity block the agent appends to its condition's
 #: message (``[healer.io/gpus v1 *2:GPU-…:1650…]``; :mod:`healer.core.gpu_identity`).
 GPU_IDENTITY_TAG = "healer.io/gpus"

@@ -96,6 +96,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_slurm_view_known": ("gauge", "1 while the Slurm feed reads Slurm's node states, 0 "
                                 "while it cannot (admissions under maxUnavailable or "
                                 "failure-domain limits are held); absent without a feed."),
+    "healer_nodeset_slurm_readable": ("gauge", "Per SlurmNodeSet (and its cluster; without "
+                                      "documents the command line's Slurm, named '(command "
+                                      "line)'): 1 if its Slurm node states were read at the "
+                                      "last read, 0 if not (its cluster unreachable, its "
+                                      "slurmrestd token Secret missing; the reason is on "
+                                      "/readyz and in an Event)."),
     "healer_slurm_view_last_success_timestamp_seconds": ("gauge", "Last successful read of "
                                                          "Slurm's node states."),
     "healer_max_unavailable": ("gauge", "The maxUnavailable limit in nodes (scope)."),
@@ -225,6 +231,12 @@ class _StateCollector(Collector):
         feed = src.slurm_feed()
         if feed:
             yield _gauge("healer_slurm_view_known", int(bool(feed.get("known"))))
+            readable = GaugeMetricFamily("healer_nodeset_slurm_readable",
+                                         METRICS["healer_nodeset_slurm_readable"][1],
+                                         labels=["nodeset", "cluster"])
+            for name, (cluster, error) in sorted((feed.get("nodesets") or {}).items()):
+                readable.add_metric([name, cluster], int(not error))
+            yield readable
             if feed.get("last_success") is not None:
                 yield _gauge("healer_slurm_view_last_success_timestamp_seconds",
                              float(feed["last_success"]))

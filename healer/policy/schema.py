@@ -26,12 +26,16 @@ from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
     MAX_DURATION,
     MAX_QUANTITY,
+    check_configmap_ref,
     check_http_url,
+    check_image_ref,
     check_label_key,
     check_label_value,
     check_prom_label,
+    check_secret_ref,
     check_signal,
 )
+from healer.policy.promql_limits import MAX_LOOKBACK
 
 API_VERSION = "healer.io/v1alpha1"
 
@@ -99,6 +103,16 @@ LabelKey = Annotated[str, BeforeValidator(check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(check_label_value)]
 HttpUrl = Annotated[str, BeforeValidator(check_http_url)]
 SignalName = Annotated[str, BeforeValidator(check_signal)]
+SecretRef = Annotated[str, BeforeValidator(check_secret_ref), WithJsonSchema({
+    "type": "string", "maxLength": 600, "description": "NAMESPACE/NAME[:KEY] of a Secret",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
+               r"(:[-._A-Za-z0-9]{1,253})?$"})]
+ConfigMapRef = Annotated[str, BeforeValidator(check_configmap_ref), WithJsonSchema({
+    "type": "string", "maxLength": 320, "description": "NAMESPACE/NAME of a ConfigMap",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"})]
+ImageRef = Annotated[str, BeforeValidator(check_image_ref), WithJsonSchema({
+    "type": "string", "maxLength": 512,
+    "description": "a container image reference: [registry[:port]/]name[:tag][@digest]"})]
 _METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 PromLabel = Annotated[str, BeforeValidator(check_prom_label),
                       WithJsonSchema({"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$",
@@ -149,9 +163,12 @@ class MetricMatch(Model):
     matchers: dict[PromLabel, Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=16,
         description="series: equality label matchers added to its selector")
-    promql: str | None = Field(default=None, min_length=1, max_length=4096,
-                               description="a PromQL expression; its series need the node "
-                                           "label and, for per-GPU rules, gpu/UUID labels")
+    promql: str | None = Field(default=None, min_length=1, max_length=4096, description=(
+        "a PromQL expression; its series need the node label and, for per-GPU rules, gpu/UUID "
+        "labels. Bounded, as it runs every poll: it reads at most 1d back (ranges, subquery "
+        "ranges and offsets together), every selector names its metric (by =), a subquery "
+        "says its step (at least 10s, at most 1440 steps, none inside another), no @ "
+        "modifier, no negative offset"))
     per: list[PromLabel] = Field(default_factory=list, max_length=8, description=(
         "series or promql: the labels that tell the node's parts apart (device, port: per "
         "HCA port); the rule is judged per part and its evidence names the part"))
@@ -161,8 +178,9 @@ class MetricMatch(Model):
     aggregation: Literal["value", "increase", "rate", "max_over_time", "changes"] = Field(
         default="value", description="field or series: value (the last sample), increase or "
         "rate of a counter, max_over_time, changes (how often it changed: flaps) in window")
-    window: Duration = Field(default=300.0, ge=1, description=(
-        "the range of increase/rate/max_over_time/changes: 1s to 366d"))
+    window: Duration = Field(default=300.0, ge=1, le=MAX_LOOKBACK, description=(
+        "the range of increase/rate/max_over_time/changes: 1s to 1d (a longer view belongs "
+        "in a recording rule)"))
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
@@ -191,7 +209,9 @@ class NotReadyMatch(Model):
 
 class StalenessMatch(Model):
     after: Duration = Field(gt=0, description="no fresh sample for this long: stale")
-    sources: list[str] = Field(default_factory=list, description="empty: every source")
+    sources: list[Literal["dcgm"]] = Field(default_factory=list, max_length=8, description=(
+        "the telemetry sources judged: dcgm (DCGM and any series through Prometheus, the one "
+        "source whose samples carry freshness); empty: every source"))
 
 
 class SlurmMatch(Model):
@@ -227,11 +247,12 @@ class CheckpointSpec(Model):
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
 
 
 class DrainSpec(Model):
@@ -252,12 +273,13 @@ class SwapSpec(Model):
         "a Slurm drain or DOWN reason someone else set (an admin, a HealthCheckProgram; not "
         "Slurm's own 'Not responding'), which moving the slurmd would lose: hold (the swap "
         "waits and says why until the owner clears it) or carryOver (the replacement is "
-        "drained with that reason, word for word, through Slurm's API). docs/adr/0013"))
+        "drained with that reason, word for word, through Slurm's API). docs/adr/0016"))
 
 
 class ValidationSpec(Model):
     enabled: Flag = False
-    image: str | None = None
+    image: ImageRef | None = Field(default=None, description=(
+        "the validation Job's container image: [registry[:port]/]name[:tag][@digest]"))
     command: list[str] = Field(default_factory=list, max_length=256)
     deadline: Duration = Field(default=1800.0, ge=1)
 
@@ -265,11 +287,12 @@ class ValidationSpec(Model):
 class RepairSpec(Model):
     hook: Literal["none", "webhook", "job"] = "none"
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
     deadline: Duration = Field(default=0.0, ge=0)
 
 
@@ -378,7 +401,7 @@ class PolicySpec(Model):
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
     dead_node: DeadNodeSpec | None = Field(default=None, description=(
         "nodes that die outright (Ready Unknown, slurmd silent): fenced before anything "
-        "irreversible, taken out of service, swapped (docs/adr/0012); absent: off"))
+        "irreversible, taken out of service, swapped (docs/adr/0015); absent: off"))
 
 
 class RemediationPolicy(Model):
@@ -434,8 +457,6 @@ class FleetGuardrails(Model):
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_SECRET_REF = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
-               r"(:[-._A-Za-z0-9]{1,253})?$")
 
 
 class SlurmEndpointSpec(Model):
@@ -444,9 +465,8 @@ class SlurmEndpointSpec(Model):
     slurmrestd_url: HttpUrl | None = Field(
         default=None, description="this cluster's slurmrestd (slurmrestd driver; on Slinky, "
         "for job listing and checkpoint signals)")
-    token_secret: str | None = Field(
-        default=None, pattern=_SECRET_REF, max_length=400,
-        description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
+    token_secret: SecretRef | None = Field(
+        default=None, description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
     slurm_conf: str | None = Field(
         default=None, pattern=r"^/[^\x00-\x1f]*$", max_length=4096,
         description="absolute path of this cluster's slurm.conf in healer's container "

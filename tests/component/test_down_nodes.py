@@ -1,4 +1,4 @@
-"""A DOWN Slurm node (docs/adr/0013), through the runtime on fakes: DOWN with no job counts as
+"""A DOWN Slurm node (docs/adr/0016), through the runtime on fakes: DOWN with no job counts as
 drained; someone else's DOWN reason is never overwritten and holds the swap (the default), or
 is carried over to the replacement word for word (``swap.foreignReason: carryOver``); Slurm's
 own ``Not responding`` is nobody's hold."""

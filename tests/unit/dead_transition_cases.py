@@ -79,7 +79,7 @@ FENCE_DONE = done_step("fence")
 CLAIM_DONE = done_step("claim-spare")
 
 DEAD_CASES: list[Case] = [
-    # -- a DOWN Slurm node with no job counts as drained (docs/adr/0013) -----------------------
+    # -- a DOWN Slurm node with no job counts as drained (docs/adr/0016) -----------------------
     Case("draining/down-not-busy-counts-as-drained",
          record(P.DRAINING, ledger=(done_step("drain"),)),
          trigger(K.SLURM, slurm=SlurmObservation(drain=False, busy=False, down=True,

@@ -14,7 +14,7 @@ import pytest
 
 from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
-from healer.core.budget import BudgetView, PastIncident
+from healer.core.budget import BudgetView
 from healer.core.machine import (
     TRANSITIONS,
     Decision,
@@ -24,7 +24,7 @@ from healer.core.machine import (
     stepping,
 )
 from healer.core.machine.context import Ctx
-from healer.core.model import HealthState, Severity
+from healer.core.model import HealthState, PastIncident, Severity
 from healer.core.phases import Phase
 from tests.builders import (
     T0,

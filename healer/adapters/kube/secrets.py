@@ -37,6 +37,7 @@ class SecretToken:
         self._at = 0.0
 
     async def token(self) -> str:
+        # a cache's age in real elapsed time (monotonic), not the daemon's clock
         if self._value and time.monotonic() - self._at < self.ttl:
             return self._value
         raw = to_dict(self.api, await call(

@@ -118,7 +118,7 @@ class ScontrolDriver:
         st = await self.state(node)
         if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
             # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
-            # own "Not responding"): keep their reason, do not own it (docs/adr/0013)
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0016)
             return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
@@ -210,6 +210,7 @@ class ScontrolDriver:
         except OSError as e:
             raise TransientError(f"cannot run {args[0]}: {e}") from e
         try:
+            # a bound on a process, in real time (not the daemon's clock)
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):

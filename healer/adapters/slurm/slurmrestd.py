@@ -51,6 +51,7 @@ from urllib.parse import quote
 import aiohttp
 
 from healer.adapters.calls import timed
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import QUICK
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
@@ -128,7 +129,7 @@ class CallableToken:
     ``ttl`` seconds and fetched again after that or after a 401."""
 
     def __init__(self, fetch: Callable[[], str | Awaitable[str]], ttl: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:  # a cache's age
         self._fetch = fetch
         self._ttl = ttl
         self._clock = clock
@@ -291,7 +292,7 @@ class SlurmrestdDriver:
         st = await self.state(node)
         if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
             # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
-            # own "Not responding"): keep their reason, do not own it (docs/adr/0013)
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0016)
             return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
@@ -402,8 +403,12 @@ class SlurmrestdDriver:
             try:
                 async with self._http().request(
                         method, url, params=params, json=json, headers=headers,
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                        timeout=aiohttp.ClientTimeout(total=self.timeout),
+                        allow_redirects=False) as resp:  # the token never follows one
                     status = resp.status
+                    if 300 <= status < 400:
+                        raise PermanentError(refused_redirect(f"slurmrestd {where}", url,
+                                                              status, resp.headers))
                     text = await resp.text()
             except aiohttp.ClientConnectorError as e:
                 raise _ConnectFailed(f"{where}: cannot connect to slurmrestd: {e}") from e

@@ -1,6 +1,6 @@
 """The effects of the transition table's dead-node rows: a node that cannot act on its own
 (:class:`~healer.core.model.Death`) is fenced before anything irreversible, then taken out of
-service and swapped (docs/adr/0012-dead-nodes-fencing-out-of-service.md).
+service and swapped (docs/adr/0015-dead-nodes-fencing-out-of-service.md).
 
 Like :mod:`healer.core.machine.effects` (whose helpers these build on), each is a named
 :class:`Effect` that only changes ``ctx.record`` and appends to ``ctx.actions``.

@@ -162,7 +162,7 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
         slurm_node = r.get("slurmNode")
         if slurm_node and slurm_node != record.slurm_node:
             record = replace(record, slurm_node=slurm_node)
-        carried = r.get("carried")[:250]  # the move carried someone's reason over (ADR 0013)
+        carried = r.get("carried")[:250]  # the move carried someone's reason over (ADR 0016)
         if r.step == StepName.MOVE_WORKLOAD and carried and carried != record.carried:
             record = replace(record, carried=carried)
     return record

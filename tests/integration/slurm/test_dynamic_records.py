@@ -1,5 +1,5 @@
 """A dynamic Slurm node (``slurmd -Z``, as Slinky's worker pods run it) whose pod died with its
-node, against a real Slurm 22.05 (issue 20, docs/adr/0013): the pod's preStop, which deletes
+node, against a real Slurm 22.05 (issue 20, docs/adr/0016): the pod's preStop, which deletes
 the node's record, never ran, so a replacement registering under the same name keeps the dead
 pod's address and slurmctld never reaches it; once the record is deleted (what healer does
 for a fenced dead node, through scontrol or slurmrestd) the replacement registers afresh.

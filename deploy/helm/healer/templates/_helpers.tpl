@@ -125,6 +125,8 @@ missing (values.schema.json says the same). */}}
 {{- end }}
 - {{ printf "--poll-interval=%v" .Values.prometheus.pollInterval | quote }}
 - {{ printf "--lease-name=%s" (include "healer.leaseName" .) | quote }}
+- {{ printf "--kube-api-qps=%v" .Values.kubeApi.qps | quote }}
+- {{ printf "--kube-api-burst=%v" (int .Values.kubeApi.burst) | quote }}
 - {{ printf "--http-host=%s" .Values.http.host | quote }}
 - {{ printf "--http-port=%v" (int .Values.httpPort) | quote }}
 {{- if .Values.http.debugState }}
