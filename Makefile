@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv deps slurm-roots operator image lint test test-unit test-integration demo bench schema docs verify stack stack-down clean
+.PHONY: help venv deps slurm-roots operator image lint test test-unit test-integration demo bench schema docs grafana verify stack stack-down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -32,10 +32,11 @@ operator: ## SchedMD's slurm-operator v1.1.0 and v1.0.0, built from the Go modul
 image: venv deps ## the controller/agent image from Debian packages and healer's wheel, no container engine (OCI layout + tarball in build/image/; cached; ADR 0011)
 	$(BIN)/python -m healer_dev.image --out build/image
 
-lint: venv ## ruff, mypy --strict, import-linter
+lint: venv ## ruff, mypy --strict, import-linter, no import circles
 	$(BIN)/ruff check healer healer_dev tests
 	$(BIN)/mypy healer healer_dev
 	$(BIN)/lint-imports
+	$(BIN)/python -m healer_dev.circles healer healer_dev
 
 test: lint deps operator image ## the whole suite (lint first); what CI runs
 	$(BIN)/python -m pytest tests
@@ -63,6 +64,9 @@ schema: venv ## regenerate policies/schema.json
 
 docs: venv ## regenerate generated docs (workflow, XID catalog, policy reference)
 	$(BIN)/healer docs --write
+
+grafana: venv ## regenerate dashboards/*.json and the alert files from healer_dev/grafana/ (and the chart's copies)
+	$(BIN)/python -m healer_dev grafana
 
 .PHONY: chart-files
 chart-files: ## refresh the Helm chart's copies under deploy/helm/healer/files/ (dashboards, alert rules, spare checks)

@@ -27,11 +27,13 @@ from healer.adapters import calls
 from healer.adapters.acks import AckReceiver, AckTarget, target_of
 from healer.adapters.checkpoint import HookRouter, SlurmSignalCheckpoint
 from healer.adapters.clock import SYSTEM_CLOCK
+from healer.adapters.fencing import KubeFencing
 from healer.adapters.hooks import JobHook, RepairRouter, Secrets, WebhookHook
-from healer.adapters.kube.client import make_api_client
+from healer.adapters.kube.client import ApiEventWriter, make_api_client
 from healer.adapters.kube.events import KubeEvents
 from healer.adapters.kube.leader import Leadership
 from healer.adapters.kube.nodes import KubeNodes
+from healer.adapters.kube.ratelimit import RateLimit, limit_requests
 from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
@@ -49,6 +51,7 @@ from healer.obs.metrics import Metrics, StateSource
 from healer.ports import (
     CheckpointHook,
     Clock,
+    EventRecorder,
     SlurmDriver,
     SlurmStates,
     StateStore,
@@ -57,6 +60,8 @@ from healer.ports import (
     Workload,
 )
 from healer.runtime.controller import Controller, RuntimeSettings
+from healer.runtime.dependencies import Dependencies
+from healer.runtime.event_queue import EventQueue
 from healer.runtime.executor import ActionRunner, Executor, Ports, SlurmNames, same_name
 from healer.runtime.loops import (
     LOOP_SLACK,
@@ -120,6 +125,8 @@ async def _start(settings: Settings, o: Overrides,
     except ConfigError as e:
         log.error("cannot start", error=str(e))
         return 2
+    # client-go's politeness: QPS and burst in front of every request (Leases exempt)
+    limit_requests(api, RateLimit(settings.kube.api_qps, settings.kube.api_burst))
     side: SlurmSide | None = None
     try:
         try:
@@ -148,14 +155,16 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
     slurm = side.driver
-    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies)
+    # Events are written off the critical path, repeats folded into series (one queue)
+    events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
+    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
     validator = spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
     spares.validation = validator  # claims validate through the loop's one validator
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
         lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies,
-                                   validator, ns),
+                                   validator, ns, events),
         ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
@@ -169,25 +178,30 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     nodesets.prepare()
     slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
                              else None, ctl, clock)
-    health = Health()
+    health = Health(clock=clock.now)
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
+    self_events = SelfEvents(api, namespace=settings.kube.namespace,
+                             instance=settings.leader.identity, pod=settings.kube.pod_name,
+                             lease=settings.leader.lease_name)
+    if slurm_feed is not None:  # a lost Slurm view: on /readyz, as an Event, in the metrics
+        slurm_feed.on_view = Dependencies(health, self_events.emit).slurm_view
     prom = _prometheus(settings, policies)
     sources: list[TelemetrySource] = [*(o.telemetry or []), *prom]
     depth: dict[str, int] = {}
-    metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed))
+    metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed, nodesets))
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
-    reloader = _reloader(settings, api, metrics, health,
+    reloader = _reloader(settings, self_events, metrics, health, clock,
                          apply=lambda new: switch_policies(new, ctl, sources))
     await reloader.prime()
     loops = {
-        "heartbeat": health.loop_heartbeat(),
+        "heartbeat": health.loop_heartbeat(clock.sleep),
         "node-watch": NodeEvents(nodes, ctl, health).run(),
-        "spare-depth": spare_depth(health, ports.spares, ctl, depth),
-        "spare-validation": spare_validation(health, validator, ports, ctl),
+        "spare-depth": spare_depth(health, ports.spares, ctl, depth, clock),
+        "spare-validation": spare_validation(health, validator, ports, ctl, clock),
         "policy-reload": reloader.run(settings.policy_reload_seconds),
-        "retention": retention(health, ctl),
-        "reconcile": reconcile_heartbeat(health, ctl.probe),
+        "retention": retention(health, ctl, clock),
+        "reconcile": reconcile_heartbeat(health, ctl.probe, clock),
         "leadership": lead(ctl, _election(settings, api, ctl)),
     }
     if slurm_feed is not None:
@@ -210,6 +224,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
             p.close()
         if o.slurm is None:
             await nodesets.close()
+        await events.close(settings.shutdown_grace)
         await runner.cleanup()
 
 
@@ -319,7 +334,8 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets, side: SlurmSide, policies: PolicySet,
-           nodeset: NodeSetRules | None = None) -> tuple[Ports, KubeSparePool]:
+           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None
+           ) -> tuple[Ports, KubeSparePool]:
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
     its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
@@ -353,12 +369,15 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
                                              "webhook": webhook, "job": jobhook})
-    return Ports(nodes=nodes, events=KubeEvents(api, instance=settings.leader.identity),
+    if events is None:
+        events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
+    return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys,
                                     slinky_pods=o.workload is None),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                 fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
                  slurm_names=slurm_names or same_name, topology_keys=keys), spares
 
 
@@ -373,11 +392,12 @@ def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
 
 def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
                     secrets: Secrets, policies: Callable[[], PolicySet],
-                    validator: SpareValidator, ns: NodeSetRules) -> NodeSetWiring:
+                    validator: SpareValidator, ns: NodeSetRules,
+                    events: EventRecorder | None = None) -> NodeSetWiring:
     """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
     own = _nodeset_settings(settings, ns)
     side = _slurm_side(own, api, nodes, o.slurm)
-    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns)
+    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events)
     spares.validation = validator  # claims validate through the loop's one validator
     return NodeSetWiring(ports, _slurm_states(own, api, side.driver), side.driver)
 
@@ -396,13 +416,14 @@ def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSourc
 
 
 def _state_source(ctl: Controller, prom: Sequence[PrometheusSource], depth: Mapping[str, int],
-                  slurm_feed: SlurmFeed | None) -> StateSource:
+                  slurm_feed: SlurmFeed | None, nodesets: NodeSetPorts) -> StateSource:
     """What the metrics read at scrape time."""
     return StateSource(
         records=lambda: {n: s.record for n, s in ctl.records.items()},
         history=lambda: ctl.history, view=ctl.view, spare_depth=lambda: depth,
         leading=lambda: ctl.leading,
-        slurm_feed=slurm_feed.metrics if slurm_feed is not None else dict,
+        slurm_feed=(lambda: {**slurm_feed.metrics(), "nodesets": dict(nodesets.readable)})
+        if slurm_feed is not None else dict,
         stale_nodes=lambda: {**{p.name: p.last_poll.stale_nodes for p in prom if p.last_poll},
                              **ctl.stale_conditions()},
         last_poll=lambda: {p.name: p.last_success for p in prom
@@ -435,17 +456,15 @@ async def _serve(settings: Settings, health: Health, metrics: Metrics, ctl: Cont
                           f"{e.strerror or e}") from e
 
 
-def _reloader(settings: Settings, api: client.ApiClient, metrics: Metrics, health: Health, *,
-              apply: Callable[[PolicySet], None]) -> PolicyReloader:
+def _reloader(settings: Settings, self_events: SelfEvents, metrics: Metrics, health: Health,
+              clock: Clock, *, apply: Callable[[PolicySet], None]) -> PolicyReloader:
     """The policy reload loop: a failed reload is an Event about healer itself."""
-    self_events = SelfEvents(api, namespace=settings.kube.namespace,
-                             instance=settings.leader.identity, pod=settings.kube.pod_name,
-                             lease=settings.leader.lease_name)
     every = settings.policy_reload_seconds + settings.policy_load_timeout + LOOP_SLACK
     return PolicyReloader(settings.policies, apply=apply, observer=metrics,
                           emit=self_events.emit, max_mode=_max_mode(settings),
                           budget=_budget(settings), beat=lambda: health.beat("policy-reload",
-                                                                             every))
+                                                                             every),
+                          clock=clock)
 
 
 def _election(settings: Settings, api: client.ApiClient, ctl: Controller) -> Leadership | None:

@@ -20,10 +20,15 @@ import structlog
 
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import PolicySet
+from healer.core.text import printable
+from healer.errors import HealerError, TransientError
 from healer.ports import SlurmDriver, SlurmNodeState, SlurmStates
 from healer.runtime.executor import Ports
 
-__all__ = ["NodeSetPorts", "NodeSetWiring"]
+__all__ = ["COMMAND_LINE", "NodeSetPorts", "NodeSetWiring"]
+
+#: How the metrics name the command line's NodeSet and cluster (no SlurmNodeSet documents).
+COMMAND_LINE = "(command line)"
 
 log = structlog.get_logger("healer.app")
 
@@ -52,6 +57,9 @@ class NodeSetPorts:
         self.labels_of: Callable[[str], Mapping[str, str] | None] = lambda _node: None
         self._built: dict[str, tuple[NodeSetRules, NodeSetWiring]] = {}
         self._retired: list[NodeSetWiring] = []
+        #: per NodeSet (COMMAND_LINE without documents), its cluster and why its last read
+        #: failed ("": it was read)
+        self.readable: dict[str, tuple[str, str]] = {}
 
     def wiring(self, ns: NodeSetRules) -> NodeSetWiring:
         have = self._built.get(ns.name)
@@ -85,16 +93,38 @@ class NodeSetPorts:
     async def node_states(self) -> dict[str, SlurmNodeState]:
         """Every cluster's node states, by Kubernetes node: the NodeSets' clusters when there
         are NodeSets (the command line's Slurm is then only the fallback for actions on a node
-        in none), else the command line's. Raises what a cluster's read raises."""
+        in none), else the command line's. Every NodeSet is read; if any cannot be, one
+        TransientError names each that failed and why (:attr:`readable` keeps it per NodeSet
+        for the metrics)."""
         nodesets = self.policies().nodesets
         if not nodesets:
-            return dict(await self.default_states.node_states()) \
-                if self.default_states is not None else {}
+            if self.default_states is None:
+                self.readable = {}
+                return {}
+            try:
+                got = dict(await self.default_states.node_states())
+            except HealerError as e:
+                self.readable = {COMMAND_LINE: (COMMAND_LINE, printable(str(e), 300))}
+                raise
+            self.readable = {COMMAND_LINE: (COMMAND_LINE, "")}
+            return got
         out: dict[str, SlurmNodeState] = {}
+        readable: dict[str, tuple[str, str]] = {}
         for ns in nodesets.items:
             states = self.wiring(ns).states
-            if states is not None:
+            if states is None:
+                continue
+            try:
                 out.update(await states.node_states())
+            except HealerError as e:  # e.g. its slurmrestd token Secret does not exist
+                readable[ns.name] = (ns.cluster, printable(str(e), 300))
+            else:
+                readable[ns.name] = (ns.cluster, "")
+        self.readable = readable
+        failed = [f"SlurmNodeSet {name!r} (cluster {cluster}): {error}"
+                  for name, (cluster, error) in sorted(readable.items()) if error]
+        if failed:
+            raise TransientError("; ".join(failed))
         return out
 
     async def close(self) -> None:

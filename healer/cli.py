@@ -46,6 +46,18 @@ def _cmd_validate(args: argparse.Namespace) -> int:
               f"nodeSet={where}  {n.source}")
     more = f", {len(ps.nodesets.items)} NodeSets" if ps.nodesets else ""
     print(f"{len(ps.policies)} policies valid{more} (digest {ps.digest})")
+    if not args.kubeconfig:
+        return 0
+    from healer.selection import live_report
+
+    live = asyncio.run(live_report(ps, args.kubeconfig, args.context))
+    for line in live.lines:
+        print(line)
+    for found in live.problems:
+        print(_one_line(found), file=sys.stderr)
+    if live.problems:
+        print(f"{len(live.problems)} problem(s) on the cluster", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -72,7 +84,10 @@ def _cmd_xid(args: argparse.Namespace) -> int:
     if args.code is None:
         print("healer xid: give an XID code or --list", file=sys.stderr)
         return 2
-    text, known = explain_xid(args.code, args.policies)
+    paths = args.policies
+    if paths is None:  # not given: the policies/ directory here, if there is one
+        paths = ["policies"] if os.path.isdir("policies") else []
+    text, known = explain_xid(args.code, paths)  # policies given and invalid: PolicyError
     print(text, end="")
     return 0 if known else 1
 
@@ -126,7 +141,8 @@ def _settings(args: argparse.Namespace) -> Settings:
         shutdown_grace=args.shutdown_grace, callback_url=args.callback_url,
         kube=KubeSettings(kubeconfig=args.kubeconfig, context=args.context,
                           namespace=args.namespace,
-                          install_crd=args.install_crd),
+                          install_crd=args.install_crd, api_qps=args.kube_api_qps,
+                          api_burst=args.kube_api_burst),
         leader=leader,
         slurm=SlurmSettings(driver=args.slurm_driver, slurmrestd_url=args.slurmrestd_url,
                             token_secret=args.slurmrestd_token_secret,
@@ -156,6 +172,15 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
                    type=flags.dns_label,
                    help="namespace of healer's Lease and hook Jobs ($POD_NAMESPACE; default "
                         "healer-system)")
+    k.add_argument("--kube-api-qps", type=flags.number(0, 100_000), default=200.0,
+                   metavar="QPS",
+                   help="client-side rate limit: API requests per second once the burst is "
+                        "spent, as client-go's (0: none; Lease renewals are exempt; the API "
+                        "server's 429 Retry-After is honoured either way; default 200)")
+    k.add_argument("--kube-api-burst", type=flags.integer(1, 1_000_000), default=1000,
+                   metavar="N",
+                   help="client-side rate limit: API requests that may be sent at once "
+                        "(default 1000)")
     k.add_argument("--install-crd", action="store_true",
                    help="create the NodeRemediation CRD if it is missing (development only; "
                         "install it from deploy/crds/ in production)")
@@ -186,11 +211,12 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     le.add_argument("--identity", default="", type=flags.text_value(128),
                     help="this replica's identity (default: $POD_NAME, else host-pid)")
     le.add_argument("--lease-duration", type=flags.seconds(1, 3600), default=15.0,
-                    help="seconds a lease is valid without renewal (default 15)")
-    le.add_argument("--renew-deadline", type=flags.seconds(0.5, 3600), default=10.0,
+                    help="seconds a lease is valid without renewal; longer than "
+                        "--renew-deadline (default 15)")
+    le.add_argument("--renew-deadline", type=flags.seconds(1, 3600), default=10.0,
                     help="seconds the leader keeps trying to renew before it stops acting "
                          "(default 10)")
-    le.add_argument("--retry-period", type=flags.seconds(0.1, 600), default=2.0,
+    le.add_argument("--retry-period", type=flags.seconds(1, 600), default=2.0,
                     help="seconds between lease attempts (default 2)")
     sl = r.add_argument_group("Slurm")
     sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
@@ -276,8 +302,11 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from healer.app import run
+    from healer.run_checks import check_run_settings
 
-    return asyncio.run(run(_settings(args)))
+    settings = _settings(args)
+    check_run_settings(settings)  # flags that cannot work together: one line, exit 2
+    return asyncio.run(run(settings))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -371,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="validate policy files (exit 1 on any problem)")
     v.add_argument("paths", nargs="+", help="policy files or directories")
+    v.add_argument("--kubeconfig", default=None, metavar="FILE",
+                   help="also list the cluster's Nodes and print, per NodeSet and policy, how "
+                        "many nodes and warm spares it selects now; a node that is both a "
+                        "NodeSet's node and a spare, or a NodeSet that serves nothing, is a "
+                        "problem (exit 1)")
+    v.add_argument("--context", default=None, help="kubeconfig context (default: current)")
     v.set_defaults(fn=_cmd_validate)
 
     w = sub.add_parser("workflow", help="print the remediation state machine (Mermaid)")
@@ -380,8 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     x = sub.add_parser("xid", help="what an XID means and what healer will do about it")
     x.add_argument("code", nargs="?", type=flags.integer(0, 1 << 31))
-    x.add_argument("--policies", nargs="*", default=["policies"],
-                   help="policy files or directories (default: policies)")
+    x.add_argument("--policies", nargs="*", default=None,
+                   help="policy files or directories (default: ./policies if it exists); "
+                        "any that cannot be loaded is an error (exit 2)")
     x.add_argument("--list", action="store_true", help="the whole catalog")
     x.set_defaults(fn=_cmd_xid)
 

@@ -20,7 +20,6 @@ from healer.core import vocabulary
 from healer.core.machine import IGNORED, TRANSITIONS
 from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.rules import MetricRule, Mode, Policy, XidRule
-from healer.errors import PolicyError
 from healer.policy.catalog import default_catalog
 from healer.policy.schema import json_schema
 
@@ -143,14 +142,11 @@ def explain_xid(code: int, policy_paths: Sequence[str]) -> tuple[str, bool]:
         lines += [f"XID {code} {e.mnemonic}: {e.meaning}",
                   f"  catalog severity: {sev}; NVIDIA's recommended action: {e.action.value}",
                   f"  groups: {', '.join(sorted(e.groups))}"]
+    if not policy_paths:
+        return "\n".join(lines) + "\n", e is not None
     from healer.policy.load import load_policy_set
 
-    try:
-        ps = load_policy_set(policy_paths)
-    except PolicyError as err:
-        lines.append(f"  (policies not loaded: {len(err.problems)} problem(s); "
-                     "`healer validate` lists them)")
-        return "\n".join(lines) + "\n", e is not None
+    ps = load_policy_set(policy_paths)  # PolicyError: the caller says which file and line
     for p in ps.policies:
         lines.append(f"policy {p.name} (mode {p.mode.value}): {_what_policy_does(p, code)}")
     return "\n".join(lines) + "\n", e is not None

@@ -48,6 +48,21 @@ def seconds(lo: float = 0.0, hi: float = 86400.0, *, zero: bool = False
     return parse
 
 
+def number(lo: float, hi: float) -> Callable[[str], float]:
+    """A number: finite, ``lo`` ≤ x ≤ ``hi``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise _fail(f"expected a number, got {_show(text)}") from None
+        if not math.isfinite(v) or not lo <= v <= hi:
+            raise _fail(f"expected a number from {lo:g} to {hi:g}, got {text.strip()}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
                    "w": 7 * 86400.0}
@@ -177,10 +192,11 @@ def secret_ref(text: str) -> str:
     """``NAMESPACE/NAME[:KEY]``; empty means unset."""
     if text == "":
         return text
-    ref, _, key = text.partition(":")
+    ref, colon, key = text.partition(":")  # a key as Kubernetes allows (not ".", "..", "..x")
     ns, slash, name = ref.partition("/")
     if not slash or not _DNS_LABEL.match(ns) or not name or not _DNS_SUBDOMAIN.match(name) \
-            or (key and not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key)):
+            or (colon and (not re.fullmatch(r"[-._A-Za-z0-9]{1,253}", key) or key == "."
+                       or key.startswith(".."))):
         raise _fail(f"expected NAMESPACE/NAME[:KEY] of a Secret, got {_show(text)}")
     return text
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from healer.core.model import NodeRecord, NodeView, Signal
+from healer.core.model import FenceProvider, NodeRecord, NodeView, Signal
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 
 # ---------------------------------------------------------------------------------------------
@@ -133,6 +133,33 @@ class SlurmStates(Protocol):
 
 
 @runtime_checkable
+class SlurmJobHistory(Protocol):
+    """A driver that also lists the jobs that ran on a node and ended with it (NODE_FAIL,
+    requeued), for a dead node's report; without it, the jobs still running there are
+    reported."""
+
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]: ...
+
+
+@runtime_checkable
+class SlurmHold(Protocol):
+    """A driver that can drain a node with someone else's reason, word for word (the
+    ``carryOver`` of a swap, docs/adr/0016): a drain healer does not own and never clears."""
+
+    async def hold(self, node: str, reason: str) -> None: ...
+
+
+@runtime_checkable
+class SlurmNodeRecords(Protocol):
+    """A driver that can delete a Slurm node's record: what a slurmd pod's preStop does
+    (``scontrol delete nodename=``). For a dead node, whose preStop never ran: a dynamic
+    slurmd (``slurmd -Z``) that registers again under the same name keeps the old record's
+    address (the dead pod's IP), so slurmctld would never reach the replacement."""
+
+    async def delete_node(self, node: str) -> bool: ...  # False: there was no such record
+
+
+@runtime_checkable
 class SlurmNodeLister(Protocol):
     """A driver on Slurm's own API that lists every Slurm node in one read (scontrol,
     slurmrestd), by Slurm name."""
@@ -173,6 +200,17 @@ class NodeAPI(Protocol):
                              resource_version: str | None = None) -> NodeView:
         """Set (or, with None, remove) labels/annotations; with ``resource_version`` the
         patch fails with ConflictError if the node changed since it was read."""
+        ...
+
+    async def taint_out_of_service(self, name: str, incident: str) -> bool:
+        """Taint a fenced node ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute``
+        with healer's provenance (``incident``). False when someone else's out-of-service
+        taint is already there (kept, never taken over)."""
+        ...
+
+    async def clear_out_of_service(self, name: str, incident: str) -> bool:
+        """Remove the out-of-service taint only if healer set it for ``incident``; True if it
+        was removed. Never someone else's."""
         ...
 
 
@@ -220,12 +258,13 @@ class PendingClaim:
 
 
 class SparePool(Protocol):
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | PendingClaim | None:
         """Choose (topology-aware) and atomically claim a spare for ``node``; idempotent per
         incident (a second call returns the same spare). None if no spare fits;
         ``same_domain``: only a spare in ``node``'s NVLink domain fits; a
-        :class:`PendingClaim` while the chosen spare is being validated."""
+        :class:`PendingClaim` while the chosen spare is being validated. ``labels``: the
+        node's, to choose by when its Node object is gone (a dead node the cloud deleted)."""
         ...
 
     async def release(self, spare: str, incident: str) -> None: ...
@@ -262,9 +301,18 @@ class HookResult:
 
 
 class Workload(Protocol):
-    """Moves a Slurm node's slurmd to a spare and reports when the replacement serves."""
+    """Moves a Slurm node's slurmd to a spare and reports when the replacement serves.
 
-    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult: ...
+    From a ``dead`` node (fenced, tainted out of service) nothing is evicted: Kubernetes
+    removes its pods (the pod garbage collector), and the move only opens the spare for the
+    slurmd pod the operator recreates."""
+
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
+                   dead: bool = False, carry: bool = False) -> HookResult:
+        """Move ``slurm_node``'s slurmd from ``source`` to ``spare``. Someone else's drain or
+        DOWN reason holds it (PENDING, ``held`` data) unless ``carry``: then it moves, and
+        says ``carried`` (the reason) in its data."""
+        ...
 
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult: ...
 
@@ -285,6 +333,24 @@ class CheckpointHook(Protocol):
 
 class RepairHook(Protocol):
     async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FenceSpec:
+    """What a policy says about fencing a dead node."""
+
+    providers: frozenset[FenceProvider]
+    url: str = ""  # webhook
+    secret_ref: str = ""  # webhook: namespace/name[:key] of its own HMAC key
+    deadline: float = 0.0  # when healer stops waiting (seconds since the epoch)
+
+
+class Fencing(Protocol):
+    async def fence(self, incident: str, node: str, spec: FenceSpec) -> HookResult:
+        """DONE (data ``provider``, ``by``) once one of the spec's providers says ``node``'s
+        machine is off or cut off; PENDING (saying what it waits for) while none does.
+        Idempotent per incident: the webhook provider is sent once."""
+        ...
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, make_api_client, to_dict
 from healer.adapters.kube.store import CRStateStore
 from healer.core.model import NodeRecord
@@ -30,7 +30,7 @@ from healer.core.outcomes import (
     Percentiles,
     summarize,
 )
-from healer.core.timefmt import rfc3339
+from healer.core.timefmt import format_duration, rfc3339
 from healer.errors import ConfigError, HealerError, NotFoundError
 from healer.runtime.controller import RuntimeSettings
 
@@ -41,19 +41,8 @@ NODE_READS = 16
 
 
 def span(seconds: float | None) -> str:
-    """``0.4s``, ``45s``, ``12m30s``, ``3h05m``, ``4d02h``; ``-`` when unknown."""
-    if seconds is None:
-        return "-"
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    s = round(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 2 * 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    """``0.4s``, ``45s``, ``12m30s``, ``3h5m``, ``4d2h``; ``-`` when unknown."""
+    return "-" if seconds is None else format_duration(seconds, units=2)
 
 
 def gpus_of_node(raw: Mapping[str, Any]) -> int | None:
@@ -179,7 +168,7 @@ async def report(kubeconfig: str | None, *, since: float, fmt: str = "text",
     """Print the outcomes of the incidents opened in the last ``since`` seconds."""
     records, api = await read_records(kubeconfig, nodes)
     try:
-        now = time.time()
+        now = SYSTEM_CLOCK.now()
         recent = [r.node for r in records if r.incident.opened_at >= now - since]
         gpus = await _node_gpus(api, recent)
     finally:

@@ -16,10 +16,11 @@ from healer.errors import ConfigError
 
 #: (setting, lowest, highest) for every number a Settings holds.
 LIMITS: dict[str, tuple[float, float]] = {
-    "lease_duration": (1.0, 3600.0), "renew_deadline": (0.5, 3600.0),
-    "retry_period": (0.1, 600.0), "poll_interval": (0.1, 3600.0), "port": (0, 65535),
+    "lease_duration": (1.0, 3600.0), "renew_deadline": (1.0, 3600.0),
+    "retry_period": (1.0, 600.0), "poll_interval": (0.1, 3600.0), "port": (0, 65535),
     "policy_reload_seconds": (0.1, 86400.0), "policy_load_timeout": (1.0, 3600.0),
     "policy_load_memory_mb": (64, 1 << 20), "shutdown_grace": (0.0, 3600.0),
+    "api_qps": (0.0, 100_000.0), "api_burst": (1, 1_000_000),
 }
 
 
@@ -50,6 +51,11 @@ class KubeSettings:
     """Create the NodeRemediation CRD if it is missing (development only)."""
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     """healer's own Pod (events about healer itself regard it; else the leader Lease)."""
+    api_qps: float = 200.0
+    """Client-side rate limit: requests per second to the API server once the burst is spent
+    (0: no limit). Leases (leader election) are exempt."""
+    api_burst: int = 1000
+    """Client-side rate limit: requests that may be sent at once."""
 
 
 @dataclass(frozen=True)

@@ -6,22 +6,21 @@ kubeconfig, an unreachable API server, no permission, or no NodeRemediation CRD 
 from __future__ import annotations
 
 import json
-import time
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import reason_of
 from healer.adapters.kube.store import CRStateStore
 from healer.core.machine import releases
 from healer.core.model import NodeRecord
+from healer.core.text import printable
+from healer.core.timefmt import format_duration
 from healer.errors import ConfigError, NotFoundError
 
 
 def _age(seconds: float) -> str:
-    s = int(max(seconds, 0))
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= n:
-            return f"{s // n}{unit}"
-    return f"{s}s"
+    """An age as kubectl writes one: its largest unit, whole (``5d``, ``3h``, ``45s``)."""
+    return format_duration(int(max(seconds, 0)), units=1)
 
 
 def _spare(r: NodeRecord) -> str:
@@ -43,7 +42,7 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
                           f"installed on this cluster ({e}); apply deploy/crds/") from None
     finally:
         await api.close()
-    now = time.time()
+    now = SYSTEM_CLOCK.now()
     rows = sorted(stored, key=lambda s: s.record.incident.opened_at, reverse=True)
     if not show_all:
         rows = [s for s in rows if not releases(s.record)
@@ -54,11 +53,11 @@ async def status(kubeconfig: str | None, *, show_all: bool = False, as_json: boo
     header = (f"{'NAME':38} {'NODE':16} {'PHASE':16} {'AGE':>5} {'IN PHASE':>8}  "
               f"{'SPARE':24} REASON")
     print(header)
-    for s in rows:
+    for s in rows:  # records hold others' text (reasons, answers): shown printable only
         r = s.record
-        print(f"{s.name[:38]:38} {r.node[:16]:16} {r.phase.value:16} "
+        print(f"{printable(s.name[:38]):38} {printable(r.node[:16]):16} {r.phase.value:16} "
               f"{_age(now - r.incident.opened_at):>5} {_age(now - r.phase_since):>8}  "
-              f"{_spare(r):24} {reason_of(r)}")
+              f"{printable(_spare(r)):24} {printable(reason_of(r))}")
     if not rows:
         print("(no remediations)")
     return 0

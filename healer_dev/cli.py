@@ -1,5 +1,6 @@
-"""The development command line: ``python -m healer_dev demo|bench|devstack``, run from the
-repository root (``make demo``, ``make bench``, ``make stack``). Never shipped.
+"""The development command line: ``python -m healer_dev demo|bench|devstack|grafana``, run from
+the repository root (``make demo``, ``make bench``, ``make stack``, ``make grafana``). Never
+shipped.
 
 The flags ``healer demo|bench|devstack`` had before they left the shipped CLI; the same one-line
 errors and exit codes (the shipped CLI's ``Parser`` and ``dispatch``).
@@ -30,14 +31,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return cmd_bench(args)
 
 
+def _cmd_grafana(args: argparse.Namespace) -> int:
+    import sys
+
+    from healer_dev.grafana.render import stale, write
+
+    if args.check:
+        bad = stale()
+        for rel in bad:
+            print(f"stale: {rel} (run make grafana)", file=sys.stderr)
+        return 1 if bad else 0
+    for rel in write(datasource_uid=args.grafana_datasource_uid):
+        print(f"wrote {rel}")
+    return 0
+
+
 def add_demo_flags(d: argparse.ArgumentParser) -> None:
     d.add_argument("--scenario", default="xid79",
-                   choices=["xid79", "storm", "degrading", "fabric", "slurm"],
+                   choices=["xid79", "storm", "degrading", "fabric", "slurm", "dead-node"],
                    help="xid79 (default): XID 79 → warm spare; storm: the guardrails hold a "
                         "fault storm; degrading: checkpoint a job before replacing its node; "
                         "fabric: an InfiniBand port down → warm spare; slurm: Slurm's health "
                         "check drains a node → incident with its reason, the swap holds until "
-                        "the owner clears the drain")
+                        "the owner clears the drain; dead-node: a node dies outright → fenced, "
+                        "out of service, its Slurm node serving from a spare")
     d.add_argument("--keep", action="store_true",
                    help="keep the work directory (logs, kubeconfig, slurm.conf) afterwards")
     d.add_argument("--operator-version", default="v1.1.0", choices=["v1.1.0", "v1.0.0"],
@@ -51,13 +68,19 @@ def add_bench_flags(b: argparse.ArgumentParser) -> None:
                         "--smoke)")
     b.add_argument("--seed", type=flags.integer(0, 2**32 - 1), default=1,
                    help="seed of the synthetic inputs (default 1)")
-    b.add_argument("--only", default="telemetry,engine,stack,promql,shards",
+    b.add_argument("--only", default=None,
                    help="comma-separated groups to run (default: "
-                        "telemetry,engine,stack,promql,shards)")
+                        "telemetry,engine,stack,promql,shards,deadnode; with --smoke, all but "
+                        "deadnode, which needs the machine's one slurm-operator stack)")
     b.add_argument("--smoke", action="store_true",
                    help="tiny sizes, about a minute (what `make test` runs)")
     b.add_argument("--nodes", type=flags.integer(1, 100_000), default=None,
-                   help="kwok nodes of the stack group (default 2000; smoke 50)")
+                   help="kwok nodes of the stack group (default 10000; smoke 50)")
+    b.add_argument("--burst", type=flags.integer(1, 100_000), default=None,
+                   help="stack group: faults at once (default 1,000; --smoke 20)")
+    b.add_argument("--kube-api-qps", type=flags.number(0, 100_000), default=0.0,
+                   help="stack group: the daemon's client-side rate limit (default 0: none, "
+                        "healer's own ceiling; the chart's default is 200, burst 1000)")
     b.add_argument("--long-polls", type=flags.integer(1, 1_000_000), default=None,
                    help="polls of the flat-over-time telemetry run (default 1000; smoke 20)")
     b.add_argument("--json", default="", metavar="FILE", help="also write the figures to FILE")
@@ -84,6 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
                                       "asserted)")
     add_bench_flags(bn)
     bn.set_defaults(fn=_cmd_bench)
+
+    gf = sub.add_parser("grafana", help="write the dashboards and the Grafana and "
+                                         "prometheus-operator alert files (healer_dev/grafana/), "
+                                         "and the chart's copies")
+    gf.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 naming each generated file that is stale")
+    gf.add_argument("--grafana-datasource-uid", default="prometheus", metavar="UID",
+                    help="the Prometheus data source the Grafana alert rules query (default: "
+                         "prometheus, kube-prometheus-stack's; --check compares against it)")
+    gf.set_defaults(fn=_cmd_grafana)
 
     register_devstack(sub)
     return p

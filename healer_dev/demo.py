@@ -32,6 +32,13 @@ slurmd) whose pods, hence Slurm nodes, are gpu-0..gpu-7, one per GPU node. Scena
   the Slurm feed turns that into an incident carrying NHC's reason; healer cordons and claims a
   spare but never touches the drain, so the swap holds and says why (moving the slurmd pod would
   delete NHC's drain, docs/adr/0006); once the owner clears it, the swap goes on.
+* ``dead-node``: node-02 dies outright while a job runs on it (kwok stops heartbeating it, its
+  slurmd and the job are killed, nothing runs the pod's preStop). The real node lifecycle
+  controller marks it Ready=Unknown (grace period 10 s here), Slurm flags it NOT_RESPONDING
+  (SlurmdTimeout 10 s), healer declares it dead (deadAfter 5 s here) and waits for a fence; the
+  demo fences it as an admin would (``healer.io/fenced``); healer cordons it, claims spare-a,
+  taints it out of service, kube-controller-manager's pod garbage collector removes the slurmd
+  pod, the operator recreates it on spare-a and the same Slurm node serves again.
 """
 
 from __future__ import annotations
@@ -46,16 +53,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.errors import ConfigError
-from healer_dev.demo_world import SLURM, DemoStack
+from healer_dev.demo_world import (
+    DEAD_NODE_GRACE,
+    SLURM,
+    DemoStack,
+    act_policies,
+    dead_node,
+)
 from healer_dev.devstack.operator import DEFAULT_VERSION, SUPPORTED_VERSIONS
 from healer_dev.sim.infiniband import IbFault, IbFaultKind
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("xid79", "storm", "degrading", "fabric", "slurm")
+SCENARIOS = ("xid79", "storm", "degrading", "fabric", "slurm", "dead-node")
 #: the reason NHC (Slurm's usual HealthCheckProgram) writes when it drains a node
 NHC_REASON = "NHC: GPU 2 ECC double bit errors (check_nv_healthmon)"
 
@@ -87,20 +98,6 @@ class Timeline:
                 if blocked:
                     self.say(f"{node}: held by {blocked['guardrail']}: {blocked['message']}")
             self.seen[item["metadata"]["name"]] = len(hist)
-
-
-def _act_policies(dest: Path, *extra: Path) -> Path:
-    """The shipped default policies (and ``extra`` policy files), switched from observe to act,
-    polling at a demo's pace."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for src in (ROOT / "policies" / "default.yaml", *extra):
-        docs = list(yaml.safe_load_all(src.read_text()))
-        for doc in docs:
-            if doc and doc.get("kind") == "RemediationPolicy":
-                doc["spec"]["mode"] = "act"
-                doc["spec"].setdefault("steps", {})["pollInterval"] = "2s"
-        (dest / src.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    return dest
 
 
 def _phase(items: list[dict[str, Any]], node: str) -> str:
@@ -265,6 +262,50 @@ async def _scenario_slurm(s: DemoStack, tl: Timeline) -> bool:
     return NHC_REASON in str((item["spec"].get("incident") or {}).get("summary", ""))
 
 
+async def _scenario_dead_node(s: DemoStack, tl: Timeline) -> bool:
+    assert s.slurm is not None
+    bad = "node-02"
+    sn, job = await s.run_job(bad, ticks=3000, name="train")
+    tl.say(f"job {job} running on Slurm node {sn} (on {bad})")
+    tl.say(f"inject: {bad} dies outright: its kubelet stops heartbeating, its slurmd and job "
+           "are killed, nobody runs the pod's preStop")
+    announced: set[str] = set()
+
+    def said(items: list[dict[str, Any]]) -> None:
+        tl.remediations(items)
+        st = (items[-1].get("status") or {}) if items else {}
+        death = st.get("death") or {}
+        if death and "dead" not in announced:
+            announced.add("dead")
+            tl.say(f"{bad} is dead: {'; '.join(death.get('witnesses') or [])}")
+            tl.say("no checkpoint, drain or eviction (nobody can answer them); nothing "
+                   "irreversible before a fencing provider says the machine is off")
+            tl.say(f"the admin fences it: kubectl annotate node {bad} healer.io/fenced="
+                   "'demo: the machine is powered off (BMC)'")
+
+    run = await dead_node(s, bad, said=said)
+    st = run.record["status"]
+    death = run.death
+    tl.say(f"fenced by {death.get('provider')} ({death.get('fencedBy')}); jobs lost: "
+           f"{death.get('lostJobs', '?')}")
+    pod = {slurm_name(p): p for p in await s.pods()}[sn]
+    tl.say(f"Slurm node {sn} now runs on {pod['spec']['nodeName']} (spare {st['spare']}): the "
+           f"operator recreated pod {pod['metadata']['name']} once kube-controller-manager's "
+           "pod garbage collector removed the old one (out-of-service taint)")
+    real = await s.slurm_state(sn)
+    tl.say(f"scontrol show node {sn}: {real.base if real else '?'}"
+           f"{'+' + '+'.join(sorted(real.flags)) if real and real.flags else ''}, "
+           f"job {job}: {await asyncio.to_thread(s.slurm.job_state, job) or 'gone'}")
+    for step in st["ledger"]:
+        dur = (step.get("finishedAt") or 0) - step["startedAt"]
+        tl.say(f"  step {step['step']:<20} {dur:6.1f}s  {step.get('detail', '')}")
+    tl.say(f"heartbeat lost -> dead {run.declared - run.killed:.1f}s; dead -> replacement "
+           f"serving {run.dead_to_serving:.1f}s (the fence's own {run.fence_wait:.1f}s "
+           f"excluded); heartbeat lost -> serving {run.heartbeat_to_serving:.1f}s")
+    return (st["spare"] == "spare-a" and bool(real and real.base == "IDLE" and not real.drain)
+            and str(job) in death.get("lostJobs", ""))
+
+
 async def run_demo(scenario: str = "xid79", *, keep: bool = False,
                    out: Callable[[str], None] = print,
                    operator_version: str = DEFAULT_VERSION) -> int:
@@ -279,14 +320,17 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
     out(f"healer demo ({scenario}, slurm-operator {operator_version}, Slurm "
         f"{SLURM} with its real slurmrestd): starting the local real stack in "
         f"{workdir}")
-    stack = DemoStack(workdir, out, operator_version=operator_version)
+    dead = scenario == "dead-node"
+    stack = DemoStack(workdir, out, operator_version=operator_version,
+                      node_grace=DEAD_NODE_GRACE if dead else None)
     ok = False
     try:
         await stack.start()
         extra = {"fabric": (ROOT / "policies" / "examples" / "infiniband.yaml",),
                  "slurm": (ROOT / "policies" / "examples" / "slurm-detector.yaml",),
                  }.get(scenario, ())
-        stack.start_healer(_act_policies(workdir / "policies", *extra))
+        stack.start_healer(act_policies(workdir / "policies", *extra, dead=dead),
+                           slurm_state_interval=2.0 if dead else 10.0)
         await stack.wait(lambda: _http_ok(stack.port), 60, "healer /readyz")
         await stack.wait(lambda: _telemetry_fresh(stack.port), 60,
                          "healer to see fresh telemetry from every node")
@@ -297,7 +341,7 @@ async def run_demo(scenario: str = "xid79", *, keep: bool = False,
         tl = Timeline(out)
         run = {"xid79": _scenario_xid79, "storm": _scenario_storm,
                "degrading": _scenario_degrading, "fabric": _scenario_fabric,
-               "slurm": _scenario_slurm}[scenario]
+               "slurm": _scenario_slurm, "dead-node": _scenario_dead_node}[scenario]
         ok = await run(stack, tl)
         tl.say("result: " + ("OK" if ok else "FAILED"))
     except ConfigError as e:

@@ -22,16 +22,25 @@ import base64
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.app import run as run_healer
-from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT, TAINT_EFFECT, TAINT_VALUE
+from healer.core.vocabulary import (
+    FENCED_ANNOTATION,
+    ROLE_LABEL,
+    SPARE_ROLE,
+    SPARE_TAINT,
+    TAINT_EFFECT,
+    TAINT_VALUE,
+)
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
 from healer.settings import (
@@ -60,7 +69,10 @@ from healer_dev.devstack.slurm_root import root_built as slurm_root_built
 from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
 from healer_dev.sim.infiniband import InfinibandSim
 
-__all__ = ["DOMAIN", "NAMESPACE", "NODESET", "NODESET_LABEL", "TRAP_JOB", "DemoStack"]
+ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["DEAD_AFTER", "DEAD_NODE_GRACE", "DOMAIN", "NAMESPACE", "NODESET", "NODESET_LABEL",
+           "TRAP_JOB", "DeadNodeRun", "DemoStack", "act_policies", "dead_node", "healer_ready"]
 
 DOMAIN = "accelerator.topograph.run/domain"
 NODESET_LABEL = "slinky.slurm.net/nodeset"
@@ -76,14 +88,55 @@ for _ in $(seq 1 {ticks}); do sleep 0.2; done
 """
 
 
+#: kube-controller-manager's --node-monitor-grace-period in the dead-node scenario and bench
+#: (kwok's Leases last as long; Slurm's SlurmdTimeout here is 10 s)
+DEAD_NODE_GRACE = 10.0
+#: the default policy's deadNode.deadAfter there
+DEAD_AFTER = "5s"
+
+
+def act_policies(dest: Path, *extra: Path, dead: bool = False) -> Path:
+    """The shipped default policies (and ``extra`` policy files), switched from observe to act,
+    polling at a demo's pace; with ``dead``, declaring a node dead after :data:`DEAD_AFTER` of
+    NotReady (the dead-node scenario's pace; the rest as shipped)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for src in (ROOT / "policies" / "default.yaml", *extra):
+        docs = list(yaml.safe_load_all(src.read_text()))
+        for doc in docs:
+            if doc and doc.get("kind") == "RemediationPolicy":
+                doc["spec"]["mode"] = "act"
+                doc["spec"].setdefault("steps", {})["pollInterval"] = "2s"
+                if dead and doc["spec"].get("deadNode") is not None:
+                    doc["spec"]["deadNode"]["deadAfter"] = DEAD_AFTER
+        (dest / src.name).write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return dest
+
+
+async def healer_ready(port: int) -> bool:
+    """healer's own ``/readyz`` answers 200."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.write(b"GET /readyz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+    await writer.drain()
+    raw = await reader.read()
+    writer.close()
+    return raw.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200"))
+
+
 class DemoStack:
     """Everything the demo starts, and stops again (in reverse order)."""
 
     def __init__(self, workdir: Path, out: Callable[[str], None], *,
-                 operator_version: str = DEFAULT_VERSION) -> None:
+                 operator_version: str = DEFAULT_VERSION,
+                 node_grace: float | None = None) -> None:
         self.dir = workdir
         self.out = out
         self.operator_version = operator_version
+        #: kube-controller-manager's node grace and kwok's Lease (None: the defaults): the
+        #: dead-node scenario and the bench set it short (:data:`DEAD_NODE_GRACE`)
+        self.node_grace = node_grace
         self.kube: KubeStack | None = None
         self.slurm: LocalSlurm | None = None
         self.slinky: SlinkyStack | None = None
@@ -107,7 +160,8 @@ class DemoStack:
         self.out("  slurm-operator (SchedMD, the real manager"
                  + (" + pod-binding webhook" if has_webhook(v) else "") + "): "
                  + build_info(v).replace("\n", ", "))
-        self.kube = KubeStack(self.dir / "kube", controllers=True, kwok=True)
+        self.kube = KubeStack(self.dir / "kube", controllers=True, kwok=True,
+                              node_grace=self.node_grace)
         await asyncio.to_thread(self.kube.start)
         self.out(f"  control plane up ({time.monotonic() - t0:.1f}s): {self.kube.server}")
         if not slurm_root_built(SLURM):
@@ -227,7 +281,18 @@ class DemoStack:
                 raise ConfigError(f"demo: timed out after {limit:g}s waiting for {what}")
             await asyncio.sleep(0.25)
 
-    def start_healer(self, policies: Path) -> None:
+    async def kill_node(self, node: str) -> list[str]:
+        """``node`` dies outright: its kubelet stops heartbeating, its slurmd (and its jobs)
+        are killed; nothing runs its preStop (:meth:`SlinkyStack.kill_node`)."""
+        assert self.slinky is not None
+        return await asyncio.to_thread(self.slinky.kill_node, node)
+
+    async def annotate(self, node: str, annotations: dict[str, str]) -> None:
+        assert self.api is not None
+        await client.CoreV1Api(self.api).patch_node(node, {"metadata": {
+            "annotations": annotations}})
+
+    def start_healer(self, policies: Path, *, slurm_state_interval: float = 10.0) -> None:
         assert self.kube is not None
         assert self.prom is not None
         assert self.slinky is not None
@@ -239,7 +304,8 @@ class DemoStack:
             leader=LeaderSettings(enabled=False),
             slurm=SlurmSettings(driver="slinky", nodeset_namespace=NAMESPACE, nodeset=NODESET,
                                 slurmrestd_url=f"http://127.0.0.1:{self.slinky.restd_port}",
-                                token_secret=f"{NAMESPACE}/{TOKEN_SECRET}:SLURM_JWT"),
+                                token_secret=f"{NAMESPACE}/{TOKEN_SECRET}:SLURM_JWT",
+                                state_interval=slurm_state_interval),
             telemetry=TelemetrySettings(prometheus_url=self.prom.url, poll_interval=1.0),
             http=HttpSettings(host="127.0.0.1", port=self.port))
         self.tasks.append(asyncio.create_task(run_healer(settings), name="healer"))
@@ -271,3 +337,78 @@ class DemoStack:
             await asyncio.to_thread(self.slurm.stop)
         if self.kube is not None:
             await asyncio.to_thread(self.kube.stop)
+
+
+@dataclass
+class DeadNodeRun:
+    """One dead node, from the heartbeat lost to the replacement serving (the record's times,
+    seconds since the epoch)."""
+
+    node: str
+    slurm_node: str
+    killed: float  # kwok stopped heartbeating, the slurmd and its job killed
+    record: dict[str, Any]  # the NodeRemediation once the replacement serves
+
+    @property
+    def death(self) -> dict[str, Any]:
+        return dict(self.record["status"].get("death") or {})
+
+    @property
+    def serving(self) -> float:
+        """When healer undrained the replacement (it entered Repair)."""
+        return float(next(h["at"] for h in self.record["status"]["history"]
+                          if h["to"] == "Repair"))
+
+    @property
+    def declared(self) -> float:
+        return float(self.death["declared"])
+
+    @property
+    def fence_wait(self) -> float:
+        """How long the fencing provider took to answer (not healer's time)."""
+        return float(self.death["fencedAt"]) - self.declared
+
+    @property
+    def dead_to_serving(self) -> float:
+        """Dead verdict → replacement serving, less the fencing provider's own time."""
+        return self.serving - self.declared - self.fence_wait
+
+    @property
+    def heartbeat_to_serving(self) -> float:
+        """Heartbeat lost → replacement serving, less the fencing provider's own time."""
+        return self.serving - self.killed - self.fence_wait
+
+
+async def dead_node(s: DemoStack, node: str, *,
+                    said: Callable[[list[dict[str, Any]]], None] = lambda _: None,
+                    limit: float = 300) -> DeadNodeRun:
+    """Kill ``node`` outright; once healer declares it dead, fence it as an admin would (the
+    ``manual`` provider: ``healer.io/fenced``); return once its Slurm node serves, undrained,
+    from another Node. ``said`` sees the NodeRemediations at every look."""
+    sn = await s.slurm_node_on(node)
+    killed = time.time()
+    await s.kill_node(node)
+
+    async def phase() -> str:
+        items = [i for i in await s.remediations() if i["spec"]["node"] == node]
+        said(items)
+        return str((items[-1].get("status") or {}).get("phase", "")) if items else ""
+
+    async def dead() -> bool:
+        return await phase() in ("Dead", "HeldForFencing")
+
+    await s.wait(dead, limit, f"{node} declared dead")
+    await s.annotate(node, {FENCED_ANNOTATION: "demo: the machine is powered off (BMC)"})
+
+    async def serving() -> bool:
+        if await phase() != "Repair":
+            return False
+        pod = {slurm_name(p): p for p in await s.pods()}.get(sn)
+        if pod is None or pod["spec"].get("nodeName") == node:
+            return False
+        real = await s.slurm_state(sn)
+        return bool(real and real.registered and not real.drain and real.base == "IDLE")
+
+    await s.wait(serving, limit, f"{sn} serving from a spare")
+    items = [i for i in await s.remediations() if i["spec"]["node"] == node]
+    return DeadNodeRun(node, sn, killed, items[-1])

@@ -180,8 +180,12 @@ def wheels(work: Path, pins: str) -> Path:
     cfile = work / "constraints.txt"
     cfile.write_text(pins)
     dl = cache_root() / "wheels"
+    # healer's own wheel never stays in the shared cache: pip would take a stale copy of the
+    # same version (older dependencies) as already downloaded and resolve from it
+    _drop_own_wheels(dl)
     _run([*pip, "download", "--quiet", "--only-binary=:all:", "-c", str(cfile), "-d", str(dl),
           str(wheel)], "the runtime dependencies' wheels")
+    _drop_own_wheels(dl)
     pip_pin = next((p for p in pins.splitlines() if p.startswith("pip==")), "pip")
     _run([*pip, "download", "--quiet", "--only-binary=:all:", "--no-deps", "-d", str(dl),
           pip_pin], "pip's wheel")
@@ -191,6 +195,11 @@ def wheels(work: Path, pins: str) -> Path:
     _run([*pip, "download", "--quiet", "--only-binary=:all:", "--no-index", "--no-deps",
           "--find-links", str(dl), "-d", str(work / "pip"), pip_pin], "pip's wheel")
     return out
+
+
+def _drop_own_wheels(folder: Path) -> None:
+    for own in folder.glob("healer-*.whl"):
+        own.unlink()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,13 +23,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from healer.core.model import NodeCondition, NodeRecord, NodeView, Signal, Taint
+from healer.core.model import (
+    FenceProvider,
+    NodeCondition,
+    NodeRecord,
+    NodeView,
+    Signal,
+    Taint,
+)
 from healer.core.topology import rank_spares, same_domain_spares, slinky_topology_spec
 from healer.core.vocabulary import (
     CLAIMED_BY,
+    CLOUD_SHUTDOWN_TAINT,
     CORDONED_BY,
     CORDONED_BY_HEALER,
+    FENCED_ANNOTATION,
     INCIDENT_ANNOTATION,
+    OUT_OF_SERVICE_BY,
+    OUT_OF_SERVICE_EFFECT,
+    OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE,
     REASON_ANNOTATION,
     REMEDIATION_TAINT,
     REPAIR_LABEL,
@@ -41,8 +54,9 @@ from healer.core.vocabulary import (
     TAINT_EFFECT,
     TAINT_VALUE,
 )
-from healer.errors import ConflictError, NotFoundError
+from healer.errors import ConflictError, NotFoundError, TransientError
 from healer.ports import (
+    FenceSpec,
     HookResult,
     HookSpec,
     NodeEvent,
@@ -155,6 +169,20 @@ class FakeNodes(Faulty):
         self._nodes[name].conditions[cond.type] = cond
         self._publish("MODIFIED", name)
 
+    def delete(self, name: str) -> None:
+        """What a cloud does to the Node of an instance it deleted."""
+        node = self._nodes.pop(name)
+        for q in self._subscribers:
+            q.put_nowait(NodeEvent("DELETED", node.view(), str(node.rv + 1)))
+
+    def set_taint(self, name: str, taint: Taint | None, key: str = "") -> None:
+        """Add ``taint`` (or, with None, remove every taint of ``key``): another controller."""
+        n = self._nodes[name]
+        n.taints = [t for t in n.taints if t.key != (taint.key if taint else key)]
+        if taint is not None:
+            n.taints.append(taint)
+        self._publish("MODIFIED", name)
+
     def _publish(self, etype: str, name: str) -> None:
         node = self._nodes[name]
         node.rv += 1
@@ -232,10 +260,32 @@ class FakeNodes(Faulty):
         self._publish("MODIFIED", name)
         return ours
 
+    async def taint_out_of_service(self, name: str, incident: str) -> bool:
+        self._enter("taint_out_of_service", name, incident)
+        n = self._nodes[name]
+        if any(t.key == OUT_OF_SERVICE_TAINT for t in n.taints):
+            return n.annotations.get(OUT_OF_SERVICE_BY) == incident
+        n.taints.append(Taint(OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, OUT_OF_SERVICE_EFFECT))
+        n.annotations[OUT_OF_SERVICE_BY] = incident
+        self._publish("MODIFIED", name)
+        return True
+
+    async def clear_out_of_service(self, name: str, incident: str) -> bool:
+        self._enter("clear_out_of_service", name, incident)
+        n = self._nodes[name]
+        if n.annotations.get(OUT_OF_SERVICE_BY) != incident:
+            return False
+        n.taints = [t for t in n.taints if t.key != OUT_OF_SERVICE_TAINT]
+        del n.annotations[OUT_OF_SERVICE_BY]
+        self._publish("MODIFIED", name)
+        return True
+
     async def patch_metadata(self, name: str, *, labels: Mapping[str, str | None] | None = None,
                              annotations: Mapping[str, str | None] | None = None,
                              resource_version: str | None = None) -> NodeView:
         self._enter("patch_metadata", name)
+        if name not in self._nodes:
+            raise NotFoundError(f"node {name} not found")
         n = self._nodes[name]
         if resource_version is not None and resource_version != str(n.rv):
             raise ConflictError(f"node {name} changed")
@@ -352,6 +402,54 @@ class FakeSlurm(Faulty):
         n["user"], n["at"] = user, at
         self._save()
 
+    def set_down(self, node: str, reason: str, user: str = "root") -> None:
+        """An admin sets the node DOWN (``scontrol update state=down reason=...``), or (with
+        reason ``Not responding``) slurmctld finds its slurmd silent."""
+        self._sync()
+        n = self._state["nodes"][node]
+        n["base"] = "DOWN"
+        n["reason"], n["user"] = reason, user
+        self._save()
+
+    async def hold(self, node: str, reason: str) -> None:
+        self._enter("hold", node)
+        self._sync()
+        n = self._state["nodes"][node]
+        if "DRAIN" not in n["flags"]:
+            n["flags"] = sorted(set(n["flags"]) | {"DRAIN"})
+            n["reason"] = reason
+            self._state["log"].append(["hold", node, reason])
+            self._save()
+
+    async def delete_node(self, node: str) -> bool:
+        """``scontrol delete nodename=``: not while a job runs there ("Requested nodes are
+        busy", a wait), as Slurm does."""
+        self._enter("delete_node", node)
+        self._sync()
+        if node not in self._state["nodes"]:
+            return False
+        if self._busy(node):
+            raise TransientError(f"delete_node nodename={node}: Requested nodes are busy")
+        del self._state["nodes"][node]
+        self._state["log"].append(["delete", node])
+        self._save()
+        return True
+
+    def register(self, node: str, host: str = "") -> None:
+        """A slurmd registers ``node`` (again): IDLE, no reason (a new record)."""
+        self._sync()
+        self._state["nodes"][node] = {"base": "IDLE", "flags": [], "reason": "",
+                                      **({"host": host} if host else {})}
+        self._save()
+
+    def forget_reason(self, node: str) -> None:
+        """The record went with a preStop; the recreated slurmd registered IDLE."""
+        self._sync()
+        n = self._state["nodes"][node]
+        n["base"], n["flags"] = "IDLE", []
+        n["reason"] = n["user"] = n["at"] = ""
+        self._save()
+
     def clear_reason(self, node: str) -> None:
         """The owner undrains the node (``scontrol update state=undrain``)."""
         self._sync()
@@ -370,7 +468,8 @@ class FakeSlurm(Faulty):
         self._enter("drain", node)
         self._sync()
         n = self._state["nodes"][node]
-        if "DRAIN" in n["flags"] and not n["reason"].startswith(SLURM_REASON_PREFIX):
+        theirs = "DRAIN" in n["flags"] or (n["base"] == "DOWN" and n["reason"])
+        if theirs and not n["reason"].startswith(SLURM_REASON_PREFIX):
             return False
         if "DRAIN" not in n["flags"] or n["reason"] != reason:
             n["flags"] = sorted(set(n["flags"]) | {"DRAIN"})
@@ -400,6 +499,8 @@ class FakeSlurm(Faulty):
     async def state(self, node: str) -> SlurmNodeState:
         self._enter("state", node)
         self._sync()
+        if node not in self._state["nodes"]:
+            raise NotFoundError(f"Slurm node {node!r} not found")
         n = self._state["nodes"][node]
         base = "ALLOCATED" if self._busy(node) else n["base"]
         return SlurmNodeState(node, base, frozenset(n["flags"]), n["reason"])
@@ -460,14 +561,20 @@ class FakeSpares(Faulty):
         return [n for n in await self.nodes.list() if n.labels.get(ROLE_LABEL) == SPARE_ROLE
                 and not n.annotations.get(CLAIMED_BY)]
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | None:
         self._enter("claim", node, incident)
         for n in await self.nodes.list():
             if n.annotations.get(CLAIMED_BY) == incident:
                 return n.name
         rank = same_domain_spares if same_domain else rank_spares
-        ranked = rank(await self.nodes.get(node), await self._candidates())
+        try:
+            bad = await self.nodes.get(node)
+        except NotFoundError:
+            if labels is None:
+                raise
+            bad = NodeView(node, dict(labels))
+        ranked = rank(bad, await self._candidates())
         if not ranked:
             return None
         spare = ranked[0].name
@@ -500,21 +607,30 @@ class FakeWorkload(Faulty):
         self.moves: dict[str, int] = defaultdict(int)
         self._polls: dict[str, int] = defaultdict(int)
 
-    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult:
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
+                   dead: bool = False, carry: bool = False) -> HookResult:
         self._enter("move", incident)
         st = await self.slurm.state(slurm_node)
         if self.slurm.node_state(slurm_node).get("host") == spare:
             return HookResult(StepOutcome.DONE)
+        theirs = st.reason if (st.drain or st.down) and st.reason and not st.reason_is_ours \
+            and not (st.down and not st.drain and st.reason == "Not responding") else ""
+        if dead:  # Kubernetes removes the pod (out-of-service); the operator recreates it
+            self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
+            self.moves[incident] += 1
+            return HookResult(StepOutcome.DONE)
         if st.busy:
             return HookResult(StepOutcome.PENDING, "Slurm reports the node busy")
-        if st.drain and st.reason and not st.reason_is_ours:  # as Slinky's move (ADR 0006)
-            return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by "
-                              f"someone else (reason {st.reason!r}): held",
+        if theirs and not carry:  # as Slinky's move (ADR 0006, ADR 0016)
+            return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained or "
+                              f"down by someone else (reason {st.reason!r}): held",
                               {"held": "foreign-drain"})
         # one write: a daemon killed in between must not leave a move without its log entry
         self.slurm.move_node(slurm_node, spare, log=["move", slurm_node, spare, incident])
+        if theirs:  # carried over: the preStop deleted the record and their reason with it
+            self.slurm.forget_reason(slurm_node)
         self.moves[incident] += 1
-        return HookResult(StepOutcome.DONE)
+        return HookResult(StepOutcome.DONE, "", {"carried": theirs} if theirs else {})
 
     async def replacement_ready(self, incident: str, slurm_node: str, spare: str) -> HookResult:
         self._enter("replacement_ready", incident)
@@ -586,6 +702,45 @@ class FakeRepair(Faulty):
         return HookResult(StepOutcome.DONE)
 
 
+class FakeFencing(Faulty):
+    """The fencing providers read from FakeNodes, as the real adapter reads the Node; the
+    webhook provider records its requests (``requested``) and is acknowledged by
+    :meth:`ack` (what a receiver's signed ack makes healer write)."""
+
+    def __init__(self, nodes: FakeNodes) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.requested: list[tuple[str, str]] = []  # (incident, node), once per incident
+        self._acked: set[str] = set()
+
+    def ack(self, incident: str) -> None:
+        self._acked.add(incident)
+
+    async def fence(self, incident: str, node: str, spec: FenceSpec) -> HookResult:
+        self._enter("fence", incident, node)
+        ways = spec.providers
+        try:
+            view = await self.nodes.get(node)
+        except NotFoundError:
+            if FenceProvider.NODE_DELETED in ways:
+                return HookResult(StepOutcome.DONE, "", {"provider": "nodeDeleted",
+                                                         "by": "Node deleted"})
+            return HookResult(StepOutcome.PENDING, "Node gone; nodeDeleted not a provider")
+        if FenceProvider.MANUAL in ways and view.annotations.get(FENCED_ANNOTATION):
+            return HookResult(StepOutcome.DONE, "", {
+                "provider": "manual", "by": view.annotations[FENCED_ANNOTATION]})
+        if FenceProvider.CLOUD_SHUTDOWN in ways and any(
+                t.key == CLOUD_SHUTDOWN_TAINT for t in view.taints):
+            return HookResult(StepOutcome.DONE, "", {"provider": "cloudShutdown",
+                                                     "by": CLOUD_SHUTDOWN_TAINT})
+        if FenceProvider.WEBHOOK in ways:
+            if incident in self._acked:
+                return HookResult(StepOutcome.DONE, "", {"provider": "webhook", "by": "ack"})
+            if (incident, node) not in self.requested:
+                self.requested.append((incident, node))
+        return HookResult(StepOutcome.PENDING, "waiting for a fencing provider")
+
+
 class FileSignals:
     """A TelemetrySource reading JSON lines (``{"node": ..., <Signal.to_dict()>}``) appended to
     a file: the test's fake telemetry, surviving a daemon restart."""
@@ -622,9 +777,10 @@ def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = No
     return {"nodes": fn, "events": FakeEvents(), "slurm": slurm, "spares": FakeSpares(fn),
             "workload": FakeWorkload(slurm), "topology": FakeTopology(fn),
             "validator": FakeValidator(), "checkpoint": FakeCheckpoint(slurm),
-            "repair": FakeRepair(fn)}
+            "repair": FakeRepair(fn), "fencing": FakeFencing(fn)}
 
 
-__all__ = ["FakeCheckpoint", "FakeEvents", "FakeNodes", "FakeRepair", "FakeSlurm", "FakeSpares",
-           "FakeStore", "FakeTopology", "FakeValidator", "FakeWorkload", "Faulty",
+__all__ = ["FakeCheckpoint", "FakeEvents", "FakeFencing", "FakeNodes", "FakeRepair",
+           "FakeSlurm", "FakeSpares", "FakeStore", "FakeTopology", "FakeValidator",
+           "FakeWorkload", "Faulty",
            "FileSignals", "ManualClock", "fake_ports", "settle"]

@@ -7,18 +7,18 @@ from typing import Any
 
 from healer.core import rules as cp
 from healer.core.actions import StepStatus
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident
-from healer.core.health import Verdict
+from healer.core.budget import BudgetView
+from healer.core.capacity import FleetIndex, open_remediation
+from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import (
     SlurmObservation,
     StepResult,
     Trigger,
     TriggerKind,
-    counts_as_active,
     incident_id,
-    record_out_of_service,
 )
 from healer.core.model import (
+    Death,
     GpuRef,
     HealthState,
     Incident,
@@ -26,6 +26,7 @@ from healer.core.model import (
     NodeCondition,
     NodeRecord,
     NodeView,
+    PastIncident,
     Severity,
     StepRecord,
 )
@@ -38,7 +39,8 @@ GPU_LABELS = {"nvidia.com/gpu.present": "true"}
 def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
            rules: tuple[cp.Rule, ...] | None = None, steps: cp.Steps | None = None,
            guardrails: cp.Guardrails | None = None,
-           priority: int = 0, labels: dict[str, str] | None = None) -> cp.Policy:
+           priority: int = 0, labels: dict[str, str] | None = None,
+           dead: cp.DeadNode | None = None) -> cp.Policy:
     return cp.Policy(
         name=name,
         selector=cp.LabelSelector(dict(labels or GPU_LABELS)),
@@ -48,7 +50,12 @@ def policy(name: str = "p", *, mode: cp.Mode = cp.Mode.ACT,
         guardrails=guardrails or cp.Guardrails(),
         mode=mode,
         priority=priority,
+        dead=dead or cp.DeadNode(),
     )
+
+
+#: dead-node handling on, with the defaults
+DEAD_ON = cp.DeadNode(enabled=True)
 
 
 def policies(*ps: cp.Policy, fleet: cp.FleetRules | None = None) -> cp.PolicySet:
@@ -89,12 +96,17 @@ def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
 def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,
          records: list[NodeRecord] | None = None, incidents: list[PastIncident] | None = None,
          paused: bool = False, paused_nodes: frozenset[str] = frozenset()) -> BudgetView:
-    ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
-    open_ = {r.node: OpenRemediation(r.node, r.policy, r.phase, r.incident.opened_at,
-                                     r.spare, record_out_of_service(r), counts_as_active(r))
-             for r in (records or [])}
-    return BudgetView(ps or policies(), {n.name: n for n in ns}, open_, tuple(incidents or ()),
-                      paused, paused_nodes)
+    """What the guardrails see of ``nodes`` (default n1..n10) with ``records`` open and
+    ``incidents`` past: the view of a fleet index told just that. Only ``paused_nodes`` are
+    paused node by node."""
+    index = FleetIndex(ps or policies())
+    for n in nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]:
+        index.set_node(n)
+    for r in records or []:
+        index.set_open(open_remediation(r), r.incident.id)
+    for i in incidents or []:
+        index.add_incident(i)
+    return replace(index.view(paused=paused), paused_nodes=paused_nodes)
 
 
 def verdict(state: HealthState, nodename: str = "n1", at: float = T0, policy_name: str = "p",
@@ -105,6 +117,23 @@ def verdict(state: HealthState, nodename: str = "n1", at: float = T0, policy_nam
     if sev is None and state is HealthState.DEGRADING:
         sev = Severity.DEGRADING
     return Verdict(nodename, state, at, sev, (), None, policy_name)
+
+
+def dead_verdict(nodename: str = "n1", at: float = T0, since: float = T0 - 150,
+                 policy_name: str = "p") -> Verdict:
+    """A dead verdict as :func:`healer.core.health.dead_match` words it."""
+    m = RuleMatch(cp.DEAD_RULE, HealthState.DEAD, Severity.FAILED, since, (),
+                  "node dead: Ready=Unknown since then; Slurm NOT_RESPONDING since then")
+    return Verdict(nodename, HealthState.DEAD, at, Severity.FAILED, (m,), None, policy_name)
+
+
+def d_trigger(nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:
+    """A dead verdict for ``nodename``."""
+    return Trigger(TriggerKind.VERDICT, nodename, at, verdict=dead_verdict(nodename, at, **kw))
+
+
+def death(since: float = T0 - 150, declared: float = T0, **kw: Any) -> Death:
+    return Death(since, declared, ("Ready=Unknown since then",), **kw)
 
 
 def v_trigger(state: HealthState, nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:

@@ -5,7 +5,9 @@ The contract (docs/checkpoint-hooks.md):
 * ``Content-Type: application/json``, a body of at most :data:`MAX_BODY` bytes;
 * the body is one JSON object ``{"incident", "node", "kind", "timestamp", "nonce"}`` (plus
   ``"result": "passed"|"failed"|"no-fault"`` for ``kind: repair``; ``no-fault``: passed, and
-  the repair found nothing to fix); ``timestamp`` is Unix seconds and must
+  the repair found nothing to fix; ``kind: fenced``: a dead node's fencing webhook says its
+  machine is off, accepted only while the incident waits for fencing); ``timestamp`` is Unix
+  seconds and must
   be within :data:`WINDOW` of healer's clock; ``nonce`` is 16 to 128 characters, never reused;
 * ``X-Healer-Signature: sha256=<hex HMAC-SHA256 of the body>`` with the key of *that kind's*
   webhook in the incident's policy (the checkpoint hook's ``secretRef`` for a checkpoint ack,
@@ -31,7 +33,15 @@ import structlog
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core.machine.triggers import REPAIR_NO_FAULT
-from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT, REPAIR_RESULT
+from healer.core.model import FenceProvider
+from healer.core.phases import Phase
+from healer.core.vocabulary import (
+    CHECKPOINT_ACK,
+    FENCE_ACK,
+    REPAIR_INCIDENT,
+    REPAIR_RESULT,
+    StepName,
+)
 from healer.errors import HealerError
 from healer.ports import Clock, NodeAPI
 
@@ -40,7 +50,7 @@ from .hooks import verify
 MAX_BODY = 16 * 1024
 WINDOW = 300.0
 MAX_NONCES = 10_000
-KINDS = ("checkpoint", "repair")
+KINDS = ("checkpoint", "repair", "fenced")
 
 log = structlog.get_logger("healer.acks")
 
@@ -55,6 +65,7 @@ class AckTarget:
 
     node: str
     secret_refs: Mapping[str, str] = field(default_factory=dict)  # kind → namespace/name[:key]
+    awaiting_fence: bool = False  # the incident's dead node waits for a fencing provider
 
 
 def target_of(record: Any, policy: Any) -> AckTarget | None:
@@ -64,7 +75,14 @@ def target_of(record: Any, policy: Any) -> AckTarget | None:
     st = policy.steps
     refs = {k: h.secret_ref for k, h in (("checkpoint", st.checkpoint), ("repair", st.repair))
             if h.hook == "webhook" and h.secret_ref}
-    return AckTarget(str(record.node), refs)
+    fencing = policy.dead.fencing
+    if policy.dead.enabled and FenceProvider.WEBHOOK in fencing.providers and \
+            fencing.secret_ref:
+        refs["fenced"] = fencing.secret_ref
+    fence = record.step(StepName.FENCE)
+    awaiting = record.phase in (Phase.DEAD, Phase.HELD_FOR_FENCING) and fence is not None \
+        and not fence.done
+    return AckTarget(str(record.node), refs, awaiting)
 
 
 class Reject(Exception):
@@ -155,7 +173,7 @@ class AckReceiver:
         incident, node = _str(msg, "incident"), _str(msg, "node")
         kind = msg.get("kind")
         if kind not in KINDS:
-            raise Reject(400, "kind: expected checkpoint or repair")
+            raise Reject(400, "kind: expected checkpoint, repair or fenced")
         raw_ts = msg.get("timestamp")
         try:
             if isinstance(raw_ts, bool) or not isinstance(raw_ts, int | float):
@@ -186,6 +204,8 @@ class AckReceiver:
         self.nonces.check(nonce, ts + self.window, now)
         if node != tgt.node:
             raise Reject(409, f"incident {incident} is on another node")
+        if kind == "fenced" and not tgt.awaiting_fence:
+            raise Reject(409, f"incident {incident} is not waiting for fencing")
         if kind == "repair":
             view = await self.nodes.get(node)
             if view.annotations.get(REPAIR_INCIDENT) != incident:
@@ -194,6 +214,8 @@ class AckReceiver:
         try:
             if kind == "checkpoint":
                 await self.nodes.patch_metadata(node, annotations={CHECKPOINT_ACK: incident})
+            elif kind == "fenced":
+                await self.nodes.patch_metadata(node, annotations={FENCE_ACK: incident})
             else:
                 await self.nodes.patch_metadata(node, annotations={REPAIR_RESULT: result})
         except BaseException:

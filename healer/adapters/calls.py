@@ -25,7 +25,7 @@ def set_observer(fn: Observer | None) -> None:
 @contextmanager
 def timed(system: str, operation: str) -> Iterator[None]:
     """Record how long the body took, and the class of the error it raised, if any."""
-    start = time.monotonic()
+    start = time.monotonic()  # how long the call took, in real time (a metric)
     error: str | None = None
     try:
         yield

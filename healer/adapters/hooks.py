@@ -16,7 +16,8 @@ connection errors, 429 and 5xx (:data:`healer.adapters.retry.WEBHOOK`). A 2xx an
 ``{"status": "done"}`` (or an empty body) acknowledges a checkpoint at once;
 ``{"status": "pending"}`` means the receiver answers later, by annotating the Node or by POSTing
 a signed, timestamped, single-use ack to healer's ``/v1/hooks/ack``
-(:mod:`healer.adapters.acks`), which writes the annotation.
+(:mod:`healer.adapters.acks`), which writes the annotation. A redirect is never followed (it
+would re-send the signed body to another host): the step fails and its result says so.
 
 ``job``: healer creates a Kubernetes Job from a template (a ConfigMap ``namespace/name`` whose
 key ``job.yaml`` holds a Job manifest), named after the incident so it is created once, with
@@ -30,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -39,9 +39,11 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.client import call, to_dict
 from healer.adapters.kube.jobs import TOLERATE_ALL_HEALER, job_name, run_once
 from healer.adapters.kube.secrets import SecretToken
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import WEBHOOK
 from healer.core.vocabulary import (
     CHECKPOINT_ACK,
@@ -51,7 +53,7 @@ from healer.core.vocabulary import (
     REPAIR_RESULT,
 )
 from healer.errors import PermanentError, TransientError
-from healer.ports import HookResult, HookSpec, NodeAPI, StepOutcome
+from healer.ports import Clock, HookResult, HookSpec, NodeAPI, StepOutcome
 
 SIGNATURE = "X-Healer-Signature"
 MAX_REMEMBERED = 10_000
@@ -87,7 +89,8 @@ class Secrets:
 class WebhookHook:
     def __init__(self, nodes: NodeAPI, secrets: Secrets,
                  session: aiohttp.ClientSession | None = None, *, timeout: float = 10.0,
-                 attempts: int = 3, callback_url: str = "") -> None:
+                 attempts: int = 3, callback_url: str = "", clock: Clock = SYSTEM_CLOCK) -> None:
+        self.clock = clock  # a request's sentAt
         self.nodes = nodes
         self.secrets = secrets
         self._session = session
@@ -95,6 +98,11 @@ class WebhookHook:
         self.attempts = attempts
         self.callback_url = callback_url
         self._posted: OrderedDict[str, None] = OrderedDict()  # incidents posted (bounded)
+
+    async def post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST ``payload`` (it names its ``incident``) signed with ``spec``'s own key, as
+        ``X-Healer-Event: kind`` (the fencing webhook, :mod:`healer.adapters.fencing`)."""
+        return await self._post(kind, spec, payload)
 
     async def _post(self, kind: str, spec: HookSpec, payload: dict[str, Any]) -> dict[str, Any]:
         if not spec.url:
@@ -108,7 +116,11 @@ class WebhookHook:
         async def once() -> dict[str, Any]:
             try:
                 async with session.post(spec.url, data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(self.timeout)) as r:
+                                        timeout=aiohttp.ClientTimeout(self.timeout),
+                                        allow_redirects=False) as r:
+                    if 300 <= r.status < 400:  # never re-send a signed body elsewhere
+                        raise PermanentError(refused_redirect(f"the {kind} webhook", spec.url,
+                                                              r.status, r.headers))
                     text = await r.text()
                     if r.status >= 500 or r.status == 429:
                         raise TransientError(f"{kind} webhook {spec.url}: HTTP {r.status}")
@@ -138,7 +150,7 @@ class WebhookHook:
             return HookResult(StepOutcome.PENDING, "waiting for the checkpoint webhook's ack")
         answer = await self._post("checkpoint", spec, {
             "incident": incident, "node": node, "slurmNode": slurm_node, "signal": spec.signal,
-            "callback": self.callback_url, "sentAt": time.time()})
+            "callback": self.callback_url, "sentAt": self.clock.now()})
         self._posted[incident] = None
         while len(self._posted) > MAX_REMEMBERED:  # forgetting one only re-POSTs it (idempotent)
             self._posted.popitem(last=False)
@@ -149,7 +161,8 @@ class WebhookHook:
 
     async def hand_off(self, incident: str, node: str, spec: HookSpec) -> HookResult:
         await self._post("repair", spec, {"incident": incident, "node": node,
-                                          "callback": self.callback_url, "sentAt": time.time()})
+                                          "callback": self.callback_url,
+                                          "sentAt": self.clock.now()})
         return HookResult(StepOutcome.DONE)
 
 

@@ -49,8 +49,11 @@ from healer.core.vocabulary import (
 from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.ports import (
     SlurmDriver,
+    SlurmHold,
     SlurmJob,
+    SlurmJobHistory,
     SlurmNodeLister,
+    SlurmNodeRecords,
     SlurmNodeState,
     Undrain,
 )
@@ -117,6 +120,25 @@ def pod_ready(pod: Mapping[str, Any]) -> bool:
         if c.get("type") == "Ready":
             return bool(c.get("status") == "True")
     return False
+
+
+#: The reason slurmctld itself gives a node whose slurmd stopped answering (22.05 and later).
+NOT_RESPONDING_REASON = "Not responding"
+#: The reason of the slurm-operator's preStop hook (v1.0 and v1.1 write it without a prefix).
+PRESTOP_REASON = "Pod is terminating"
+
+
+def foreign_reason(st: SlurmNodeState) -> str:
+    """The reason of a drain or a DOWN someone else set ("" if none): neither healer's, nor
+    the operator's (its prefix, its preStop), nor Slurm's own ``Not responding`` of a silent
+    slurmd. Moving the slurmd would lose it (docs/adr/0006, docs/adr/0016)."""
+    if not (st.drain or st.down) or not st.reason or st.reason_is_ours:
+        return ""
+    if st.reason.startswith((OPERATOR_PREFIX, PRESTOP_REASON)):
+        return ""
+    if not st.drain and st.reason.startswith(NOT_RESPONDING_REASON):
+        return ""
+    return st.reason
 
 
 def foreign_drain(st: SlurmNodeState) -> str:
@@ -241,12 +263,13 @@ class SlinkyPods:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
 
-    async def pods(self) -> list[dict[str, Any]]:
+    async def pods(self, *, terminating: bool = False) -> list[dict[str, Any]]:
+        """The slurmd pods (with ``terminating``, those being deleted too)."""
         raw = to_dict(self.api, await call(
             f"list slurmd pods in {self.namespace}", lambda: self.core.list_namespaced_pod(
                 self.namespace, label_selector=SLURMD_SELECTOR)))
         return [p for p in raw.get("items") or []
-                if not (p.get("metadata") or {}).get("deletionTimestamp")]
+                if terminating or not (p.get("metadata") or {}).get("deletionTimestamp")]
 
     async def by_slurm_name(self, name: str) -> dict[str, Any]:
         for p in await self.pods():
@@ -261,15 +284,29 @@ class SlinkyPods:
         return None
 
     async def slurm_name_on(self, node: str) -> str:
-        p = await self.on_node(node)
-        if p is None:
+        """The Slurm node name of the slurmd pod on ``node`` (one being deleted names it too:
+        on a dead node the pod is Terminating until Kubernetes removes it)."""
+        live = [p for p in await self.pods(terminating=True)
+                if (p.get("spec") or {}).get("nodeName") == node]
+        live.sort(key=lambda p: bool((p.get("metadata") or {}).get("deletionTimestamp")))
+        if not live:
             raise NotFoundError(f"no slurmd pod runs on node {node}")
-        return slurm_name(p)
+        return slurm_name(live[0])
+
+    async def hosted(self) -> list[dict[str, Any]]:
+        """The scheduled slurmd pods that stand for their Slurm node: every live one, and a
+        terminating one whose Slurm name no live pod has (on a dead node, a pod stays
+        Terminating until Kubernetes removes it: its Slurm node is still that Node's)."""
+        pods = [p for p in await self.pods(terminating=True)
+                if (p.get("spec") or {}).get("nodeName")]
+        live = {slurm_name(p) for p in pods
+                if not (p.get("metadata") or {}).get("deletionTimestamp")}
+        return [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")
+                or slurm_name(p) not in live]
 
     async def hosts(self) -> dict[str, str]:
-        """Slurm node name → the Node its (live, scheduled) slurmd pod runs on."""
-        return {slurm_name(p): str(p["spec"]["nodeName"]) for p in await self.pods()
-                if (p.get("spec") or {}).get("nodeName")}
+        """Slurm node name → the Node its slurmd pod runs on (:meth:`hosted`)."""
+        return {slurm_name(p): str(p["spec"]["nodeName"]) for p in await self.hosted()}
 
 
 class SlinkyDriver:
@@ -334,7 +371,7 @@ class SlinkyDriver:
         # fresh: a drain the Slurm feed just saw (a Slurm-detected incident) may not be in
         # the pod's conditions yet, and cordoning over it would claim someone else's drain
         st = await self._fresh(node, pod_state(pod))
-        if foreign_drain(st):
+        if foreign_drain(st) or foreign_reason(st):
             # someone drained it with their own reason: theirs to clear (the flow goes on to
             # cordon and claim; move holds while that drain is there)
             return False
@@ -369,10 +406,11 @@ class SlinkyDriver:
         return Undrain.CLEARED if not st.drain else Undrain.NOT_OURS
 
     async def node_states(self) -> dict[str, SlurmNodeState]:
-        """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed): from
-        Slurm's own API when there is one (one listing), else as the operator mirrors it into
-        the pods' conditions (up to its 30 s re-list late)."""
-        pods = [p for p in await self.pods.pods() if (p.get("spec") or {}).get("nodeName")]
+        """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed; a dead
+        node's Terminating pod too, :meth:`SlinkyPods.hosted`): from Slurm's own API when
+        there is one (one listing), else as the operator mirrors it into the pods'
+        conditions (up to its 30 s re-list late)."""
+        pods = await self.pods.hosted()
         fresh: dict[str, SlurmNodeState] = {}
         if isinstance(self.jobs, SlurmNodeLister):
             fresh = {s.name: s for s in await self.jobs.nodes()}
@@ -405,6 +443,31 @@ class SlinkyDriver:
 
     async def signal_jobs(self, node: str, signal: str, *, batch_only: bool = False) -> list[int]:
         return await self._need_jobs().signal_jobs(node, signal, batch_only=batch_only)
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's reason through the job backend (the operator
+        would prefix a reason set through a cordon: it would become the operator's)."""
+        jobs = self._need_jobs()
+        if not isinstance(jobs, SlurmHold):
+            raise PermanentError("carrying a reason over needs a job backend that sets Slurm "
+                                 "reasons (scontrol or slurmrestd)")
+        await jobs.hold(node, reason)
+
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s Slurm record through the job backend (the operator has no such
+        call: the pod's preStop does it)."""
+        jobs = self._need_jobs()
+        if not isinstance(jobs, SlurmNodeRecords):
+            raise PermanentError("deleting a Slurm node record needs a job backend that can "
+                                 "(scontrol or slurmrestd)")
+        return await jobs.delete_node(node)
+
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""
+        jobs = self._need_jobs()
+        if isinstance(jobs, SlurmJobHistory):
+            return await jobs.recent_jobs_on(node)
+        return await jobs.jobs_on(node)
 
     async def requeue_jobs(self, node: str) -> list[int]:
         return await self._need_jobs().requeue_jobs(node)

@@ -30,7 +30,7 @@ from healer.adapters.slinky import (
     NODESET_INSTANCE,
     NodeSets,
     SlinkyPods,
-    foreign_drain,
+    foreign_reason,
     pod_ready,
     pod_state,
     slurm_name,
@@ -38,13 +38,20 @@ from healer.adapters.slinky import (
 from healer.core.vocabulary import (
     CLAIM_LABEL,
     CLAIMED_BY,
+    OUT_OF_SERVICE_TAINT,
     SLURM_REASON_PREFIX,
     SPARE_TAINT,
     TAINT_EFFECT,
     TAINT_VALUE,
 )
 from healer.errors import NotFoundError, PermanentError
-from healer.ports import HookResult, SlurmDriver, StepOutcome
+from healer.ports import (
+    HookResult,
+    SlurmDriver,
+    SlurmNodeRecords,
+    SlurmNodeState,
+    StepOutcome,
+)
 
 log = structlog.get_logger("healer.adapters.slinky")
 
@@ -88,8 +95,10 @@ class SlinkyWorkload:
         tmpl = ((spec.get("template") or {}).get("spec") or {})
         return {str(k): str(v) for k, v in (tmpl.get("nodeSelector") or {}).items()}
 
-    async def move(self, incident: str, slurm_node: str, source: str, spare: str) -> HookResult:
+    async def move(self, incident: str, slurm_node: str, source: str, spare: str, *,
+                   dead: bool = False, carry: bool = False) -> HookResult:
         mode = await self.scaling_mode()
+        carried = ""
         if mode == "DaemonSet":
             pod = await self.pods.on_node(spare)
             if pod is None:
@@ -122,16 +131,31 @@ class SlinkyWorkload:
             await self._forget_reason(source, incident)
             return HookResult(StepOutcome.DONE, "", {"mode": mode})
         if not host:
-            # recreated and unscheduled (our eviction, or the operator's rolling update took
-            # it off the cordoned node): it waits for a Node that fits, which is our spare once
-            # open, one open spare per NodeSet at a time (see _open_elsewhere)
+            # recreated and unscheduled (our eviction, the pod garbage collector on a dead
+            # node, or the operator's rolling update took it off the cordoned node): it waits
+            # for a Node that fits, which is our spare once open, one open spare per NodeSet
+            # at a time (see _open_elsewhere)
+            if dead:  # no preStop ran: Slurm's record of the node, with its reason, is there
+                try:
+                    st: SlurmNodeState | None = await self.slurm.state(slurm_node)
+                except NotFoundError:
+                    st = None  # its record is deleted already
+                if st is not None:
+                    theirs = foreign_reason(st)
+                    if theirs and not carry:
+                        return self._hold(incident, slurm_node, theirs)
+                    carried = theirs
+                    stale = await self._delete_dead_record(slurm_node, st)
+                    if stale is not None:
+                        return stale
             async with self._lock():
                 other = await self._open_elsewhere(incident, spare)
                 if other:
                     return HookResult(StepOutcome.PENDING, other)
                 await self._open(spare, incident)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
-                                                   f"scheduled yet; {spare} is open for it")
+                                                   f"scheduled yet; {spare} is open for it",
+                              {"carried": carried} if carried else {})
         if host != source:
             # the operator recreated it elsewhere (scale-in, a rolling update, someone deleted
             # it): our spare gets nothing, so it is closed again (it must not catch the next
@@ -142,11 +166,15 @@ class SlinkyWorkload:
                               f"nor on the spare {spare}: the slurm-operator recreated it "
                               "elsewhere (NodeSet scaled in, a rolling update, or the pod was "
                               "deleted); the spare was closed again")
+        if dead:
+            return self._dead_pod(pod, source)
         st = await self.slurm.state(slurm_node)  # fresh (see SlinkyDriver.state)
-        theirs = foreign_drain(st)
-        if theirs:
+        theirs = foreign_reason(st)
+        if theirs and not carry:
             return self._hold(incident, slurm_node, theirs)
-        if st.busy or not st.drain:
+        # carried over: said before the eviction's preStop deletes it (the record keeps it)
+        carried = theirs
+        if st.busy or not (st.drain or st.down):  # DOWN with no job counts as drained
             return HookResult(StepOutcome.PENDING, f"Slurm reports {slurm_node} "
                                                    f"{'busy' if st.busy else 'not drained'}: "
                                                    "its slurmd pod stays where it is")
@@ -162,19 +190,74 @@ class SlinkyWorkload:
                 return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the "
                                                        "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
-                                               f"{spare}")
+                                               f"{spare}", {"carried": carried} if carried else {})
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
-        """A drain someone else owns: evicting would run the pod's preStop, which deletes the
-        Slurm node record and so their drain (docs/adr/0006). Hold until they clear it."""
+        """A drain or DOWN someone else owns: evicting would run the pod's preStop, which
+        deletes the Slurm node record and so their reason (docs/adr/0006); a recreated pod
+        registering again clears their DOWN (docs/adr/0016). Hold until they clear it."""
         if (incident, reason) not in self._held:
             self._held.add((incident, reason))
-            log.warning("holding the swap: Slurm node drained by someone else",
+            log.warning("holding the swap: Slurm node drained or down by someone else",
                         incident=incident, slurm_node=slurm_node, reason=reason)
         return HookResult(StepOutcome.PENDING,
-                          f"Slurm node {slurm_node} is drained by someone else (reason "
-                          f"{reason!r}); moving its slurmd pod would delete that drain, so "
-                          "healer holds until the owner clears it", {"held": "foreign-drain"})
+                          f"Slurm node {slurm_node} is drained or down by someone else (reason "
+                          f"{reason!r}); moving its slurmd would lose that, so healer holds "
+                          "until the owner clears it", {"held": "foreign-drain"})
+
+    async def _delete_dead_record(self, slurm_node: str,
+                                  st: SlurmNodeState) -> HookResult | None:
+        """Do the Slurm half of the dead pod's preStop, which never ran: delete the Slurm
+        node's record before the recreated pod can register under the same name. A dynamic
+        slurmd (``slurmd -Z``) registering again keeps the old record's address, the dead
+        pod's IP: slurmctld would mark the replacement not responding (docs/adr/0016).
+        Only once Slurm lists no job there (it requeues or fails them when it sets the node
+        DOWN) and no slurmd answers for it. None: deleted, or there was none."""
+        if st.busy:
+            return HookResult(StepOutcome.PENDING,
+                              f"Slurm still lists jobs on {slurm_node} (it has not yet set the "
+                              "dead node DOWN, SlurmdTimeout): its record is deleted, and the "
+                              "spare opened, once they are gone")
+        if st.registered and not st.down:
+            return HookResult(StepOutcome.PENDING,
+                              f"Slurm still hears a slurmd for {slurm_node}: its record is "
+                              "deleted, and the spare opened, once it does not")
+        if not isinstance(self.slurm, SlurmNodeRecords):
+            return self._keep_record(slurm_node, "the Slurm driver cannot delete node records")
+        try:
+            await self.slurm.delete_node(slurm_node)
+        except PermanentError as e:  # no job backend, or Slurm refuses (a reservation)
+            return self._keep_record(slurm_node, str(e))
+        return None
+
+    @staticmethod
+    def _keep_record(slurm_node: str, why: str) -> HookResult:
+        return HookResult(StepOutcome.PENDING,
+                          f"the dead pod's preStop never ran, so Slurm's record of {slurm_node} "
+                          "keeps its address and the replacement would not be reached; healer "
+                          f"cannot delete it ({why}): run `scontrol delete "
+                          f"nodename={slurm_node}` to let the swap go on",
+                          {"held": "slurm-record"})
+
+    @staticmethod
+    def _dead_pod(pod: dict[str, Any], source: str) -> HookResult:
+        """The slurmd pod is still on the dead node: healer evicts nothing from a dead node
+        (nobody is there to run the preStop); the out-of-service taint makes Kubernetes remove
+        it (taint eviction, then the pod garbage collector), unless it tolerates that taint."""
+        name = pod["metadata"]["name"]
+        tolerated = any(
+            (t.get("operator") == "Exists" and not t.get("key"))
+            or t.get("key") == OUT_OF_SERVICE_TAINT
+            for t in (pod.get("spec") or {}).get("tolerations") or [])
+        if tolerated:
+            return HookResult(StepOutcome.PENDING,
+                              f"slurmd pod {name} on dead node {source} tolerates "
+                              f"{OUT_OF_SERVICE_TAINT}: Kubernetes will not remove it, and "
+                              "healer evicts nothing from a dead node; delete the pod (with its "
+                              "grace period) to let the swap go on", {"held": "tolerates"})
+        return HookResult(StepOutcome.PENDING,
+                          f"slurmd pod {name} on dead node {source}: waiting for "
+                          "kube-controller-manager to remove it (out-of-service taint)")
 
     async def _open_elsewhere(self, incident: str, spare: str) -> str:
         """Another incident's claimed spare that is open and does not host its slurmd pod yet,

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from healer.adapters.calls import timed
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import WEBHOOK
 from healer.errors import ConfigError, PermanentError, TransientError
 
@@ -194,8 +195,11 @@ class TopographClient:
             data = self.body
         try:
             async with session.request(method, self.url + path, data=data, params=params,
-                                       headers=headers,
+                                       headers=headers, allow_redirects=False,
                                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                if 300 <= r.status < 400:  # the request may hold provider credentials
+                    raise PermanentError(refused_redirect(f"topograph {where}",
+                                                          self.url + path, r.status, r.headers))
                 return r.status, await r.text()
         except aiohttp.ClientConnectorError as e:
             raise TransientError(f"{where}: topograph is unreachable: {e}") from e

@@ -32,21 +32,23 @@ import os
 import signal
 import socket
 import sys
-import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import structlog
-from kubernetes_asyncio import client
 
 from healer import flags
-from healer.adapters.kube.client import make_api_client
-from healer.adapters.kube.events import KubeEvents
+from healer.adapters.clock import SYSTEM_CLOCK
+from healer.adapters.kube.event_series import WriteBudget
+from healer.adapters.kube.events import KubeEvents, LiteEventWriter
+from healer.adapters.kube.lite import LiteClient, lite_client
 from healer.agent.findings import Assessment, GpuEvent, GpuReading, Thresholds, assess
 from healer.agent.metrics import AgentMetrics, AgentState
 from healer.agent.nvml import NvmlReader
 from healer.agent.publish import (
+    EVENT_WRITE_BURST,
+    EVENT_WRITE_EVERY,
     Condition,
     ConditionWriter,
     EventSink,
@@ -61,6 +63,7 @@ from healer.errors import ConfigError, HealerError, TransientError
 from healer.obs import logging as hlog
 from healer.obs.http import Health, make_app, serve
 from healer.policy.catalog import default_catalog
+from healer.ports import Clock
 
 log = structlog.get_logger("healer.agent")
 
@@ -111,13 +114,18 @@ class AgentSettings:
             raise ConfigError(f"--http-port {self.http_port} is not a TCP port")
 
 
-async def _wait(event: asyncio.Event, seconds: float) -> bool:
-    """Wait for ``event`` at most ``seconds``; True if it was set."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(max(seconds, 0.0)):
-            await event.wait()
-            return True
-    return False
+async def _wait(clock: Clock, event: asyncio.Event, seconds: float) -> bool:
+    """Wait for ``event`` at most ``seconds`` of ``clock``'s time; True if it was set."""
+    if event.is_set():
+        return True
+    timer = asyncio.ensure_future(clock.sleep(max(seconds, 0.0)))
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((timer, waiter), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        waiter.cancel()
+    return event.is_set()
 
 
 class Agent:
@@ -125,7 +133,7 @@ class Agent:
 
     def __init__(self, settings: AgentSettings, reader: NvmlReader, writer: ConditionWriter,
                  sink: EventSink, catalog: XidCatalog, health: Health,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.reader = reader
         self.writer = writer
@@ -169,7 +177,7 @@ class Agent:
         self.once.ok("nvml")
         self.readings = readings
         self.state.readings = readings
-        self.state.last_read = self.clock()
+        self.state.last_read = self.clock.now()
         self.metrics.readings(readings)
         self.health.beat("nvml-poll", max(3 * self.settings.interval, 30.0))
 
@@ -198,7 +206,7 @@ class Agent:
 
     async def poll_loop(self) -> None:
         while True:
-            await _wait(self.poll_now, self.settings.interval)
+            await _wait(self.clock, self.poll_now, self.settings.interval)
             self.poll_now.clear()
             await self.read()
             self.wake.set()
@@ -208,7 +216,7 @@ class Agent:
             self.health.beat("event-loop", 10.0)
             if self.reader.watching:
                 self.health.beat("nvml-events", 10.0)
-            await asyncio.sleep(1.0)
+            await self.clock.sleep(1.0)
 
     # -- publishing ----------------------------------------------------------------------------
 
@@ -226,7 +234,7 @@ class Agent:
         Returns whether the condition was written. Raises HealerError/TimeoutError when the
         API server did not take it (nothing is lost: the next call tries again).
         """
-        now = self.clock()
+        now = self.clock.now()
         a = self.assess(now)
         pending_since = self.unwritten_since
         if not self.loaded:
@@ -239,17 +247,19 @@ class Agent:
             await self.writer.write(cond)
             wrote = True
             self.metrics.writes.labels("ok").inc()
-            self.state.last_write = self.clock()
+            self.state.last_write = self.clock.now()
             if not cond.same_content(before):
                 level = log.info if cond.status == "True" else log.warning
                 level("condition", type=cond.type, status=cond.status, reason=cond.reason,
                       message=cond.message, transition=not cond.same_state(before))
             self.last = cond
             if pending_since is not None:
-                self.metrics.latency.observe(max(0.0, self.clock() - pending_since))
+                self.metrics.latency.observe(max(0.0, self.clock.now() - pending_since))
         if self.unwritten_since == pending_since:
             self.unwritten_since = None
-        if self.sink.pending:
+        due = self.sink.next_flush_in()
+        if self.sink.pending or (due is not None and due <= 0):
+            # a bound on API calls, in real time (not the agent's clock)
             async with asyncio.timeout(self.settings.api_timeout * 4):
                 await self.sink.flush()
         return wrote
@@ -268,12 +278,16 @@ class Agent:
         for what in (API, "node-status", "event-queue"):
             self.once.ok(what)
         self.health.set_ready("condition-written", True)
-        return next_write_in(self.last, self.settings.heartbeat, self.clock())
+        wait = next_write_in(self.last, self.settings.heartbeat, self.clock.now())
+        due = self.sink.next_flush_in()
+        if self.sink.pending:  # Events waiting for the write budget
+            due = min(due if due is not None else wait, self.sink.events.budget_wait())
+        return min(wait, due) if due is not None else wait
 
     async def publish_loop(self) -> None:
         while True:
             self.wake.clear()
-            await _wait(self.wake, await self.publish_step())
+            await _wait(self.clock, self.wake, await self.publish_step())
 
     def _failed(self, e: BaseException) -> None:
         self.failures += 1
@@ -307,7 +321,7 @@ class Agent:
     async def settle(self, seconds: float = 5.0) -> None:
         """After cancelling the loops: let an NVML read still running in its thread finish."""
         fut = self._inflight
-        if fut is not None and not fut.done():
+        if fut is not None and not fut.done():  # a bound on a thread, in real time
             await asyncio.wait([fut], timeout=seconds)
 
 
@@ -315,9 +329,9 @@ class Agent:
 # composition root
 
 
-async def _api_client(settings: AgentSettings) -> client.ApiClient:
+async def _api_client(settings: AgentSettings) -> LiteClient:
     try:
-        return await make_api_client(settings.kubeconfig, settings.context)
+        return lite_client(settings.kubeconfig, settings.context, timeout=settings.api_timeout)
     except Exception as e:  # kubeconfig unreadable, not in a cluster...
         where = settings.kubeconfig or "the in-cluster service account"
         raise ConfigError(f"cannot configure the Kubernetes client from {where}: "
@@ -347,13 +361,14 @@ async def run_agent(settings: AgentSettings, *, reader: NvmlReader | None = None
         await asyncio.to_thread(nvml.stop)
 
 
-async def _run(settings: AgentSettings, reader: NvmlReader, api: client.ApiClient,
+async def _run(settings: AgentSettings, reader: NvmlReader, api: LiteClient,
                catalog: XidCatalog) -> int:
     node = settings.node_name
     instance = settings.instance or os.environ.get("POD_NAME") or socket.gethostname()
-    writer = ConditionWriter(api, node, request_timeout=settings.api_timeout)
-    sink = EventSink(KubeEvents(api, instance=instance),  # Node Events: only in default
-                     node, catalog)
+    writer = ConditionWriter(api, node)
+    events = KubeEvents(LiteEventWriter(api), instance=instance,  # Node Events: in default
+                        budget=WriteBudget(EVENT_WRITE_BURST, EVENT_WRITE_EVERY))
+    sink = EventSink(events, node, catalog)
     health = Health()
     agent = Agent(settings, reader, writer, sink, catalog, health)
     health.set_ready("nvml", True)

@@ -16,9 +16,11 @@ The pure half decides *what* to write:
   when you raise the heartbeat): unknown, alerting, never disruptive.
 * :func:`status_patch` is the strategic-merge patch of the Node's status: ``conditions`` merge by
   ``type``, so the patch touches this one condition and every other (``Ready``...) survives.
-* :func:`event_key`, :func:`event_reason`, :func:`event_note`, :func:`event_type`: one Event per
+* :func:`event_key`, :func:`event_reason`, :func:`event_note`, :func:`event_type`: an Event per
   NVML event (an XID occurrence is ``GPUXid``), idempotent by a key naming the node, the GPU,
-  the XID and the event's time.
+  the XID and the event's time; repeats of one GPU's XID (:func:`series_key`) fold into one
+  Event's ``series`` on a back-off (:mod:`healer.adapters.kube.events`), and the writes are
+  bounded per node (:data:`EVENT_WRITE_BURST`, :data:`EVENT_WRITE_EVERY`).
 
 The I/O half: :class:`ConditionWriter` (read the condition once, patch ``nodes/status``) and
 :class:`EventSink` (a bounded queue of Events, flushed through
@@ -31,17 +33,14 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes_asyncio import client
-
-from healer.adapters.kube.client import call, to_dict
-from healer.adapters.kube.events import KubeEvents
+from healer.adapters.kube.events import BudgetSpent, KubeEvents
+from healer.adapters.kube.lite import LiteClient
 from healer.agent.findings import Assessment, EventKind, GpuEvent
 from healer.core.gpu_identity import GpuIdentity, with_block
 from healer.core.timefmt import parse_rfc3339, rfc3339
-from healer.core.vocabulary import GPU_CONDITION
+from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION
 from healer.core.xid import XidCatalog
 from healer.errors import PermanentError
 
@@ -183,6 +182,21 @@ def event_key(node: str, ev: GpuEvent) -> str:
     return f"agent/{node}/{gpu}/{what}/{round(ev.at * 1e6)}"
 
 
+def series_key(node: str, ev: GpuEvent) -> str:
+    """What a repeat of ``ev`` is the same as: the node, the GPU and the XID (or kind). A
+    crash loop's XIDs on one GPU fold into one Event's ``series``."""
+    gpu = ev.uuid or f"index-{ev.index}"
+    what = f"xid-{ev.xid}" if ev.kind is EventKind.XID else ev.kind.value
+    return f"agent/{node}/{gpu}/{what}"
+
+
+#: The agent's bound on its Event writes per node (creates and series updates together):
+#: this many at once, then one more every :data:`EVENT_WRITE_EVERY` seconds. Beyond it,
+#: occurrences are still counted (metrics, the series' count) and the Events wait.
+EVENT_WRITE_BURST = 20
+EVENT_WRITE_EVERY = 30.0
+
+
 def event_reason(ev: GpuEvent) -> str:
     return _EVENT_REASONS.get(ev.kind, "GPUEvent")
 
@@ -203,7 +217,7 @@ def _gpu_name(ev: GpuEvent) -> str:
 
 def event_note(ev: GpuEvent, catalog: XidCatalog) -> str:
     """``XID 79 GPU_HAS_FALLEN_OFF_THE_BUS on GPU 2 GPU-... at ...: <meaning> [failed]``."""
-    when = datetime.fromtimestamp(ev.at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    when = rfc3339(ev.at, micros=True)
     if ev.kind is EventKind.XID:
         entry = None if ev.xid is None else catalog.get(ev.xid)
         if entry is None:
@@ -222,28 +236,22 @@ class ConditionWriter:
     """Reads and writes this node's GPUHealthy condition (``get nodes``, ``patch
     nodes/status``). Errors are healer's own (TransientError when the API server is away)."""
 
-    def __init__(self, api: client.ApiClient, node: str, *, request_timeout: float = 10.0,
-                 attempts: int = 2) -> None:
+    def __init__(self, api: LiteClient, node: str, *, attempts: int = 2) -> None:
         self.api = api
-        self.core = client.CoreV1Api(api)
         self.node = node
-        self.request_timeout = request_timeout
         self.attempts = attempts
 
     async def current(self) -> Condition | None:
         """The condition the node carries now (to keep its transition time across restarts)."""
-        obj = await call(f"get node {self.node}", lambda: self.core.read_node(
-            self.node, _request_timeout=self.request_timeout), attempts=self.attempts)
-        return find_condition(to_dict(self.api, obj))
+        obj = await self.api.request("GET", f"/api/v1/nodes/{self.node}",
+                                     what=f"get node {self.node}", attempts=self.attempts)
+        return find_condition(obj)
 
     async def write(self, cond: Condition) -> None:
-        body = status_patch(cond)
-        await call(f"patch node {self.node} status {cond.type}",
-                   lambda: self.core.patch_node_status(
-                       self.node, body,  # type: ignore[call-arg]
-                       _content_type="application/strategic-merge-patch+json",
-                       _request_timeout=self.request_timeout, field_manager="healer-agent"),
-                   attempts=self.attempts)
+        await self.api.request(
+            "PATCH", f"/api/v1/nodes/{self.node}/status?fieldManager={AGENT_FIELD_MANAGER}",
+            status_patch(cond), content_type="application/strategic-merge-patch+json",
+            what=f"patch node {self.node} status {cond.type}", attempts=self.attempts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +292,10 @@ class EventSink:
             try:
                 await self.events.emit(key=event_key(self.node, ev), node=self.node,
                                        reason=event_reason(ev), note=event_note(ev, self.catalog),
-                                       type=event_type(ev, self.catalog), action=EVENT_ACTION)
+                                       type=event_type(ev, self.catalog), action=EVENT_ACTION,
+                                       series=series_key(self.node, ev))
+            except BudgetSpent:
+                break  # the per-node bound: this one and the rest wait (still counted)
             except PermanentError as e:
                 self.pending.popleft()
                 dropped += 1
@@ -295,4 +306,13 @@ class EventSink:
             emitted += 1
             if self.on_emit is not None:
                 self.on_emit(ev, event_reason(ev))
+        try:
+            await self.events.flush_series()
+        except PermanentError as e:  # refused for good: the series' later counts are lost
+            if self.on_drop is not None and self.pending:
+                self.on_drop(self.pending[0], f"series update: {e}")
         return EmitOutcome(emitted, dropped)
+
+    def next_flush_in(self) -> float | None:
+        """Seconds until a series update is due (None: none pending)."""
+        return self.events.next_series_due()

@@ -1,11 +1,12 @@
 """``healer backtest``: what healer would have done over a past time range, and when.
 
-The telemetry comes from Prometheus (:meth:`PrometheusSource.history`: the same queries the
-daemon sends, as range queries, one step apart) and goes through the **real** engine — health
-evaluation, the state machine, the guardrails — in :class:`healer.sim.engine.Replay`, against a
-simulated fleet. The report lists, per node, the incidents (time, severity, rules, GPUs), the
-disruptions (drain and cordon times), the spares used, every guardrail block (which guardrail,
-with its numbers), the escalations and the stretches of stale telemetry, plus a fleet summary.
+The telemetry comes from Prometheus (:func:`healer.adapters.prometheus.history.history`: the
+same queries the daemon sends, as range queries, one step apart) and goes through the **real**
+engine — health evaluation, the state machine, the guardrails — in
+:class:`healer.sim.engine.Replay`, against a simulated fleet. The report lists, per node, the
+incidents (time, severity, rules, GPUs), the disruptions (drain and cordon times), the spares
+used, every guardrail block (which guardrail, with its numbers), the escalations and the
+stretches of stale telemetry, plus a fleet summary.
 
 The world during a backtest is **optimistic**, and the report says so:
 
@@ -42,8 +43,8 @@ keys, no wall-clock data).
 
 The modules, by role:
 
-* :mod:`.history`: history reading (Prometheus range queries through the one client, a day at
-  a time, cut into the polls the daemon would have seen; the real Nodes' labels);
+* :mod:`.history`: history reading (Prometheus range queries through prometheus-api-client, a
+  day at a time, cut into the polls the daemon would have seen; the real Nodes' labels);
 * :mod:`.replay`: the replay through the one engine (:class:`~.replay.Backtest`,
   :func:`~.replay.backtest`), against the optimistic world of :mod:`.world`;
 * :mod:`.collect` and :mod:`.report`: what happened, as the report (data, JSON, the table);

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -71,6 +70,7 @@ def cmd_backtest(args: argparse.Namespace, *, out: Callable[[str], Any] | None =
     """``healer backtest``: 0 on success, 2 on bad flags/policies or an unreachable Prometheus."""
     import asyncio
 
+    from healer.adapters.clock import SYSTEM_CLOCK
     from healer.adapters.prometheus.access import read_bearer_token
     from healer.backtest.replay import backtest
     from healer.errors import PolicyError
@@ -80,7 +80,7 @@ def cmd_backtest(args: argparse.Namespace, *, out: Callable[[str], Any] | None =
 
     write = out or (lambda text: sys.stdout.write(text))
     try:
-        now = time.time()
+        now = SYSTEM_CLOCK.now()
         start = parse_time(args.start, now)
         end = parse_time(args.end, now)
         step = parse_seconds(args.step, "--step")

@@ -1,9 +1,9 @@
 """History reading: what a backtest replays, read from Prometheus and Kubernetes.
 
-The telemetry comes from :meth:`PrometheusSource.history
-<healer.adapters.prometheus.source.PrometheusSource.history>` (the daemon's queries as range
-queries, through the one Prometheus client, a day at a time: :func:`iter_history`, so memory is
-bounded by a day of history, the next day fetched while this one is replayed).
+The telemetry comes from :func:`healer.adapters.prometheus.history.history` (a source's
+queries as range queries, through the offline tools' Prometheus client, prometheus-api-client:
+ADR 0012; a day at a time: :func:`iter_history`, so memory is bounded by a day of history, the
+next day fetched while this one is replayed).
 :func:`instants` cuts a stream of signals into the polls the daemon would have seen. The real
 Nodes' labels, when a kubeconfig is given, are read once (:func:`kube_node_labels`).
 """
@@ -11,18 +11,15 @@ Nodes' labels, when a kubeconfig is given, are read once (:func:`kube_node_label
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable
-from typing import Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import ConfigError
 
-
-class HistorySource(Protocol):
-    """What history is read from: :class:`~healer.adapters.prometheus.source.PrometheusSource`
-    (its range queries), or a test's stand-in."""
-
-    async def history(self, start: float, end: float, step: float) -> list[Signal]: ...
+#: What history is read with, ``(start, end, step) → signals``: a source's range queries
+#: (:func:`healer.adapters.prometheus.history.history` bound to a ``PrometheusSource``), or a
+#: test's stand-in.
+ReadHistory = Callable[[float, float, float], Awaitable[list[Signal]]]
 
 
 #: History is fetched a day at a time: Prometheus 2.x evaluates ``timestamp()`` (the freshness
@@ -44,9 +41,9 @@ def history_chunks(start: float, end: float, step: float,
     return out
 
 
-async def iter_history(source: HistorySource, start: float, end: float, step: float, *,
+async def iter_history(read: ReadHistory, start: float, end: float, step: float, *,
                        chunk: float = HISTORY_CHUNK) -> AsyncGenerator[list[Signal], None]:
-    """``source.history()`` over ``[start, end]``, a chunk at a time in time order, the next
+    """``read`` over ``[start, end]``, a chunk at a time in time order, the next
     chunk fetched while the caller works on this one.
 
     Each chunk keeps what lies before the next chunk's start, so every sample and XID is
@@ -58,7 +55,7 @@ async def iter_history(source: HistorySource, start: float, end: float, step: fl
     async def one(i: int) -> list[Signal]:
         a, b = bounds[i]
         last = i == len(bounds) - 1
-        got: list[Signal] = await source.history(a, b, step)
+        got = await read(a, b, step)
         return [s for s in got if a <= s.observed_at and (last or s.observed_at < b)]
 
     pending: asyncio.Future[list[Signal]] | None = None
@@ -75,10 +72,10 @@ async def iter_history(source: HistorySource, start: float, end: float, step: fl
                 pending.exception()  # the caller gave up: never "exception never retrieved"
 
 
-async def fetch_history(source: HistorySource, start: float, end: float, step: float, *,
+async def fetch_history(read: ReadHistory, start: float, end: float, step: float, *,
                         chunk: float = HISTORY_CHUNK) -> list[Signal]:
     """:func:`iter_history`, joined."""
-    return [s async for part in iter_history(source, start, end, step, chunk=chunk)
+    return [s async for part in iter_history(read, start, end, step, chunk=chunk)
             for s in part]
 
 

@@ -1,15 +1,14 @@
 """What a backtest is asked, parsed: the time range (``--from``/``--to`` as RFC3339, epoch
 seconds or ``now-7d``; :func:`check_range` and its limits), durations, node labels, each
-refused with a one-line :class:`~healer.errors.ConfigError`; and durations as the report
-writes them (:func:`human_duration`). Pure: ``now`` is an argument, never read here."""
+refused with a one-line :class:`~healer.errors.ConfigError`. Pure: ``now`` is an argument,
+never read here."""
 
 from __future__ import annotations
 
 import math
 import re
-from datetime import UTC, datetime
 
-from healer.core.timefmt import MAX_SECONDS, rfc3339
+from healer.core.timefmt import MAX_SECONDS, format_duration, parse_rfc3339, rfc3339
 from healer.errors import ConfigError
 from healer.policy.schema import parse_duration
 
@@ -34,14 +33,11 @@ def parse_time(text: str, now: float) -> float:
         return now - delta if m.group(1) == "-" else now + delta
     if re.fullmatch(r"\d+(\.\d+)?", value):
         return float(value)
-    try:
-        dt = datetime.fromisoformat(value)
-    except ValueError:
+    t = parse_rfc3339(value)
+    if t is None:
         raise ConfigError(f"bad time {text!r}: expected RFC3339 (2026-01-05T09:00:00Z), epoch "
-                          "seconds, now or now-7d") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+                          "seconds, now or now-7d")
+    return t
 
 
 #: The longest range a backtest reads, and the most evaluation steps it replays: beyond, the
@@ -75,12 +71,13 @@ def check_range(start: float, end: float, step: float, now: float) -> None:
                           f"most {MAX_RANGE_DAYS} days (split it into shorter ranges)")
     steps = (end - start) / step
     if steps > MAX_STEPS:
-        raise ConfigError(f"--step: {human_duration(step)} over {human_duration(end - start)} "
+        raise ConfigError(f"--step: {format_duration(step, units=2)} over "
+                          f"{format_duration(end - start, units=2)} "
                           f"is {steps:,.0f} steps; at most {MAX_STEPS:,} (use a larger --step)")
 
 
 def _ago(seconds: float) -> str:
-    return f"{seconds / 86400:,.0f} days" if seconds < 1e15 else "an absurd time"
+    return format_duration(seconds, units=1) if seconds < 1e15 else "an absurd time"
 
 
 def parse_seconds(text: str, what: str) -> float:
@@ -103,16 +100,3 @@ def parse_labels(text: str) -> dict[str, str]:
             raise ConfigError(f"bad node label {part!r}: expected key=value")
         out[key.strip()] = value.strip()
     return out
-
-
-
-def human_duration(seconds: float) -> str:
-    """``45s``, ``12m30s``, ``3h05m``, ``4d02h``: a span as the report and its errors write it."""
-    s = round(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s" if s % 60 else f"{s // 60}m"
-    if s < 2 * 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

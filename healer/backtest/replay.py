@@ -11,6 +11,7 @@ from Prometheus a day at a time (:mod:`healer.backtest.history`) and replays the
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections import defaultdict
@@ -38,13 +39,7 @@ class HistoryReplay(Replay):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.step = 60.0
-        self.backtest_world: BacktestWorld | None = None
         self.verdict_log: dict[str, list[tuple[float, HealthState, str]]] = defaultdict(list)
-
-    def attach(self, world: BacktestWorld, step: float) -> None:
-        self.backtest_world = world
-        self.step = step
 
     def feeder(self, batch: Sequence[Signal]) -> Callable[[float], None]:
         """A callback that delivers ``batch`` (signals of one instant) when it is due."""
@@ -117,7 +112,6 @@ class Backtest:
         self.collector = Collector()
         self.replay = HistoryReplay(self.evaluated, self.world, start, on_step=self.collector,
                                     keep_timeline=False)
-        self.replay.attach(self.world, step)
         self.seen: set[str] = set()
         self.signals = 0
         self.seconds = 0.0  # spent replaying
@@ -140,7 +134,7 @@ class Backtest:
 
     def feed(self, signals: Iterable[Signal]) -> None:
         """Replay ``signals``; every one must be later than those fed before."""
-        began = time.monotonic()
+        began = time.monotonic()  # the replay's cost in real time (the report's timings)
         batches = instants(signals, self.start, self.end)
         if batches and batches[0][0].observed_at <= self._last:
             raise ValueError("backtest signals must be fed in time order")
@@ -158,7 +152,7 @@ class Backtest:
 
     def report(self) -> Report:
         """Run to the end of the range; the report."""
-        began = time.monotonic()
+        began = time.monotonic()  # the replay's cost in real time (the report's timings)
         self.replay.run(self.end)
         report = build_report(
             self.replay.verdict_log, self.world, self.collector, self.policies, self.evaluated,
@@ -200,10 +194,12 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     ``ca_file``, ``verify``, ``host_labels``, ``matchers``, ``stale_after``...). Raises
     TransientError/PermanentError when Prometheus cannot answer.
     """
+    from healer.adapters.clock import SYSTEM_CLOCK
     from healer.adapters.prometheus import PrometheusSource
+    from healer.adapters.prometheus.history import history
 
-    check_range(start, end, step, time.time())
-    began = time.monotonic()
+    check_range(start, end, step, SYSTEM_CLOCK.now())
+    began = time.monotonic()  # how long the fetch and the replay took, in real time
     nodes = await kube_node_labels(kubeconfig) if kubeconfig else None
     bt = Backtest(policies, start, end, step=step, node_labels=node_labels, nodes=nodes,
                   spares=spares, as_configured=as_configured, latencies=latencies,
@@ -214,7 +210,8 @@ async def backtest(prometheus: str, policies: PolicySet, start: float, end: floa
     opts.update(source_options or {})
     src = PrometheusSource(prometheus, policies, **opts)
     try:
-        async with contextlib.aclosing(iter_history(src, start, end, step)) as chunks:
+        async with contextlib.aclosing(iter_history(functools.partial(history, src), start,
+                                                    end, step)) as chunks:
             async for part in chunks:
                 bt.feed(part)
     finally:

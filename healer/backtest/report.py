@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from healer.backtest.inputs import human_duration
 from healer.core.model import GpuRef
-from healer.core.timefmt import rfc3339
+from healer.core.timefmt import format_duration, rfc3339
 from healer.sim.world import Latencies
 
 #: Version of the JSON report format.
@@ -248,10 +246,11 @@ class Assumptions:
         lat = self.latencies
         spares = "unlimited spares" if self.spares is None else f"{self.spares} spares"
         repair = ("repairs report no result" if self.repair_after is None else
-                  f"repairs pass after {human_duration(self.repair_after)}")
+                  f"repairs pass after {format_duration(self.repair_after, units=2)}")
         return (f"optimistic world: actions succeed after {lat.api:g}s, a replacement serves "
                 f"{lat.pod_start:g}s after the move, validations pass after "
-                f"{human_duration(lat.validation)}; drains complete at once (no job data); "
+                f"{format_duration(lat.validation, units=2)}; drains complete at once (no job "
+                f"data); "
                 f"{spares}; {repair}")
 
 
@@ -284,7 +283,7 @@ class Report:
                       key=lambda i: (i.opened_at, i.node))
 
     def header_lines(self) -> list[str]:
-        span = human_duration(self.end - self.start)
+        span = format_duration(self.end - self.start, units=2)
         lines = [f"healer backtest of {self.source}: {_time(self.start)} → {_time(self.end)} "
                  f"({span}, step {self.step:g}s), {self.summary.nodes} nodes "
                  f"({self.label_source})"]
@@ -329,11 +328,11 @@ class Report:
 
 
 def _short(t: float) -> str:
-    return datetime.fromtimestamp(round(t, 3), UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return rfc3339(round(t, 3))[:-1].replace("T", " ")  # 2026-01-05 09:00:00
 
 
 def _after(t: float | None, since: float) -> str:
-    return "-" if t is None else f"+{human_duration(t - since)}"
+    return "-" if t is None else f"+{format_duration(t - since, units=2)}"
 
 
 def _gpus(gpus: Sequence[GpuRef]) -> str:
@@ -343,7 +342,7 @@ def _gpus(gpus: Sequence[GpuRef]) -> str:
 def _held(b: Block, end: float) -> str:
     until = b.until if b.until is not None else end
     still = "" if b.until is not None else " (still at the end)"
-    span = human_duration(until - b.since)
+    span = format_duration(until - b.since, units=2)
     return f"{b.guardrail} {_num(b.current)}/{_num(b.limit)} for {span}{still}"
 
 
@@ -384,8 +383,8 @@ def render_table(report: Report) -> list[str]:
         for node, p in stale:
             until = report.end if p.until is None else p.until
             end = "end of range" if p.until is None else _short(p.until)
-            lines.append(f"  {node} {_short(p.since)} → {end} ({human_duration(until - p.since)})"
-                         f": {p.reason}")
+            took = format_duration(until - p.since, units=2)
+            lines.append(f"  {node} {_short(p.since)} → {end} ({took}): {p.reason}")
     s = report.summary
     if s.breaker_trips:
         lines += ["", "breaker trips:"]

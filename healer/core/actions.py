@@ -112,26 +112,33 @@ class ClaimSpare(Action):
     ``same_domain`` only a spare in the node's NVLink domain may be taken (else UNAVAILABLE)."""
 
     same_domain: bool = False
+    labels: tuple[tuple[str, str], ...] = ()  # the node's, when its Node may be gone (dead)
     step: ClassVar[str] = StepName.CLAIM_SPARE.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
 @dataclass(frozen=True, slots=True)
 class MoveWorkload(Action):
-    """Move the Slurm node's slurmd to the spare (never while Slurm reports it busy)."""
+    """Move the Slurm node's slurmd to the spare (never while Slurm reports it busy). From a
+    ``dead`` (fenced, out-of-service) node nothing is evicted gracefully: its pod goes through
+    kube-controller-manager's pod garbage collector and is recreated on the spare."""
 
     spare: str = ""
     slurm_node: str = ""
+    dead: bool = False
+    carry: bool = False  # swap.foreignReason carryOver: move over someone else's reason
     step: ClassVar[str] = StepName.MOVE_WORKLOAD.value
     impact: ClassVar[Impact] = Impact.DISRUPTIVE
 
 
 @dataclass(frozen=True, slots=True)
 class AwaitReplacement(Action):
-    """DONE once the replacement slurmd is Ready and its Slurm node registered."""
+    """DONE once the replacement slurmd is Ready and its Slurm node registered (and, with
+    ``carry``, drained with that reason: someone else's, carried over by the move)."""
 
     spare: str = ""
     slurm_node: str = ""
+    carry: str = ""
     step: ClassVar[str] = StepName.AWAIT_REPLACEMENT.value
 
 
@@ -211,6 +218,46 @@ class ReturnToPool(Action):
 
 
 @dataclass(frozen=True, slots=True)
+class LostJobs(Action):
+    """A dead node: report the jobs Slurm failed or requeued there (a read; never blocks)."""
+
+    slurm_node: str = ""
+    step: ClassVar[str] = StepName.LOST_JOBS.value
+
+
+@dataclass(frozen=True, slots=True)
+class Fence(Action):
+    """A dead node: DONE once one of ``providers`` says its machine is off or cut off (the
+    webhook provider is asked once per incident; ``deadline`` is when healer stops waiting,
+    seconds since the epoch, sent with it). Nothing irreversible happens before it is DONE."""
+
+    providers: tuple[str, ...] = ()
+    url: str = ""
+    secret_ref: str = ""
+    deadline: float = 0.0
+    step: ClassVar[str] = StepName.FENCE.value
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class TaintOutOfService(Action):
+    """A fenced node: ``node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`` (with
+    healer's provenance), so kube-controller-manager's pod garbage collector removes its pods."""
+
+    step: ClassVar[str] = StepName.OUT_OF_SERVICE.value
+    impact: ClassVar[Impact] = Impact.DISRUPTIVE
+
+
+@dataclass(frozen=True, slots=True)
+class ClearOutOfService(Action):
+    """Back from repair: remove the out-of-service taint healer set, once the node is Ready
+    again (its kubelet is back, so its old pods cannot come back)."""
+
+    step: ClassVar[str] = StepName.CLEAR_OUT_OF_SERVICE.value
+    impact: ClassVar[Impact] = Impact.RECOVERY
+
+
+@dataclass(frozen=True, slots=True)
 class Escalate(Action):
     """A human is needed: mark the node and raise a Warning Event; the node stays as it is."""
 
@@ -238,5 +285,6 @@ class EmitEvent(Action):
 ALL_ACTIONS: tuple[type[Action], ...] = (
     Checkpoint, DrainSlurm, ObserveSlurm, RequeueJobs, Cordon, ClaimSpare, MoveWorkload,
     AwaitReplacement, AnnotateTopology, Validate, UndrainSlurm, Uncordon, ReleaseSpare,
-    MarkRepair, ReturnToPool, Escalate, EmitEvent,
+    MarkRepair, ReturnToPool, LostJobs, Fence, TaintOutOfService, ClearOutOfService, Escalate,
+    EmitEvent,
 )

@@ -33,65 +33,29 @@ the first incident that brings the count to the threshold and stays tripped for 
 after the last such incident; then it closes by itself. Its state is a function of the incident
 history alone, so a restarted or new leader computes the same state from the records.
 
-The checks read their numbers through :class:`GuardrailFacts`. A view built by
-:class:`healer.core.capacity.FleetIndex` (and so by :func:`healer.core.fleet.budget_view`)
-answers each in O(1) from incrementally kept counts; a hand-built view is scanned.
+The checks read their numbers through :class:`GuardrailFacts`: the fleet index a view is made
+by (:class:`healer.core.capacity.FleetIndex`, also behind :func:`healer.core.fleet.budget_view`)
+answers each in O(1) from incrementally kept counts.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
-from healer.core.model import GuardrailBlock, NodeView
+from healer.core.model import GuardrailBlock, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
-from healer.core.phases import Phase
-from healer.core.rules import Breaker, Guardrails, Policy, PolicySet
+from healer.core.rules import Breaker, Guardrails, MassDeath, Policy, PolicySet
 from healer.core.timefmt import rfc3339
-from healer.core.unavailability import CAUSES, claims_in_flight, replaced, unavailable_cause
-
-
-@dataclass(frozen=True, slots=True)
-class OpenRemediation:
-    """What the guardrails need to know about a record that is not closed."""
-
-    node: str
-    policy: str
-    phase: Phase
-    opened_at: float
-    spare: str = ""
-    out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
-    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
-
-
-@dataclass(frozen=True, slots=True)
-class PastIncident:
-    """An incident opened recently (open or closed), for the breaker and retry budgets."""
-
-    id: str
-    node: str
-    opened_at: float
-    policy: str = ""
-    serials: tuple[str, ...] = ()
-
+from healer.core.unavailability import CAUSES
 
 Scope = Policy | NodeSetRules | None
 """Where a limit applies: a policy's nodes, a NodeSet's, or (None) every governed node."""
-
-
-def in_scope(policies: PolicySet, scope: Scope, node: NodeView) -> bool:
-    """Does ``scope``'s selection take ``node`` (spares and replaced nodes aside)?"""
-    if scope is None:
-        return policies.for_node(node) is not None
-    if isinstance(scope, NodeSetRules):
-        ns = policies.nodesets.of(node.labels)
-        return ns is not None and ns.name == scope.name and policies.for_node(node) is not None
-    return scope.applies_to(node)
 
 
 def nodeset_name(policies: PolicySet, node: NodeView | None) -> str:
@@ -128,6 +92,19 @@ class GuardrailFacts(Protocol):
     def replaced(self, policy: Scope) -> int:
         """Nodes of the scope's selector that a spare replaced (out of the population)."""
 
+    def not_ready(self, policy: Scope,
+                  domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """The scope's members whose Ready condition is not True (with label ``domain`` =
+        (key, value), when given), with since when."""
+
+    def returned(self, policy: Scope, since: float,
+                 domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """The scope's members whose Ready condition turned True at or after ``since`` (with
+        label ``domain`` = (key, value), when given), with when."""
+
+    def domain_members(self, policy: Scope, key: str, value: str) -> int:
+        """How many of the scope's members have label ``key`` = ``value``."""
+
     def active(self, policy: Scope, excluding: str | None = None) -> int:
         """Open remediations holding a maxConcurrent slot, not counting ``excluding``'s."""
 
@@ -150,8 +127,8 @@ class GuardrailFacts(Protocol):
 class BudgetView:
     """What the guardrails see of the fleet when a step runs.
 
-    ``index`` answers the guardrails' questions without a scan; when it is None (a view built
-    by hand) they are computed from the other fields.
+    ``index`` answers the guardrails' questions without a scan (the fleet index the view was
+    made by, :meth:`healer.core.capacity.FleetIndex.view`).
     """
 
     policies: PolicySet
@@ -160,7 +137,7 @@ class BudgetView:
     incidents: Collection[PastIncident] = ()
     paused: bool = False
     paused_nodes: AbstractSet[str] = frozenset()
-    index: GuardrailFacts | None = field(default=None, compare=False, repr=False)
+    index: GuardrailFacts = field(kw_only=True, compare=False, repr=False)
     slurm: Mapping[str, str] = field(default_factory=dict)
     """Node → why Slurm will not start jobs there (:func:`slurm_cause`); absent: it will."""
     slurm_view: str = "off"
@@ -171,11 +148,7 @@ class BudgetView:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
 
     def facts(self) -> GuardrailFacts:
-        if self.index is not None:
-            return self.index
-        from healer.core.scan_facts import ScanFacts  # it scans with this module's functions
-
-        return ScanFacts(self)
+        return self.index
 
     @property
     def slurm_unknown(self) -> bool:
@@ -273,43 +246,21 @@ def scope_breaker(cfg: Breaker, facts: GuardrailFacts, policy: Scope, population
 
 def population(view: BudgetView, policy: Scope) -> list[NodeView]:
     """The nodes a limit is computed over (see the module docstring), in ``view.nodes``
-    order. O(fleet): use :func:`population_size` for the count."""
-    if view.index is not None:
-        names = view.index.members(policy)
-        return [n for n in view.nodes.values() if n.name in names]
-    in_flight = {claims_in_flight(r) for r in view.open.values()}
-    out: list[NodeView] = []
-    for n in view.nodes.values():
-        if view.policies.is_spare(n.labels) or n.name in in_flight:
-            continue
-        if not in_scope(view.policies, policy, n):
-            continue
-        if replaced(view.open.get(n.name)):
-            continue  # replaced: its spare serves in its place
-        out.append(n)
-    return out
-
-
-def population_size(view: BudgetView, policy: Scope) -> int:
-    return view.facts().population(policy)
-
-
-def unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
-    """The unavailable ones among ``nodes``, with their causes."""
-    out: dict[str, str] = {}
-    for n in nodes:
-        cause = unavailable_cause(n, view.open.get(n.name), view.slurm.get(n.name, ""))
-        if cause:
-            out[n.name] = cause
-    return out
+    order. O(fleet): ``view.facts().population(policy)`` is the count."""
+    names = view.index.members(policy)
+    return [n for n in view.nodes.values() if n.name in names]
 
 
 def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: BudgetView,
-                    now: float, incident: str = "", opened_at: float | None = None) -> Admission:
+                    now: float, incident: str = "", opened_at: float | None = None, *,
+                    dead: bool = False) -> Admission:
     """May ``node`` (governed by ``policy``) be taken out of service now?
 
     ``incident``/``opened_at`` identify the incident asking; it counts towards the breaker
-    (its node went bad too) but not against its own retry budget.
+    (its node went bad too) but not against its own retry budget. A ``dead`` node is already
+    out: replacing it takes nothing more, so only pause, the retry budget, the breaker and the
+    policy's mass-death breaker (:func:`mass_death`) may hold it; maxConcurrent,
+    maxUnavailable and the failure-domain limits never do.
     """
     if view.is_paused(node):
         return Admission(False, GuardrailBlock("pause", "remediation is paused"), False,
@@ -348,6 +299,14 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     scopes.append(("fleet", view.policies.fleet.guardrails, None))
     for scope, g, pol in scopes:
         size = facts.population(pol)
+        if dead and policy.dead.enabled:
+            found = mass_death(policy.dead.mass_death, facts, pol, view.nodes.get(node), now)
+            if found is not None:
+                return Admission(False, GuardrailBlock(
+                    "mass-death", f"{scope} breaker tripped: {found.describe()}: suspect the "
+                    "control plane or the network, not the nodes; nothing is fenced or swapped "
+                    "here until they answer again (and one window more)", found.count, found.limit),
+                    recheck_after=GUARDRAIL_RECHECK)
         if g.breaker is not None:
             extra = None
             if opened_at is not None and not facts.has_incident(pol, incident):
@@ -361,6 +320,8 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     f"{g.breaker.window:g}s (threshold {st.threshold}); it closes at "
                     f"{rfc3339(until)} unless more fail", st.count, st.threshold),
                     recheck_after=max(until - now, 1.0))
+        if dead:
+            continue  # already out: the capacity limits do not apply (it takes nothing more)
         if g.max_concurrent is not None:
             active = facts.active(pol, node)
             if active + 1 > g.max_concurrent:
@@ -401,6 +362,76 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     return ALLOWED
 
 
+@dataclass(frozen=True, slots=True)
+class MassDeathFinding:
+    """Too many of a scope's (or one failure domain's) nodes went NotReady together."""
+
+    count: int  # nodes of one outage (:func:`outage`)
+    limit: int
+    population: int
+    window: float
+    domain: str = ""  # "key=value" of the failure domain; "": the whole scope
+
+    def describe(self) -> str:
+        where = f"failure domain {self.domain}" if self.domain else "its nodes"
+        return (f"{self.count} of {self.population} nodes of {where} went NotReady within "
+                f"{self.window:g}s (more than {self.limit})")
+
+
+def outage(down: Iterable[float], back: Iterable[float], window: float) -> int:
+    """The most nodes of one outage: the most of ``down`` (since when NotReady) within one
+    ``window`` of each other, plus the ``back`` ones (since when Ready again) that answered at
+    or after the first of them (they were out with it; a node that answered before the first of
+    them went NotReady, such as a repaired node coming back, is an earlier, separate fault)."""
+    ts = sorted(down)
+    bs = sorted(back)
+    best = hi = 0
+    for lo, t in enumerate(ts):
+        while hi < len(ts) and ts[hi] - t <= window:
+            hi += 1
+        best = max(best, hi - lo + len(bs) - bisect_left(bs, t))
+    return best
+
+
+def mass_death(cfg: MassDeath, facts: GuardrailFacts, scope: Scope, node: NodeView | None,
+               now: float) -> MassDeathFinding | None:
+    """Whether too many of ``scope``'s nodes went NotReady together: of the whole scope, or of
+    ``node``'s failure domains (``cfg.domains``). Counted (:func:`outage`): the most NotReady
+    nodes whose NotReady began within one window of each other, plus the nodes that answered
+    again within the last window after the first of those went NotReady (an outage healing
+    node by node is still one event: its last nodes are not node faults). A function of the
+    nodes' Ready conditions alone: it closes by itself one window after they answer again, and
+    a new leader computes the same. O(NotReady and recently Ready nodes of the scope)."""
+    down = facts.not_ready(scope)
+    if not down:
+        return None
+    since = now - cfg.window
+    back = facts.returned(scope, since)
+    if len(down) + len(back) < 2:
+        return None  # one dead node is a node fault
+    pop = facts.population(scope)
+    limit = cfg.max_share.of(pop)
+    n = outage((t for t in down.values() if t <= now), back.values(), cfg.window)
+    if n > limit:
+        return MassDeathFinding(n, limit, pop, cfg.window)
+    if node is None:
+        return None
+    for key in cfg.domains:
+        value = node.labels.get(key)
+        if value is None:
+            continue
+        members = facts.domain_members(scope, key, value)
+        limit = cfg.max_share_per_domain.of(members)
+        there = facts.not_ready(scope, (key, value))
+        if not there:
+            continue
+        n = outage((t for t in there.values() if t <= now),
+                   facts.returned(scope, since, (key, value)).values(), cfg.window)
+        if n > limit:
+            return MassDeathFinding(n, limit, members, cfg.window, f"{key}={value}")
+    return None
+
+
 def describe(causes: Mapping[str, int]) -> str:
     """`` (1 cordoned, 2 slurm-drain)`` in :data:`CAUSES` order; "" when there are none."""
     parts = [f"{causes[c]} {c}" for c in CAUSES if causes.get(c)]
@@ -422,6 +453,32 @@ class GuardrailUsage:
     """Nodes in Repair whose spare serves in their place (not in the population)."""
     slurm: str = "off"
     """The Slurm feed: off, ok or unknown (see :class:`BudgetView`)."""
+    mass_death: MassDeathFinding | None = None
+    """A policy's mass-death breaker, tripped (None: closed, or no dead-node handling)."""
+
+
+def mass_death_anywhere(cfg: MassDeath, view: BudgetView, scope: Scope,
+                        now: float) -> MassDeathFinding | None:
+    """:func:`mass_death` of ``scope`` as a whole and of every failure domain that has a
+    NotReady node (for metrics and ``/debug/state``)."""
+    facts = view.facts()
+    found = mass_death(cfg, facts, scope, None, now)
+    if found is not None:
+        return found
+    seen: set[tuple[str, str]] = set()
+    for name in facts.not_ready(scope):
+        n = view.nodes.get(name)
+        if n is None:
+            continue
+        for key in cfg.domains:
+            value = n.labels.get(key)
+            if value is None or (key, value) in seen:
+                continue
+            seen.add((key, value))
+            found = mass_death(cfg, facts, scope, n, now)
+            if found is not None:
+                return found
+    return None
 
 
 def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
@@ -437,9 +494,12 @@ def usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
         br = None
         if g.breaker is not None:
             br = scope_breaker(g.breaker, facts, pol, size, now)
+        md = None
+        if isinstance(pol, Policy) and pol.dead.enabled:
+            md = mass_death_anywhere(pol.dead.mass_death, view, pol, now)
         out.append(GuardrailUsage(
             scope, size, facts.unavailable(pol),
             g.max_unavailable.of(size) if g.max_unavailable else None,
             facts.active(pol), g.max_concurrent, br, dict(facts.causes(pol)),
-            facts.replaced(pol), view.slurm_view))
+            facts.replaced(pol), view.slurm_view, md))
     return out

@@ -29,9 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
 
-from healer.core.budget import BudgetView, OpenRemediation, PastIncident, Scope
+from healer.core.budget import BudgetView, Scope
 from healer.core.machine import counts_as_active, record_out_of_service, releases
-from healer.core.model import NodeRecord, NodeView
+from healer.core.model import NodeRecord, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
 from healer.core.phases import Phase
 from healer.core.rules import Policy, PolicySet
@@ -51,6 +51,10 @@ from healer.core.vocabulary import PAUSE_ANNOTATION
 
 #: States of the Slurm feed (:meth:`FleetIndex.set_slurm_view`).
 SLURM_VIEWS = ("off", "ok", "unknown")
+
+
+def _keys(own: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys((*own, *extra)))
 
 
 def past_incident(rec: NodeRecord) -> PastIncident:
@@ -94,6 +98,13 @@ class FleetIndex:
         self._slurm_ro: Mapping[str, str] = MappingProxyType(self._slurm)
         self._slurm_view = "off"
         self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
+        self._not_ready: dict[str, float] = {}  # node -> since when Ready is not True
+        #: node -> since when Ready is True; entries older than every mass-death window are
+        #: dropped as they are read (:meth:`returned`) and never added again (``_ready_floor``),
+        #: so it holds the recent ones
+        self._ready: dict[str, float] = {}
+        self._ready_floor = float("-inf")
+        self._max_mass_window = 0.0
         self._policies = policies
         self._scopes: list[ScopeCounts] = []
         self._scope_of: dict[str, list[int]] = {}
@@ -131,8 +142,8 @@ class FleetIndex:
         """A view of the index as it is (and will be: it reads the live tables; only the
         Slurm feed's state is read now). O(1)."""
         return BudgetView(self._policies, self._nodes_ro, self._open_ro,
-                          self._incidents.values(), paused, self._paused.keys(), self,
-                          self._slurm_ro, self._slurm_view)
+                          self._incidents.values(), paused, self._paused.keys(),
+                          self._slurm_ro, self._slurm_view, index=self)
 
     # -- policies --------------------------------------------------------------------------
 
@@ -140,16 +151,21 @@ class FleetIndex:
         """New policies (a reload): rebuild the populations from what the index holds.
         O(fleet x policies)."""
         self._policies = policies
-        fleet_keys = domain_keys(policies.fleet.guardrails)
+        # every scope also counts the members of the mass-death breakers' failure domains
+        extra = tuple(dict.fromkeys(k for p in policies.policies if p.dead.enabled
+                                    for k in p.dead.mass_death.domains))
+        self._max_mass_window = max((p.dead.mass_death.window for p in policies.policies
+                                     if p.dead.enabled), default=0.0)
+        fleet_keys = _keys(domain_keys(policies.fleet.guardrails), extra)
         self._scopes = [ScopeCounts(None, fleet_keys)]
         self._scope_of = {}
         for i, p in enumerate(policies.policies):
-            self._scopes.append(ScopeCounts(p, domain_keys(p.guardrails)))
+            self._scopes.append(ScopeCounts(p, _keys(domain_keys(p.guardrails), extra)))
             self._scope_of.setdefault(p.name, []).append(i + 1)
         self._ns_scope = {}
         for ns in policies.nodesets.items:
             self._ns_scope[ns.name] = len(self._scopes)
-            self._scopes.append(ScopeCounts(ns, domain_keys(ns.guardrails)))
+            self._scopes.append(ScopeCounts(ns, _keys(domain_keys(ns.guardrails), extra)))
         self._placed.clear()
         for name, view in self._nodes.items():
             self._info[name] = self._describe(view)
@@ -227,6 +243,16 @@ class FleetIndex:
             self._paused[name] = None
         else:
             self._paused.pop(name, None)
+        since = view.not_ready_since
+        if since is None:
+            self._not_ready.pop(name, None)
+        else:
+            self._not_ready[name] = since
+        back = view.ready_since
+        if back is None or back < self._ready_floor:
+            self._ready.pop(name, None)
+        else:
+            self._ready[name] = back
         self._place(name)
 
     def remove_node(self, name: str) -> None:
@@ -234,6 +260,8 @@ class FleetIndex:
         self._nodes.pop(name, None)
         had = self._info.pop(name, None)
         self._paused.pop(name, None)
+        self._not_ready.pop(name, None)
+        self._ready.pop(name, None)
         if had is not None and had.nodeset:
             self._retag_node(name)  # a vanished node is in no NodeSet
         self._place(name)
@@ -454,6 +482,36 @@ class FleetIndex:
 
     def replaced(self, policy: Scope) -> int:
         return len(self._scope(policy).replaced)
+
+    def not_ready(self, policy: Scope,
+                  domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """O(NotReady nodes of the fleet)."""
+        members = self._scope(policy).members
+        return {n: t for n, t in self._not_ready.items() if n in members and (
+            domain is None or self._nodes[n].labels.get(domain[0]) == domain[1])}
+
+    def returned(self, policy: Scope, since: float,
+                 domain: tuple[str, str] | None = None) -> Mapping[str, float]:
+        """Amortised O(nodes Ready within the longest mass-death window): older entries are
+        dropped here (``since`` is at most one such window back, so none is needed again)."""
+        members = self._scope(policy).members
+        stale = since - self._max_mass_window
+        self._ready_floor = max(self._ready_floor, stale)
+        out: dict[str, float] = {}
+        for n, t in list(self._ready.items()):
+            if t < stale:
+                del self._ready[n]
+            elif t >= since and n in members and (
+                    domain is None or self._nodes[n].labels.get(domain[0]) == domain[1]):
+                out[n] = t
+        return out
+
+    def domain_members(self, policy: Scope, key: str, value: str) -> int:
+        scope = self._scope(policy)
+        if key in scope.keys:
+            counts = scope.domains.get(key, {}).get(value)
+            return counts[0] if counts is not None else 0
+        return sum(1 for n in scope.members if self._nodes[n].labels.get(key) == value)
 
     def active(self, policy: Scope, excluding: str | None = None) -> int:
         if isinstance(policy, NodeSetRules):

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from healer.core.budget import BudgetView
 from healer.core.capacity import FleetIndex
-from healer.core.gpu_identity import with_gpu_identity
 from healer.core.health import Verdict, evaluate_node
 from healer.core.machine import (
     Decision,
@@ -44,6 +43,7 @@ from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalK
 from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.rules import Policy, PolicySet
 from healer.core.signals import NodeSignals, RuleIndex
+from healer.core.verdict_gpus import with_gpu_identity
 
 #: The shortest wait between two evaluations or ticks of one node (seconds).
 MIN_WAIT = 0.05

@@ -1,6 +1,6 @@
 """Fleet bookkeeping shared by every driver of the engine (runtime, simulator, backtest).
 
-Pure helpers: which records are open, what the guardrails see, when a verdict is worth a step.
+Pure helpers: which records are open, what the guardrails see.
 A driver that keeps a :class:`~healer.core.capacity.FleetIndex` up to date asks it for views;
 :func:`budget_view` builds one from scratch, for drivers that hold the fleet in plain maps.
 """
@@ -14,8 +14,7 @@ from healer.core.budget import BudgetView
 from healer.core.capacity import FleetIndex
 from healer.core.capacity import open_remediation as open_remediation
 from healer.core.capacity import past_incident as past_incident
-from healer.core.health import Verdict
-from healer.core.model import HealthState, NodeRecord, NodeView
+from healer.core.model import NodeRecord, NodeView
 from healer.core.phases import Phase
 from healer.core.rules import PolicySet
 
@@ -45,7 +44,3 @@ def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
             index.add_incident(past_incident(rec))
     return replace(index.view(paused=paused), paused_nodes=paused_nodes)
 
-
-def verdict_needs_step(verdict: Verdict, record: NodeRecord | None) -> bool:
-    """Skip the machine for a node with no record whose verdict is healthy or stale."""
-    return record is not None or verdict.state not in (HealthState.HEALTHY, HealthState.STALE)

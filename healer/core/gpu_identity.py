@@ -14,15 +14,15 @@ holds only ``A-Z a-z 0-9 . _ -`` (an index only digits). The block is the messag
 ``[tag …]``. Another version, a block over :data:`MAX_BLOCK_CHARS` or more than
 :data:`MAX_GPUS` entries is ignored whole; a malformed entry is skipped. A node's conditions
 are writable by whoever may patch the node, so :func:`split_message` and :func:`parse_entries`
-are total: any text gives an answer, never an exception.
+are total: any text gives an answer, never an exception. What conflicts identifies nothing:
+a message with two blocks, a block in which one index, UUID or serial names two GPUs. The
+block is read only from the agent's own condition (``GPUHealthy``, its message written by the
+agent's field manager, one such condition on the node: :func:`healer.core.signals.
+identity_condition`).
 
-The controller uses the block twice (:func:`with_gpu_identity`, run on every verdict):
-
-* a condition rule's match names the GPUs marked ``*`` in the condition it matched, so the
-  incident, its Events and the per-serial retry budget see their index, UUID and serial;
-* any other match (a DCGM metric, an XID from Prometheus) that names a GPU by UUID without a
-  serial gets the serial the node's agent published for that UUID (a UUID names one physical
-  GPU, like its serial; the index is never used to join, DCGM's and NVML's may differ).
+A CONDITION signal carries its block's entries (:data:`DETAIL_KEY`): :func:`signal_identities`
+reads them back and :func:`serials_by_uuid` joins UUIDs to serials; every verdict's GPUs are
+named from them (:mod:`healer.core.verdict_gpus`).
 
 Pure: no I/O, no clock.
 """
@@ -31,15 +31,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.vocabulary import GPU_IDENTITY_TAG
-
-if TYPE_CHECKING:  # health imports signals, which imports this module
-    from healer.core.health import Verdict
 
 #: The format written and the only one read.
 VERSION = "v1"
@@ -115,7 +111,24 @@ def parse_entries(text: str) -> tuple[GpuIdentity, ...]:
             continue
         ref = GpuRef(int(index) if index else -1, uuid, serial)
         out[ref] = out.get(ref, False) or affected
+    if _conflicting(out):
+        return ()
     return tuple(GpuIdentity(ref, affected) for ref, affected in out.items())
+
+
+def _conflicting(refs: Iterable[GpuRef]) -> bool:
+    """Does one index, UUID or serial stand for two different GPUs? (A block that says so
+    identifies nothing: no identity beats the wrong one.)"""
+    seen: tuple[dict[object, GpuRef], ...] = ({}, {}, {})
+    for ref in refs:
+        for by, key in zip(seen, (ref.index if ref.index >= 0 else None, ref.uuid or None,
+                                  ref.serial or None), strict=True):
+            if key is None:
+                continue
+            other = by.setdefault(key, ref)
+            if other != ref:
+                return True
+    return False
 
 
 def split_message(message: str) -> tuple[str, str]:
@@ -123,6 +136,8 @@ def split_message(message: str) -> tuple[str, str]:
     the block is not a readable ``v1`` one: then the message is returned as it is)."""
     start = message.rfind(_OPEN)
     if start < 0:
+        return message, ""
+    if message.find(_OPEN) != start:  # two blocks: which one is true is anyone's guess
         return message, ""
     end = message.find("]", start)
     if end < 0 or end - start > MAX_BLOCK_CHARS:
@@ -160,48 +175,3 @@ def serials_by_uuid(signals: Iterable[Signal]) -> dict[str, str]:
             if g.gpu.uuid and g.gpu.serial:
                 out.setdefault(g.gpu.uuid, g.gpu.serial)
     return out
-
-
-def _fill(gpus: Sequence[GpuRef], serials: dict[str, str]) -> tuple[GpuRef, ...]:
-    """``gpus`` (in order) with the serials they lack."""
-    return tuple(replace(g, serial=serials[g.uuid]) if not g.serial and g.uuid in serials
-                 else g for g in gpus)
-
-
-def with_gpu_identity(verdict: Verdict, signals: Sequence[Signal]) -> Verdict:
-    """``verdict`` with its confirmed matches' GPUs identified from the node's condition blocks:
-
-    * a match naming no GPU whose evidence is a condition with a block names the GPUs the
-      block marks affected (and its detail, which Events and the record show, says so);
-    * a GPU named by UUID without a serial gets the serial published for that UUID (in the
-      detail too).
-
-    The same verdict (the same object) when nothing changes."""
-    if not any(m.state.is_confirmed and (not m.gpus or any(not g.serial and g.uuid
-                                                           for g in m.gpus))
-               for m in verdict.matches):
-        return verdict  # nothing to identify (healthy, suspect, stale, or serials known)
-    serials = serials_by_uuid(signals)
-    matches = []
-    changed = False
-    for m in verdict.matches:
-        if not m.state.is_confirmed:  # only confirmed matches name an incident's GPUs
-            matches.append(m)
-            continue
-        gpus, detail = m.gpus, m.detail
-        if not gpus:
-            gpus = tuple(sorted({g.gpu for e in m.evidence for g in signal_identities(e)
-                                 if g.affected}))
-            if gpus:
-                detail = f"{detail} (on {', '.join(g.describe() for g in gpus)})"
-        elif serials:
-            filled = _fill(gpus, serials)
-            for old, new in zip(gpus, filled, strict=True):
-                if old != new:
-                    detail = detail.replace(old.describe(), new.describe())
-            gpus = filled
-        if gpus != m.gpus:
-            changed = True
-            m = replace(m, gpus=gpus, detail=detail)
-        matches.append(m)
-    return replace(verdict, matches=tuple(matches)) if changed else verdict

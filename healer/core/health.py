@@ -22,8 +22,15 @@ Pure and deterministic. Semantics, rule by rule:
   explicit *stale* marker since, or never sent anything) makes the verdict ``STALE`` unless a
   confirmed rule decides otherwise. ``STALE`` is *unknown*: never healthy, never failed, and the
   state machine never takes a disruptive step on it.
+* **Dead** (the policy's ``deadNode``, :func:`dead_match`): the node cannot act on its own when
+  the witnesses the policy names agree (all of them, or any): its Ready condition is Unknown
+  or False for ``after`` (``notReady``: the node lifecycle controller turns an expired kubelet
+  Lease into Ready=Unknown), Slurm flags it NOT_RESPONDING (``slurmNotResponding``), every
+  telemetry source for it is stale (``telemetryStale``). Some but not all of them (or NotReady
+  for less than ``after``) make it *suspect*. ``DEAD`` is distinct from failed: the state
+  machine fences it instead of draining it.
 
-The verdict state is the worst of: failed > degrading > stale > suspect > healthy.
+The verdict state is the worst of: dead > failed > degrading > stale > suspect > healthy.
 ``recheck_after`` is the soonest time the verdict could change without new signals.
 """
 
@@ -36,7 +43,11 @@ from dataclasses import dataclass, replace
 from healer.core.model import EVIDENCE_LIMIT, GpuRef, HealthState, Severity, Signal, SignalKind
 from healer.core.parts import PartRef
 from healer.core.rules import (
+    DEAD_RULE,
     ConditionRule,
+    DeadMatch,
+    DeadNode,
+    DeadSignal,
     MetricRule,
     Op,
     Policy,
@@ -48,7 +59,7 @@ from healer.core.rules import (
 from healer.core.signals import DEFAULT_SAMPLE_MAX_AGE, LIVENESS
 from healer.core.slurm_signals import KEY as SLURM_KEY
 from healer.core.slurm_signals import finding_of
-from healer.core.timefmt import format_duration
+from healer.core.timefmt import format_duration, rfc3339
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +133,17 @@ def evaluate(node: str, signals: Sequence[Signal], policy: Policy, now: float) -
         if recheck is not None and recheck > 0:
             rechecks.append(recheck)
 
+    if policy.dead.enabled:
+        m, recheck = dead_match(policy.dead, by_kind, now, max_age)
+        if m is not None:
+            matches.append(m)
+        if recheck is not None and recheck > 0:
+            rechecks.append(recheck)
+
     confirmed = [m for m in matches if m.state.is_confirmed]
-    if confirmed:
+    if any(m.state is HealthState.DEAD for m in matches):
+        state, severity = HealthState.DEAD, Severity.FAILED
+    elif confirmed:
         severity = max(m.severity for m in confirmed if m.severity is not None)
         state = HealthState.FAILED if severity is Severity.FAILED else HealthState.DEGRADING
     elif any(m.state is HealthState.STALE for m in matches):
@@ -144,7 +164,7 @@ def evaluate(node: str, signals: Sequence[Signal], policy: Policy, now: float) -
 
 
 _RANK = {HealthState.HEALTHY: 0, HealthState.SUSPECT: 1, HealthState.STALE: 2,
-         HealthState.DEGRADING: 3, HealthState.FAILED: 4}
+         HealthState.DEGRADING: 3, HealthState.FAILED: 4, HealthState.DEAD: 5}
 
 
 def evaluate_node(node: str, signals: Sequence[Signal], policies: Sequence[Policy],
@@ -388,6 +408,80 @@ def _staleness(
     return (RuleMatch(rule.name, HealthState.STALE, None, since, (),
                       "telemetry stale (" + "; ".join(stale) + ")"), recheck)
 
+
+
+#: The Ready condition's statuses that make a node NotReady.
+NOT_READY = frozenset({"False", "Unknown"})
+
+
+def dead_match(cfg: DeadNode, by_kind: dict[SignalKind, list[Signal]], now: float,
+               max_age: float) -> tuple[RuleMatch | None, float | None]:
+    """Is the node dead (see the module docstring)? A DEAD match when the witnesses agree, a
+    SUSPECT one while some do (or NotReady is younger than ``after``), else None; and when to
+    look again without new signals (NotReady reaching ``after``)."""
+    held: dict[DeadSignal, tuple[float, str, Signal | None]] = {}
+    recheck: float | None = None
+    seen_not_ready = False
+    ready = [o for o in by_kind.get(SignalKind.CONDITION, []) if o.key == "Ready"]
+    if ready and ready[-1].get("status") in NOT_READY:
+        latest, seen_not_ready = ready[-1], True
+        since = latest.value
+        words = (f"Ready={latest.get('status')} since {rfc3339(since)} "
+                 f"({format_duration(max(now - since, 0.0))})")
+        if now - since >= cfg.after:
+            held[DeadSignal.NOT_READY] = (since, words, latest)
+        else:
+            recheck = cfg.after - (now - since)
+    slurm = next((o for o in reversed(by_kind.get(SignalKind.SLURM, []))
+                  if o.key == SLURM_KEY), None)
+    found = finding_of(slurm) if slurm is not None else None
+    if found is not None and "NOT_RESPONDING" in found.names:
+        since = dict(found.states)["NOT_RESPONDING"]
+        held[DeadSignal.SLURM_NOT_RESPONDING] = (
+            since, f"{found.describe()} since {rfc3339(since)}", slurm)
+    stale = _all_stale(by_kind, now, max_age)
+    if stale is not None:
+        held[DeadSignal.TELEMETRY_STALE] = (stale[0], stale[1], None)
+    wanted = [s for s in DeadSignal if s in cfg.signals]
+    agree = [s for s in wanted if s in held]
+    if not agree and not (seen_not_ready and DeadSignal.NOT_READY in cfg.signals):
+        return None, recheck
+    dead = bool(agree) and (len(agree) == len(wanted) if cfg.match is DeadMatch.ALL else True)
+    since = min((held[s][0] for s in agree), default=now)
+    words = "; ".join(held[s][1] for s in agree)
+    evidence = tuple(sig for s in agree if (sig := held[s][2]) is not None)
+    if dead:
+        return RuleMatch(DEAD_RULE, HealthState.DEAD, Severity.FAILED, since, (),
+                         f"node dead: {words}", evidence), recheck
+    missing = ", ".join(s.value for s in wanted if s not in held)
+    detail = f"may be dead: {words or 'Ready not True'} (not yet: {missing})"
+    return RuleMatch(DEAD_RULE, HealthState.SUSPECT, Severity.FAILED, since, (), detail), recheck
+
+
+def _all_stale(by_kind: dict[SignalKind, list[Signal]], now: float,
+               max_age: float) -> tuple[float, str] | None:
+    """Since when every telemetry source of the node is stale, in words (None: one is fresh,
+    or none ever reported)."""
+    fresh: dict[str, float] = {}
+    marks: dict[str, float] = {}
+    for kind in (SignalKind.METRIC, SignalKind.XID, SignalKind.FRESH):
+        for s in by_kind.get(kind, []):
+            fresh[s.source] = max(fresh.get(s.source, 0.0), s.observed_at)
+    for s in by_kind.get(SignalKind.STALE, []):
+        marks[s.source] = max(marks.get(s.source, 0.0), s.observed_at)
+    sources = set(fresh) | set(marks)
+    if not sources:
+        return None
+    since: list[float] = []
+    for src in sources:
+        last = fresh.get(src)
+        if last is not None and marks.get(src, -1.0) < last and now - last < max_age:
+            return None
+        since.append(marks[src] if last is None or marks.get(src, -1.0) >= last
+                     else last + max_age)
+    at = max(since)
+    return at, (f"every telemetry source stale ({', '.join(sorted(sources))}) since "
+                f"{rfc3339(at)}")
 
 
 def _state_of(severity: Severity) -> HealthState:

@@ -47,10 +47,11 @@ class HealthState(enum.Enum):
     STALE = "stale"  # telemetry missing or old: unknown, never healthy, never failed
     DEGRADING = "degrading"
     FAILED = "failed"
+    DEAD = "dead"  # the node cannot act on its own (its kubelet and slurmd do not answer)
 
     @property
     def is_confirmed(self) -> bool:
-        return self in (HealthState.DEGRADING, HealthState.FAILED)
+        return self in (HealthState.DEGRADING, HealthState.FAILED, HealthState.DEAD)
 
 
 class SignalKind(enum.Enum):
@@ -62,6 +63,13 @@ class SignalKind(enum.Enum):
     STALE = "stale"  # the source has no fresh data for this node (key = source)
     FRESH = "fresh"  # heartbeat: the source has fresh data for this node
     SLURM = "slurm"  # what Slurm says is wrong (states, reason): core.slurm_signals
+
+
+class TelemetrySourceName(enum.Enum):
+    """The telemetry sources whose samples carry freshness (METRIC, XID, FRESH, STALE signals),
+    which a staleness rule's ``sources`` may name; the policy schema lists exactly these."""
+
+    DCGM = "dcgm"  # the Prometheus source (DCGM fields and any series)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -156,11 +164,13 @@ class NodeCondition:
     message: str = ""
     last_transition: float = 0.0
     last_heartbeat: float = 0.0  # when its detector last vouched for it (0: it never says)
+    writer: str = ""  # the field manager that wrote its message (managedFields; "": unknown)
 
     def same_content(self, other: NodeCondition) -> bool:
         """Equal but for the heartbeat (a re-publish of an unchanged condition)."""
-        return (self.type, self.status, self.reason, self.message, self.last_transition) == (
-            other.type, other.status, other.reason, other.message, other.last_transition)
+        return (self.type, self.status, self.reason, self.message, self.last_transition,
+                self.writer) == (other.type, other.status, other.reason, other.message,
+                                 other.last_transition, other.writer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +193,23 @@ class NodeView:
             if c.type == "Ready":
                 return c.status == "True"
         return True
+
+    @property
+    def ready_since(self) -> float | None:
+        """Since when its Ready condition is True (None: it is not, or it has none, or no
+        transition time is known)."""
+        for c in self.conditions:
+            if c.type == "Ready":
+                return c.last_transition or None if c.status == "True" else None
+        return None
+
+    @property
+    def not_ready_since(self) -> float | None:
+        """Since when its Ready condition is not True (None: it is, or it has none)."""
+        for c in self.conditions:
+            if c.type == "Ready":
+                return None if c.status == "True" else c.last_transition
+        return None
 
 
 #: At most this many signals are kept as an incident's evidence.
@@ -306,6 +333,30 @@ class GuardrailBlock:
 
 
 @dataclass(frozen=True, slots=True)
+class OpenRemediation:
+    """What the guardrails need to know about a record that is not closed."""
+
+    node: str
+    policy: str
+    phase: Phase
+    opened_at: float
+    spare: str = ""
+    out_of_service: bool = False  # healer holds the node out (drained/cordoned, not undone)
+    active: bool = False  # holds a maxConcurrent slot (see machine.counts_as_active)
+
+
+@dataclass(frozen=True, slots=True)
+class PastIncident:
+    """An incident opened recently (open or closed), for the breaker and retry budgets."""
+
+    id: str
+    node: str
+    opened_at: float
+    policy: str = ""
+    serials: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """How far a claimed spare is from the node it replaces (``status.sparePlacement``).
 
@@ -384,6 +435,65 @@ class EventRecord:
 HISTORY_LIMIT = 50
 
 
+class FenceProvider(enum.Enum):
+    """What may say a dead node's machine is off or cut off (a policy's fencing providers)."""
+
+    WEBHOOK = "webhook"  # a receiver powered it off (BMC, cloud API) and acknowledged
+    CLOUD_SHUTDOWN = "cloudShutdown"  # the cloud controller manager's shutdown taint
+    NODE_DELETED = "nodeDeleted"  # the cloud deleted the Node object
+    MANUAL = "manual"  # an admin annotated the Node healer.io/fenced=<who and why>
+
+
+@dataclass(frozen=True, slots=True)
+class Death:
+    """Why a node was declared dead and how it was fenced (``status.death``).
+
+    ``since``: the earliest of its witnesses (Ready not True, Slurm NOT_RESPONDING, telemetry
+    stale); ``declared``: the dead verdict; ``witnesses``: each witness and since when, in
+    words; ``provider``/``fenced_by``/``fenced_at``: the fencing provider that said the machine
+    is off or cut off, what it said, and when (empty until fenced); ``lost_jobs``: the jobs
+    Slurm failed or requeued there, as Slurm reported them; ``labels``: the Node's labels
+    then.
+    """
+
+    since: float
+    declared: float
+    witnesses: tuple[str, ...] = ()
+    provider: FenceProvider | None = None
+    fenced_by: str = ""
+    fenced_at: float = 0.0
+    lost_jobs: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+    """The Node's labels when it was declared dead (a spare is chosen near it even once the
+    cloud deleted its Node)."""
+
+    @property
+    def fenced(self) -> bool:
+        return self.provider is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"since": self.since, "declared": self.declared,
+                             "witnesses": list(self.witnesses)}
+        if self.provider is not None:
+            d.update(provider=self.provider.value, fencedBy=self.fenced_by,
+                     fencedAt=self.fenced_at)
+        if self.lost_jobs:
+            d["lostJobs"] = self.lost_jobs
+        if self.labels:
+            d["labels"] = dict(self.labels)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Death:
+        return cls(since=float(d["since"]), declared=float(d["declared"]),
+                   witnesses=tuple(str(w) for w in d.get("witnesses", ())),
+                   provider=FenceProvider(d["provider"]) if d.get("provider") else None,
+                   fenced_by=str(d.get("fencedBy", "")),
+                   fenced_at=float(d.get("fencedAt", 0.0)), lost_jobs=str(d.get("lostJobs", "")),
+                   labels=tuple(sorted((str(k), str(v))
+                                       for k, v in (d.get("labels") or {}).items())))
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     """The persisted state of one remediation of one node (one incident).
@@ -412,6 +522,16 @@ class NodeRecord:
     history: tuple[TransitionRecord, ...] = ()
     events: tuple[EventRecord, ...] = ()
     """The Events of the latest decision that emitted any (re-emitted on resume)."""
+    death: Death | None = None
+    """The node was declared dead (its own flow: fence, out of service, swap)."""
+    carried: str = ""
+    """Someone else's drain or DOWN reason the swap carried over to the replacement
+    (``swap.foreignReason: carryOver``, docs/adr/0016)."""
+
+    @property
+    def node_deleted(self) -> bool:
+        """The dead node's Node object was deleted (the ``nodeDeleted`` fencing provider)."""
+        return self.death is not None and self.death.provider is FenceProvider.NODE_DELETED
 
     @property
     def last_transition(self) -> float:
@@ -472,6 +592,10 @@ class NodeRecord:
             d["blocked"] = self.blocked.to_dict()
         if self.spare_placement is not None:
             d["sparePlacement"] = self.spare_placement.to_dict()
+        if self.death is not None:
+            d["death"] = self.death.to_dict()
+        if self.carried:
+            d["carriedReason"] = self.carried
         return d
 
     @classmethod
@@ -484,6 +608,7 @@ class NodeRecord:
             )
         blocked = d.get("blocked")
         placed = d.get("sparePlacement")
+        death = d.get("death")
         return cls(
             node=str(d["node"]),
             incident=Incident.from_dict(d["incident"]),
@@ -503,4 +628,6 @@ class NodeRecord:
             outcome=str(d.get("outcome", "")),
             history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
             events=tuple(EventRecord.from_dict(e) for e in d.get("events", ())),
+            death=None if death is None else Death.from_dict(death),
+            carried=str(d.get("carriedReason", "")),
         )

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from healer.core.rules import Guardrails, LabelSelector
+from healer.core.limits import Guardrails
+from healer.core.selector import LabelSelector
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 
 __all__ = ["NodeSetRules", "NodeSets", "SlurmEndpoint", "Toleration", "TolerationOperator",

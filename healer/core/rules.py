@@ -3,6 +3,10 @@
 :mod:`healer.policy` parses YAML, validates it in two layers and compiles it into these types once,
 at load time. Durations are seconds; regular expressions are compiled; XID groups are resolved to
 sets of codes.
+
+The parts a NodeSet (:mod:`healer.core.nodesets`) is made of too, the label selector
+(:mod:`healer.core.selector`) and the guardrails (:mod:`healer.core.limits`), sit in modules of
+their own below both; they are named from here as well, like the mode (:mod:`healer.core.modes`).
 """
 
 from __future__ import annotations
@@ -10,15 +14,21 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from healer.core.model import NodeView, Severity
-from healer.core.modes import Mode as Mode  # re-exported: callers import Mode from here
+# re-exported (see the module): callers name a compiled policy's parts from here
+from healer.core.limits import Breaker as Breaker
+from healer.core.limits import FailureDomain as FailureDomain
+from healer.core.limits import Guardrails as Guardrails
+from healer.core.limits import Quantity as Quantity
+from healer.core.limits import RetryBudget as RetryBudget
+from healer.core.model import FenceProvider, NodeView, Severity
+from healer.core.modes import Mode as Mode
+from healer.core.nodesets import NodeSets
+from healer.core.selector import LabelSelector as LabelSelector
 from healer.core.spare_validation import SpareValidation
+from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
-
-if TYPE_CHECKING:
-    from healer.core.nodesets import NodeSets
 
 
 class TextPattern(Protocol):
@@ -69,38 +79,6 @@ class Aggregation(enum.Enum):
     RATE = "rate"  # per-second counter rate over ``window``
     MAX_OVER_TIME = "max_over_time"
     CHANGES = "changes"  # how often the value changed within ``window`` (a link's flaps)
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    match_labels: Mapping[str, str] = field(default_factory=dict)
-    # (key, operator, values) with operator In | NotIn | Exists | DoesNotExist
-    match_expressions: tuple[tuple[str, str, frozenset[str]], ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        for k, v in self.match_labels.items():
-            if labels.get(k) != v:
-                return False
-        for key, op, values in self.match_expressions:
-            present = key in labels
-            if op == "In" and (not present or labels[key] not in values):
-                return False
-            if op == "NotIn" and present and labels[key] in values:
-                return False
-            if op == "Exists" and not present:
-                return False
-            if op == "DoesNotExist" and present:
-                return False
-        return True
-
-    def to_query(self) -> str:
-        """The selector as a Kubernetes ``labelSelector`` query string."""
-        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
-        for key, op, values in self.match_expressions:
-            vs = ",".join(sorted(values))
-            parts.append({"In": f"{key} in ({vs})", "NotIn": f"{key} notin ({vs})",
-                          "Exists": key, "DoesNotExist": f"!{key}"}[op])
-        return ",".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,12 +217,21 @@ class DrainStep:
     requeue_grace: float = 300.0
 
 
+class ForeignReason(enum.Enum):
+    """What a swap does with a Slurm drain or DOWN reason someone else set (docs/adr/0006,
+    docs/adr/0016): moving the slurmd would lose it."""
+
+    HOLD = "hold"  # the swap waits, and says why, until the owner clears it
+    CARRY_OVER = "carryOver"  # the reason is put on the replacement, word for word
+
+
 @dataclass(frozen=True, slots=True)
 class SwapStep:
     enabled: bool = True
     deadline: float = 1800.0  # spare claimed → replacement registered and ready
     hold_timeout: float = 0.0  # HeldForCapacity → Escalated after this long (0: hold forever)
     require_same_domain: bool = False  # only a spare of the node's NVLink domain; else held
+    foreign_reason: ForeignReason = ForeignReason.HOLD
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,54 +264,62 @@ class Steps:
 
 
 # ---------------------------------------------------------------------------------------------
-# Guardrails
+# Dead nodes
+
+
+class DeadSignal(enum.Enum):
+    """A witness that a node cannot act on its own."""
+
+    NOT_READY = "notReady"  # its Ready condition is Unknown or False (a silent kubelet)
+    SLURM_NOT_RESPONDING = "slurmNotResponding"  # Slurm flags it NOT_RESPONDING (slurmd silent)
+    TELEMETRY_STALE = "telemetryStale"  # every telemetry source for it went stale
+
+
+class DeadMatch(enum.Enum):
+    ALL = "all"  # every witness the policy lists must agree
+    ANY = "any"  # one is enough
 
 
 @dataclass(frozen=True, slots=True)
-class Quantity:
-    """A count or a percentage of a population."""
+class Fencing:
+    """Who may say a dead node is off or cut off, and how long healer waits for one."""
 
-    value: float
-    percent: bool = False
-
-    def of(self, population: int) -> int:
-        if not self.percent:
-            return int(self.value)
-        # a percentage rounds down but never below one node unless it is 0%
-        n = int(population * self.value / 100.0)
-        return max(n, 1) if self.value > 0 and population > 0 else n
-
-    def __str__(self) -> str:
-        return f"{self.value:g}%" if self.percent else f"{int(self.value)}"
+    providers: frozenset[FenceProvider] = frozenset({
+        FenceProvider.MANUAL, FenceProvider.CLOUD_SHUTDOWN, FenceProvider.NODE_DELETED})
+    deadline: float = 600.0  # Dead → HeldForFencing when no provider said so by then
+    url: str = ""  # webhook
+    secret_ref: str = ""  # webhook: its own HMAC key
 
 
 @dataclass(frozen=True, slots=True)
-class Breaker:
-    window: float = 600.0
-    threshold: Quantity = Quantity(5)
-    cooldown: float = 1800.0
+class MassDeath:
+    """Many nodes of one scope dying together is a control-plane or network fault: nothing is
+    fenced or swapped there while more than ``max_share`` of the scope's nodes (or more than
+    ``max_share_per_domain`` of one failure domain's) went NotReady within one ``window`` and
+    are still NotReady, counting those that answered again within the last ``window`` after
+    the first of them went NotReady (:func:`healer.core.budget.outage`)."""
+
+    window: float = 300.0
+    max_share: Quantity = Quantity(10, percent=True)
+    max_share_per_domain: Quantity = Quantity(25, percent=True)
+    domains: tuple[str, ...] = (DOMAIN_LABEL,)
 
 
 @dataclass(frozen=True, slots=True)
-class FailureDomain:
-    key: str
-    max_unavailable: int = 1
+class DeadNode:
+    """When a node is dead, and what healer needs before it lets its pods go."""
+
+    enabled: bool = False
+    after: float = 120.0  # Ready not True for this long (the notReady witness)
+    signals: frozenset[DeadSignal] = frozenset({DeadSignal.NOT_READY,
+                                                DeadSignal.SLURM_NOT_RESPONDING})
+    match: DeadMatch = DeadMatch.ALL
+    fencing: Fencing = Fencing()
+    mass_death: MassDeath = MassDeath()
 
 
-@dataclass(frozen=True, slots=True)
-class RetryBudget:
-    per_node: int = 3
-    per_gpu_serial: int = 2
-    window: float = 7 * 86400.0
-
-
-@dataclass(frozen=True, slots=True)
-class Guardrails:
-    max_concurrent: int | None = None
-    max_unavailable: Quantity | None = None
-    failure_domains: tuple[FailureDomain, ...] = ()
-    breaker: Breaker | None = None
-    retry_budget: RetryBudget | None = None
+#: The rule name a dead verdict's match carries.
+DEAD_RULE = "dead-node"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,6 +336,7 @@ class Policy:
     mode: Mode = Mode.OBSERVE
     priority: int = 0
     source: str = ""  # "file:line" where it was defined
+    dead: DeadNode = DeadNode()
 
     def applies_to(self, node: NodeView) -> bool:
         return self.selector.matches(node.labels)
@@ -364,12 +360,6 @@ class FleetRules:
     spare_validation: SpareValidation = field(default_factory=SpareValidation)
 
 
-def _no_nodesets() -> NodeSets:
-    from healer.core.nodesets import NodeSets  # it builds on this module's types
-
-    return NodeSets()
-
-
 @dataclass(frozen=True, slots=True)
 class PolicySet:
     """Every loaded policy plus the fleet guardrails, with a content hash for metrics.
@@ -382,7 +372,7 @@ class PolicySet:
     policies: tuple[Policy, ...]
     fleet: FleetRules = FleetRules()
     digest: str = ""
-    nodesets: NodeSets = field(default_factory=_no_nodesets)
+    nodesets: NodeSets = field(default_factory=NodeSets)
     """The ``kind: SlurmNodeSet`` documents (:mod:`healer.core.nodesets`); none: the one
     NodeSet the command line names."""
 

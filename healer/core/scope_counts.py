@@ -8,8 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from healer.core.budget import PastIncident
-from healer.core.model import NodeView
+from healer.core.model import NodeView, PastIncident
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Guardrails, Policy
 

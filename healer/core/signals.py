@@ -36,9 +36,11 @@ from dataclasses import dataclass
 
 from healer.core.gpu_identity import DETAIL_KEY as IDENTITY_DETAIL
 from healer.core.gpu_identity import split_message
-from healer.core.model import GpuRef, NodeView, Signal, SignalKind
+from healer.core.model import GpuRef, NodeCondition, NodeView, Signal, SignalKind
 from healer.core.parts import PartRef
 from healer.core.rules import ConditionRule, MetricRule, Op, PolicySet, StalenessRule, XidRule
+from healer.core.text import bounded
+from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION
 
 #: At most this many XID occurrences are kept per node (a storm keeps the newest).
 XID_LIMIT = 64
@@ -55,6 +57,9 @@ AGENT_HEARTBEAT = 30.0
 NPD_HEARTBEAT = 300.0
 #: A condition is stale once this many of its detector's heartbeats were missed.
 HEARTBEAT_MISSES = 5
+#: A condition's reason and message as its signal keeps them (printable, cut).
+REASON_CHARS = 256
+MESSAGE_CHARS = 200
 #: ``detail`` key of a CONDITION signal whose ``observed_at`` is the condition's
 #: ``lastHeartbeatTime`` (the detector says it is alive), so its staleness can be judged.
 LIVENESS = "liveness"
@@ -256,18 +261,33 @@ def condition_signals(n: NodeView, now: float) -> list[Signal]:
     condition its detector vouches for (``lastHeartbeatTime``) is observed at its heartbeat
     (never later than ``now``: a detector clock ahead of ours must not hide it) and marked
     :data:`LIVENESS`, so its staleness is judged; one without a heartbeat is observed ``now``
-    and never goes stale."""
+    and never goes stale. Status, reason and message are kept printable and cut
+    (:mod:`healer.core.text`); the GPU identity block is read only from
+    :func:`identity_condition`."""
+    agent = identity_condition(n)
     out = []
     for c in n.conditions:
         extra = {LIVENESS: "heartbeat"} if c.last_heartbeat > 0 else {}
         message, gpus = split_message(c.message)  # healer's agent names its GPUs
-        if gpus:
+        if gpus and c is agent:
             extra[IDENTITY_DETAIL] = gpus
         out.append(Signal(n.name, "k8s", SignalKind.CONDITION, c.type, c.last_transition or now,
                           min(c.last_heartbeat, now) if c.last_heartbeat > 0 else now, None,
-                          Signal.details(status=c.status, reason=c.reason,
-                                         message=message[:200], **extra)))
+                          Signal.details(status=bounded(c.status, 16),
+                                         reason=bounded(c.reason, REASON_CHARS),
+                                         message=bounded(message, MESSAGE_CHARS), **extra)))
     return out
+
+
+def identity_condition(n: NodeView) -> NodeCondition | None:
+    """The one condition whose GPU identity block is read: healer's agent's ``GPUHealthy``,
+    its message written by the agent's field manager. None when there is no such condition,
+    when someone else wrote its message, or when the node has two ``GPUHealthy`` conditions
+    (conflicting: no identity at all rather than the wrong one)."""
+    found = [c for c in n.conditions if c.type == GPU_CONDITION]
+    if len(found) != 1 or found[0].writer != AGENT_FIELD_MANAGER:
+        return None
+    return found[0]
 
 
 def only_heartbeats(prev: NodeView | None, n: NodeView) -> bool:

@@ -32,6 +32,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from healer.core.model import Signal, SignalKind
+from healer.core.text import bounded as _bounded
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 
 #: The Slurm states a ``slurm:`` rule can name, in the order they are shown.
@@ -53,14 +54,9 @@ _SCAN_LIMIT = 4 * REASON_LIMIT
 
 
 def bounded(text: str, limit: int = REASON_LIMIT) -> str:
-    """``text`` with surrounding blanks stripped, every character that does not print (control,
-    format, line and paragraph separators, unassigned) replaced by U+FFFD, and cut to ``limit``
-    characters (``…`` marks a cut). Total."""
-    raw = str(text)[:_SCAN_LIMIT].strip()
-    clean = "".join(c if c.isprintable() else "\ufffd" for c in raw)
-    if len(clean) > limit or len(str(text)) > _SCAN_LIMIT:
-        clean = clean[:max(limit - 1, 0)] + "…"
-    return clean
+    """``text`` stripped, made printable (:func:`healer.core.text.bounded`: every character
+    that does not print becomes U+FFFD) and cut to ``limit`` characters. Total."""
+    return _bounded(text, limit, scan=_SCAN_LIMIT)
 
 
 def reason_owner(reason: str) -> str:

@@ -23,8 +23,9 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+
+from healer.core.timefmt import parse_rfc3339, rfc3339
 
 #: The key of ``ncclBusBandwidthGBps`` that applies to a GPU model the policy does not name.
 DEFAULT_MODEL = "default"
@@ -69,19 +70,6 @@ class SpareValidation:
         return table.get(DEFAULT_MODEL)
 
 
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
 def _load(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
@@ -118,7 +106,7 @@ class ValidationResult:
         doc = _load(text)
         if doc is None or doc.get("result") not in ("passed", "failed"):
             return None
-        at = _parse_time(doc.get("at"))
+        at = parse_rfc3339(doc.get("at"))
         checks = doc.get("checks")
         if at is None or not isinstance(checks, list):
             return None
@@ -143,7 +131,7 @@ class ValidationRun:
     def start(cls, now: float, checks: Sequence[str]) -> ValidationRun:
         """A run started at ``now``, named after it to the millisecond (a later run of the same
         spare never reuses an earlier run's Jobs)."""
-        stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dt%H%M%S")
+        stamp = re.sub(r"[-:Z]", "", rfc3339(now)).lower()  # 20240501t120000
         return cls(f"{stamp}{int(now * 1000) % 1000:03d}z", now, tuple(checks))
 
     @classmethod
@@ -151,7 +139,7 @@ class ValidationRun:
         doc = _load(text)
         if doc is None or not isinstance(doc.get("run"), str) or not doc["run"]:
             return None
-        at = _parse_time(doc.get("at"))
+        at = parse_rfc3339(doc.get("at"))
         checks = doc.get("checks")
         if at is None or not isinstance(checks, list) or not checks:
             return None

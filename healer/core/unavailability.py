@@ -8,20 +8,14 @@ runtime's Slurm feed and the ``healer_unavailable_nodes`` metric all count with 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING
 
-from healer.core.model import NodeView
+from healer.core.model import NodeView, OpenRemediation
 from healer.core.phases import Phase
-
-if TYPE_CHECKING:
-    from healer.core.budget import OpenRemediation
-
 
 #: Why a node counts as unavailable (the ``cause`` label of ``healer_unavailable_nodes``), in
 #: the order one is named when several apply. Bounded: metrics label values.
 CAUSES = ("healer", "cordoned", "not-ready", "slurm-down", "slurm-not-responding",
           "slurm-fail", "slurm-drain", "slurm-reboot", "slurm-power-down", "slurm-maintenance")
-SLURM_CAUSES = frozenset(c for c in CAUSES if c.startswith("slurm-"))
 
 
 def slurm_cause(base: str, flags: AbstractSet[str]) -> str:

@@ -74,6 +74,18 @@ CHECKPOINT_SIGNALLED = "healer.io/checkpoint-signalled"
 ESCALATION_ANNOTATION = "healer.io/escalation"
 #: Annotation healer sets on its Events: the idempotency key.
 EVENT_KEY_ANNOTATION = "healer.io/key"
+#: Annotation an admin sets on a dead node to say it is off or cut off (value: who and why):
+#: the ``manual`` fencing provider; healer reads it, never writes or removes it.
+FENCED_ANNOTATION = "healer.io/fenced"
+#: Annotation healer writes when a fencing webhook's receiver acknowledged ``fenced`` through
+#: the ack endpoint: the incident (bound to the node and incident, single use).
+FENCE_ACK = "healer.io/fence-ack"
+#: Annotation healer writes once it sent a dead node's fencing webhook: the incident (a new
+#: leader does not send it again).
+FENCE_REQUESTED = "healer.io/fence-requested"
+#: Annotation healer writes on a dead node it tainted out of service: the incident (healer
+#: removes only an out-of-service taint it set, and only once the node is back from repair).
+OUT_OF_SERVICE_BY = "healer.io/out-of-service"
 
 # --- Taints -----------------------------------------------------------------------------------
 
@@ -87,6 +99,21 @@ TAINT_VALUE = "true"
 #: The effect of both of healer's taints.
 TAINT_EFFECT = "NoSchedule"
 
+# --- Kubernetes' own names healer reads or writes ----------------------------------------------
+
+#: The non-graceful node shutdown taint (GA in Kubernetes 1.28): on a NotReady Node, the pod
+#: garbage collector of kube-controller-manager force-deletes its terminating pods. healer sets
+#: it (``OUT_OF_SERVICE_TAINT=OUT_OF_SERVICE_VALUE:OUT_OF_SERVICE_EFFECT``) only on a fenced
+#: dead node.
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+#: The value healer gives the out-of-service taint.
+OUT_OF_SERVICE_VALUE = "nodeshutdown"
+#: The effect of the out-of-service taint.
+OUT_OF_SERVICE_EFFECT = "NoExecute"
+#: The taint a cloud controller manager puts on a Node whose instance is shut down: the
+#: ``cloudShutdown`` fencing provider.
+CLOUD_SHUTDOWN_TAINT = "node.cloudprovider.kubernetes.io/shutdown"
+
 # --- Other names ------------------------------------------------------------------------------
 
 #: The reporting controller of every Event healer writes.
@@ -98,6 +125,9 @@ SLURM_REASON_PREFIX = "healer: "
 CHECKPOINT_ACK_COMMENT_PREFIX = "healer-ack:"
 #: Node condition the agent publishes (and the default health policy reads).
 GPU_CONDITION = "GPUHealthy"
+#: The field manager the agent writes that condition with: GPU identity is read only from a
+#: GPUHealthy condition whose message this manager wrote (ADR 0009, managedFields).
+AGENT_FIELD_MANAGER = "healer-agent"
 #: Tag of the machine-readable GPU identity block the agent appends to its condition's
 #: message (``[healer.io/gpus v1 *2:GPU-…:1650…]``; :mod:`healer.core.gpu_identity`).
 GPU_IDENTITY_TAG = "healer.io/gpus"
@@ -128,5 +158,9 @@ class StepName(enum.StrEnum):
     RELEASE_SPARE = "release-spare"  # give back a claimed spare that never took over
     MARK_REPAIR = "mark-repair"  # hand the node to repair
     RETURN_TO_POOL = "return-to-pool"  # a repaired node joins the spare pool
+    LOST_JOBS = "lost-jobs"  # a dead node: which jobs Slurm failed or requeued there
+    FENCE = "fence"  # a dead node: a provider says it is off or cut off
+    OUT_OF_SERVICE = "out-of-service"  # a fenced node: the out-of-service taint
+    CLEAR_OUT_OF_SERVICE = "clear-out-of-service"  # back from repair: that taint comes off
     ESCALATE = "escalate"  # a human is needed
     EVENT = "event"  # an Event (not ledgered; keyed event-<name>)

@@ -23,6 +23,7 @@ from healer.core.model import LedgerOutcome, NodeRecord
 from healer.core.outcomes import Closing, FoundNothing, incident_outcome, node_gpus
 from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.unavailability import CAUSES
+from healer.core.vocabulary import StepName
 from healer.errors import (
     ConflictError,
     ForbiddenError,
@@ -44,6 +45,13 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_remediation_phase_seconds": ("gauge", "Seconds each open remediation has been in "
                                          "its phase (node, phase, incident)."),
     "healer_held_for_capacity": ("gauge", "Nodes drained and cordoned, waiting for a spare."),
+    "healer_held_for_fencing": ("gauge", "Dead nodes no fencing provider has said are off or "
+                                "cut off by the fence deadline (HeldForFencing): nothing of "
+                                "them is force-deleted, their capacity is out until a human "
+                                "or a provider acts."),
+    "healer_repair_cordoned_nodes": ("gauge", "Nodes healer keeps cordoned in Repair (replaced "
+                                     "by a spare or repaired in place): out of service, not "
+                                     "counted as unavailable once a spare serves for them."),
     "healer_transitions_total": ("counter", "Phase transitions (from, to)."),
     "healer_incidents_total": ("counter", "Incidents opened, by severity, rule and XID."),
     "healer_step_duration_seconds": ("histogram", "Ledger step durations by step and outcome."),
@@ -73,6 +81,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_guardrail_blocks_total": ("counter", "Admissions held by a guardrail."),
     "healer_breaker_tripped": ("gauge", "1 while a breaker is tripped (scope)."),
     "healer_breaker_utilisation": ("gauge", "Nodes gone bad in the breaker window / threshold."),
+    "healer_mass_death_tripped": ("gauge", "1 while a policy's mass-death breaker is tripped "
+                                  "(scope): more of its nodes, or of one failure domain, went "
+                                  "NotReady together than its deadNode.massDeath allows; "
+                                  "suspect the control plane or the network, nothing is "
+                                  "fenced or swapped there."),
     "healer_unavailable_nodes": ("gauge", "Nodes that cannot take jobs, as the guardrails count "
                                  "them, by scope and cause (healer, cordoned, not-ready, "
                                  "slurm-down, slurm-not-responding, slurm-fail, slurm-drain, "
@@ -83,6 +96,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "healer_slurm_view_known": ("gauge", "1 while the Slurm feed reads Slurm's node states, 0 "
                                 "while it cannot (admissions under maxUnavailable or "
                                 "failure-domain limits are held); absent without a feed."),
+    "healer_nodeset_slurm_readable": ("gauge", "Per SlurmNodeSet (and its cluster; without "
+                                      "documents the command line's Slurm, named '(command "
+                                      "line)'): 1 if its Slurm node states were read at the "
+                                      "last read, 0 if not (its cluster unreachable, its "
+                                      "slurmrestd token Secret missing; the reason is on "
+                                      "/readyz and in an Event)."),
     "healer_slurm_view_last_success_timestamp_seconds": ("gauge", "Last successful read of "
                                                          "Slurm's node states."),
     "healer_max_unavailable": ("gauge", "The maxUnavailable limit in nodes (scope)."),
@@ -151,7 +170,7 @@ class _StateCollector(Collector):
         src, now = self.src, self.src.clock()
         records = src.records()
         by_phase: dict[tuple[str, str], int] = {}
-        overdue, held = 0, 0
+        overdue, held, fencing, repair_cordoned = 0, 0, 0, 0
         age = GaugeMetricFamily("healer_remediation_phase_seconds",
                                 METRICS["healer_remediation_phase_seconds"][1],
                                 labels=["node", "phase", "incident"])
@@ -162,6 +181,11 @@ class _StateCollector(Collector):
             age.add_metric([rec.node, rec.phase.value, rec.incident.id], now - rec.phase_since)
             if rec.phase is Phase.HELD_FOR_CAPACITY:
                 held += 1
+            elif rec.phase is Phase.HELD_FOR_FENCING:
+                fencing += 1
+            elif rec.phase is Phase.REPAIR and rec.step_ok(StepName.CORDON) \
+                    and not rec.step_ok(StepName.UNCORDON):
+                repair_cordoned += 1
             policy = view.policies.get(rec.policy) if view is not None else None
             deadline = phase_deadline(rec, policy)
             if deadline is not None and now > deadline:
@@ -174,14 +198,18 @@ class _StateCollector(Collector):
         yield age
         yield _gauge("healer_remediation_overdue", overdue)
         yield _gauge("healer_held_for_capacity", held)
+        yield _gauge("healer_held_for_fencing", fencing)
+        yield _gauge("healer_repair_cordoned_nodes", repair_cordoned)
         if view is not None:
             fams = {n: GaugeMetricFamily(n, METRICS[n][1], labels=["scope"]) for n in (
                 "healer_breaker_tripped", "healer_breaker_utilisation",
                 "healer_max_unavailable", "healer_replaced_nodes",
-                "healer_active_remediations", "healer_max_concurrent")}
+                "healer_active_remediations", "healer_max_concurrent",
+                "healer_mass_death_tripped")}
             by_cause = GaugeMetricFamily("healer_unavailable_nodes",
                                          METRICS["healer_unavailable_nodes"][1],
                                          labels=["scope", "cause"])
+            dead_scopes = {p.name for p in view.policies.policies if p.dead.enabled}
             for u in usage(view, now):
                 for cause in CAUSES:
                     by_cause.add_metric([u.scope, cause], u.causes.get(cause, 0))
@@ -191,6 +219,9 @@ class _StateCollector(Collector):
                     fams["healer_max_unavailable"].add_metric([u.scope], u.max_unavailable)
                 if u.max_concurrent is not None:
                     fams["healer_max_concurrent"].add_metric([u.scope], u.max_concurrent)
+                if u.mass_death is not None or u.scope in dead_scopes:
+                    fams["healer_mass_death_tripped"].add_metric([u.scope],
+                                                                 int(u.mass_death is not None))
                 if u.breaker is not None:
                     fams["healer_breaker_tripped"].add_metric([u.scope], int(u.breaker.tripped))
                     fams["healer_breaker_utilisation"].add_metric(
@@ -200,6 +231,12 @@ class _StateCollector(Collector):
         feed = src.slurm_feed()
         if feed:
             yield _gauge("healer_slurm_view_known", int(bool(feed.get("known"))))
+            readable = GaugeMetricFamily("healer_nodeset_slurm_readable",
+                                         METRICS["healer_nodeset_slurm_readable"][1],
+                                         labels=["nodeset", "cluster"])
+            for name, (cluster, error) in sorted((feed.get("nodesets") or {}).items()):
+                readable.add_metric([name, cluster], int(not error))
+            yield readable
             if feed.get("last_success") is not None:
                 yield _gauge("healer_slurm_view_last_success_timestamp_seconds",
                              float(feed["last_success"]))

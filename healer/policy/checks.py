@@ -72,6 +72,73 @@ def check_label_value(value: Any) -> str:
 _PROM_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]{0,127}")
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
+
+
+def _namespaced(value: Any, what: str, *, key: bool) -> tuple[str, str, str]:
+    """``NAMESPACE/NAME[:KEY]`` split; raise with what was expected (``what``)."""
+    form = "NAMESPACE/NAME[:KEY]" if key else "NAMESPACE/NAME"
+    expected = f"expected {form} of {what}"
+    if not isinstance(value, str) or len(value) > 600:
+        raise ValueError(f"{expected}, got {_shown(value)}")
+    ref, colon, k = value.partition(":") if key else (value, "", "")
+    ns, slash, name = ref.partition("/")
+    if not slash or _DNS_LABEL.fullmatch(ns) is None:
+        raise ValueError(f"{expected} (the namespace a lowercase DNS label of at most 63 "
+                         f"characters), got {_shown(value)}")
+    if len(name) > 253 or _DNS1123_SUBDOMAIN.fullmatch(name) is None:
+        raise ValueError(f"{expected} (the name a lowercase DNS subdomain of at most 253 "
+                         f"characters), got {_shown(value)}")
+    if colon and (_SECRET_KEY.fullmatch(k) is None or k in (".", "..")
+                  or k.startswith("..")):
+        raise ValueError(f"{expected} (the key at most 253 letters, digits, '-', '_', '.', not "
+                         f"'.' and not starting with '..', as Kubernetes allows), got "
+                         f"{_shown(value)}")
+    return ns, name, k
+
+
+def check_secret_ref(value: Any) -> str:
+    """``NAMESPACE/NAME[:KEY]`` of a Secret as Kubernetes can hold it: a DNS-label namespace,
+    a DNS-subdomain name, a valid Secret key (checked here, not when a hook first reads it)."""
+    _namespaced(value, "a Secret", key=True)
+    return str(value)
+
+
+def check_configmap_ref(value: Any) -> str:
+    """``NAMESPACE/NAME`` of a ConfigMap (a job hook's template)."""
+    _namespaced(value, "a ConfigMap holding job.yaml", key=False)
+    return str(value)
+
+
+# An OCI image reference as container runtimes parse it: [host[:port]/]path[:tag][@digest];
+# the path's components lowercase, separated by '.', '_', '__' or dashes.
+_IMAGE_HOST = (r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*"
+               r"[a-zA-Z0-9])?)*|\[[0-9a-fA-F:]+\])(?::[0-9]{1,5})?")
+_IMAGE_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_REF = re.compile(
+    rf"(?:{_IMAGE_HOST}/)?{_IMAGE_COMPONENT}(?:/{_IMAGE_COMPONENT})*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def check_image_ref(value: Any) -> str:
+    """A container image reference (``registry.example.com:5000/team/dcgm:4.1``, ``name@sha256:
+    …``): what the kubelet would pull, checked at load rather than when a validation Job is
+    created in the middle of a remediation."""
+    if (not isinstance(value, str) or len(value) > 512
+            or _IMAGE_REF.fullmatch(value) is None):
+        raise ValueError("expected a container image reference ([registry[:port]/]name[:tag]"
+                         f"[@sha256:digest], name in lowercase), got {_shown(value)}")
+    repo = value.split("@", 1)[0]
+    last = repo.rsplit("/", 1)[-1]
+    if ":" in last:  # the tag
+        repo = repo[:len(repo) - len(last) + last.index(":")]
+    if len(repo) > 255:
+        raise ValueError("expected an image name of at most 255 characters (tag aside)")
+    return value
+
+
 def check_prom_label(value: Any) -> str:
     """A Prometheus label name: letters, digits and ``_``, not starting with a digit."""
     if not isinstance(value, str) or _PROM_LABEL.fullmatch(value) is None:
@@ -119,7 +186,69 @@ def check_signal(value: Any) -> str:
 
 
 _WORD_OPS = re.compile(r"(?i)\b(?:and|or|unless|atan2)\b")
-_BIG_REPEAT = re.compile(r"\{\s*(\d{4,})")
+#: The repeats RE2 reads as repeats: ``{n}``, ``{n,}``, ``{n,m}``, counts without leading zeros
+#: and under 10^8 (RE2 reads any other ``{`` as literal text).
+_REPEAT = re.compile(r"\{(0|[1-9][0-9]{0,7})(,(0|[1-9][0-9]{0,7})?)?\}")
+MAX_REPEAT = 1000  # RE2's own limit
+
+
+def _shown_brace(pattern: str, i: int) -> str:
+    end = pattern.find("}", i, i + 24)
+    return pattern[i:end + 1] if end >= 0 else pattern[i:i + 12]
+
+
+def check_repeats(pattern: str) -> None:
+    """Raise ``ValueError`` for a ``{`` outside a character class that RE2 would not read as a
+    repeat (``a{,5}``, ``a{ 3}``, ``a{01}``, ``a{4294967296}``, a stray ``{``: RE2 silently
+    takes those as literal text, so the rule would never match what its author meant) and for
+    a repeat count over :data:`MAX_REPEAT`. A literal brace is written ``\\{``.
+
+    Escapes (``\\{``, ``\\p{Greek}``, ``\\x{263a}``), ``\\Q...\\E`` and character classes
+    (``[{]``, ``[[:alpha:]{]``) are skipped as RE2 skips them. Linear in the pattern's length.
+    """
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if nxt == "Q":  # quoted text up to \E (or the end)
+                end = pattern.find("\\E", i + 2)
+                i = n if end < 0 else end + 2
+            elif nxt in ("p", "P", "x") and pattern[i + 2:i + 3] == "{":
+                end = pattern.find("}", i + 3)
+                i = n if end < 0 else end + 1
+            else:
+                i += 2
+            continue
+        if c == "[":  # a character class: nothing in it is a repeat
+            i += 1
+            if pattern[i:i + 1] == "^":
+                i += 1
+            if pattern[i:i + 1] == "]":  # a leading ] is literal
+                i += 1
+            while i < n and pattern[i] != "]":
+                if pattern[i] == "\\":
+                    i += 2
+                elif pattern.startswith("[:", i):
+                    end = pattern.find(":]", i + 2)
+                    i = i + 1 if end < 0 else end + 2
+                else:
+                    i += 1
+            i += 1
+            continue
+        if c == "{":
+            m = _REPEAT.match(pattern, i)
+            if m is None:
+                raise ValueError(f"expected {_shown_brace(pattern, i)!r} to be a repeat "
+                                 "{n}, {n,} or {n,m} (RE2 would read it as literal text; "
+                                 "write \\{ for a literal brace)")
+            counts = [int(x) for x in (m.group(1), m.group(3)) if x]
+            if max(counts) > MAX_REPEAT:
+                raise ValueError(f"expected repeat counts of at most {MAX_REPEAT}, got "
+                                 f"{m.group(0)[:24]}")
+            i = m.end()
+            continue
+        i += 1
 
 
 class Re2Pattern:
@@ -153,15 +282,14 @@ class Re2Pattern:
 def compile_regex(pattern: str) -> Re2Pattern:
     """``pattern`` compiled by RE2 (linear-time matching, no backtracking).
 
-    Refused: more than :data:`MAX_REGEX_CHARS` characters, a repeat count above 1000 (RE2 would
-    read an overflowing ``a{4294967296}`` as literal text), what RE2 cannot do in linear time
-    (backreferences, lookaround) and programs over RE2's memory budget.
+    Refused: more than :data:`MAX_REGEX_CHARS` characters, a brace RE2 would not read as a
+    repeat or a repeat count above 1000 (:func:`check_repeats`: RE2 reads an overflowing
+    ``a{4294967296}`` as literal text), what RE2 cannot do in linear time (backreferences,
+    lookaround) and programs over RE2's memory budget.
     """
     if len(pattern) > MAX_REGEX_CHARS:
         raise ValueError(f"expected a regular expression of at most {MAX_REGEX_CHARS} characters")
-    big = _BIG_REPEAT.search(pattern)
-    if big is not None and int(big.group(1)[:8]) > 1000:
-        raise ValueError(f"expected repeat counts of at most 1000, got {{{big.group(1)[:20]}")
+    check_repeats(pattern)
     try:
         return Re2Pattern(pattern)
     except re2.error as e:
@@ -171,8 +299,9 @@ def compile_regex(pattern: str) -> Re2Pattern:
                          f"lookaround; repeats ≤ 1000): {why[:120]}") from None
 
 
-def check_promql(expr: str) -> None:
-    """Parse ``expr`` as PromQL; raise ``ValueError`` with the parser's reason if it is not.
+def check_promql(expr: str) -> Any:
+    """Parse ``expr`` as PromQL and return its tree; raise ``ValueError`` with the parser's
+    reason if it is not PromQL.
 
     Nesting and operator counts are checked first (with strings skipped), so the parser never
     sees an expression deep enough to overflow its stack.
@@ -211,6 +340,6 @@ def check_promql(expr: str) -> None:
         raise ValueError(f"expected a PromQL expression of at most {MAX_PROMQL_OPERATORS} "
                          "operators")
     try:
-        promql_parser.parse(expr)
+        return promql_parser.parse(expr)
     except Exception as e:  # the binding raises ValueError, but a parser bug must not escape
         raise ValueError(f"expected a PromQL expression that parses: {str(e)[:160]}") from None

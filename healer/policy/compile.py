@@ -10,16 +10,17 @@ name its line.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from healer.core import rules as core
-from healer.core.model import Severity
+from healer.core.model import FenceProvider, Severity
+from healer.core.selector_logic import conflict
 from healer.core.signals import default_stale_after
 from healer.core.xid import XidCatalog
 from healer.policy import schema as s
 from healer.policy.checks import check_promql, compile_regex
 from healer.policy.promql_labels import check_keeps
+from healer.policy.promql_limits import check_limits
 from healer.policy.spare_validation import compile_spare_validation
 
 Path = tuple[str | int, ...]
@@ -57,7 +58,24 @@ def _selector(sel: s.Selector, path: Path, issues: list[Issue], *,
         if e.operator in ("Exists", "DoesNotExist") and e.values:
             issues.append(Issue(p, f"operator {e.operator} expects no values"))
         exprs.append((e.key, e.operator, frozenset(e.values)))
-    return core.LabelSelector(dict(sel.match_labels), tuple(exprs))
+    out = core.LabelSelector(dict(sel.match_labels), tuple(exprs))
+    key = conflict(out)
+    if key:
+        issues.append(Issue(path, f"this selector can match no node: its requirements on "
+                                  f"label {key!r} contradict each other"))
+    return out
+
+
+def _spare_selector(sel: s.Selector, path: Path, issues: list[Issue]) -> core.LabelSelector:
+    """A spare selector: a selector with matchLabels, which a claim takes off the spare (a
+    selector of matchExpressions alone would pick spares a claim cannot take out of the pool,
+    so healer counts no node as a spare by it)."""
+    out = _selector(sel, path, issues, require=True)
+    if sel.match_expressions and not sel.match_labels:
+        issues.append(Issue((*path, "matchLabels"),
+                            "expected at least one matchLabels entry: claiming a spare removes "
+                            "its matchLabels, and a spare selector without any picks no spare"))
+    return out
 
 
 def _guardrails(g: s.GuardrailsSpec, path: Path, issues: list[Issue]) -> core.Guardrails:
@@ -168,7 +186,7 @@ def _metric(name: str, sev: Severity, m: s.MetricMatch, p: Path,
         issues.append(Issue((*p, "per"), "expected distinct labels"))
     if m.promql is not None:
         try:
-            check_promql(m.promql)
+            check_limits(check_promql(m.promql))
             node_labels = (m.node_label,) if m.node_label else core.HOST_LABELS
             check_keeps(m.promql, node_labels, m.per)
         except ValueError as e:
@@ -198,6 +216,37 @@ def _slurm(name: str, sev: Severity, m: s.SlurmMatch, p: Path,
     return core.SlurmRule(name, sev, frozenset(m.states), pattern, m.hold_for)
 
 
+def _dead(d: s.DeadNodeSpec | None, path: Path, issues: list[Issue]) -> core.DeadNode:
+    if d is None:
+        return core.DeadNode()
+    if len(set(d.signals)) != len(d.signals):
+        issues.append(Issue((*path, "signals"), "expected distinct signals"))
+    f = d.fencing
+    if len(set(f.providers)) != len(f.providers):
+        issues.append(Issue((*path, "fencing", "providers"), "expected distinct providers"))
+    if "webhook" in f.providers:
+        _webhook(f, (*path, "fencing"), "the webhook fencing provider", issues)
+    elif f.url or f.secret_ref:
+        issues.append(Issue((*path, "fencing", "url" if f.url else "secretRef"),
+                            "url and secretRef go with the webhook provider (add webhook to "
+                            "providers, or remove them)"))
+    m = d.mass_death
+    for name, q in (("maxShare", m.max_share), ("maxSharePerDomain", m.max_share_per_domain)):
+        if _quantity(q).value <= 0:
+            issues.append(Issue((*path, "massDeath", name), "expected more than 0: with 0 "
+                                "every dead node would be a mass death, and none replaced"))
+    return core.DeadNode(
+        enabled=d.enabled, after=d.dead_after,
+        signals=frozenset(core.DeadSignal(x) for x in d.signals),
+        match=core.DeadMatch(d.match),
+        fencing=core.Fencing(providers=frozenset(FenceProvider(x) for x in f.providers),
+                             deadline=f.deadline, url=f.url or "",
+                             secret_ref=f.secret_ref or ""),
+        mass_death=core.MassDeath(window=m.window, max_share=_quantity(m.max_share),
+                                  max_share_per_domain=_quantity(m.max_share_per_domain),
+                                  domains=tuple(dict.fromkeys(m.domains))))
+
+
 def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> None:
     if not url:
         issues.append(Issue(path, f"{what} needs a url"))
@@ -205,20 +254,16 @@ def _hook_url(url: str | None, path: Path, what: str, issues: list[Issue]) -> No
         issues.append(Issue(path, f"expected an http(s) URL, got {url!r}"))
 
 
-def _webhook(spec: s.CheckpointSpec | s.RepairSpec, path: Path, what: str,
+def _webhook(spec: s.CheckpointSpec | s.RepairSpec | s.FencingSpec, path: Path, what: str,
              issues: list[Issue]) -> None:
     """A webhook hook: a URL, https unless allowInsecureHttp, and its own HMAC key."""
     _hook_url(spec.url, (*path, "url"), what, issues)
     if spec.url and spec.url.startswith("http://") and not spec.allow_insecure_http:
         issues.append(Issue((*path, "url"), f"expected an https:// URL, got {spec.url!r} "
                                             "(set allowInsecureHttp: true to send over http)"))
-    if not spec.secret_ref:
+    if not spec.secret_ref:  # its form is the schema's (checks.check_secret_ref)
         issues.append(Issue((*path, "secretRef"), f"{what} needs secretRef "
                             "(NAMESPACE/NAME[:KEY] of the Secret with its HMAC key)"))
-    elif not re.fullmatch(r"[a-z0-9][-a-z0-9]*/[a-z0-9][-.a-z0-9]*(:[-._a-zA-Z0-9]+)?",
-                          spec.secret_ref):
-        issues.append(Issue((*path, "secretRef"),
-                            f"expected NAMESPACE/NAME[:KEY], got {spec.secret_ref!r}"))
 
 
 def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
@@ -254,7 +299,8 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
                              requeue_grace=st.drain.requeue_grace),
         swap=core.SwapStep(enabled=st.swap.enabled, deadline=st.swap.deadline,
                            hold_timeout=st.swap.hold_timeout,
-                           require_same_domain=st.swap.require_same_domain),
+                           require_same_domain=st.swap.require_same_domain,
+                           foreign_reason=core.ForeignReason(st.swap.foreign_reason)),
         validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
                                        command=tuple(v.command), deadline=v.deadline),
         repair=core.RepairStep(hook=rp.hook, url=rp.url or "", secret_ref=rp.secret_ref or "",
@@ -285,16 +331,17 @@ def compile_policy(doc: s.RemediationPolicy, catalog: XidCatalog,
                                                "fault (staleness rules only alert)"))
     steps = _steps(spec.steps, ("spec", "steps"), issues)
     guardrails = _guardrails(spec.guardrails, ("spec", "guardrails"), issues)
+    dead = _dead(spec.dead_node, ("spec", "deadNode"), issues)
     if issues:
         raise CompileErrors(issues)
     return core.Policy(name=doc.metadata.name, selector=sel, rules=tuple(rules), steps=steps,
                        guardrails=guardrails, mode=core.Mode(spec.mode), priority=spec.priority,
-                       source=source)
+                       source=source, dead=dead)
 
 
 def compile_fleet(doc: s.FleetGuardrails, source: str = "") -> core.FleetRules:
     issues: list[Issue] = []
-    sel = _selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
+    sel = _spare_selector(doc.spec.spare_selector, ("spec", "spareSelector"), issues)
     g = _guardrails(doc.spec.guardrails, ("spec", "guardrails"), issues)
     sv = compile_spare_validation(doc.spec.spare_validation, ("spec", "spareValidation"),
                                   lambda p, m: issues.append(Issue(p, m)))

@@ -25,6 +25,7 @@ from healer.policy import schema as s
 from healer.policy.catalog import default_catalog
 from healer.policy.compile import CompileErrors, compile_fleet, compile_policy
 from healer.policy.nodesets import check_nodesets, compile_nodeset
+from healer.policy.roles import Located, check_roles
 from healer.policy.yamlsrc import (
     LIMITS,
     ReadBudget,
@@ -104,6 +105,9 @@ def load_policy_set(paths: Iterable[str | os.PathLike[str]], *,
         problems.extend(found)
     _cross_file_checks(policies, fleets, problems)
     check_nodesets([(n, doc.file, doc.line_of) for n, doc in nodesets], problems)
+    check_roles([(p, _located(doc)) for p, doc in policies],
+                (fleets[0][0], _located(fleets[0][1])) if fleets else None,
+                [(n, _located(doc)) for n, doc in nodesets], problems)
     if problems:
         raise PolicyError(problems)
     plist = [p for p, _ in policies]
@@ -140,7 +144,8 @@ def _load_file(f: Path, catalog: XidCatalog, problems: list[Problem], found: _Fo
         if isinstance(e, yaml.reader.ReaderError):  # a control character: offset in UTF-8 bytes
             line = text.encode("utf-8", "replace").count(b"\n", 0, max(e.position, 0)) + 1
         line = min(line, max(text.count("\n"), 1))  # "<stream end>" is past the last line
-        problems.append(Problem(str(f), line, "", f"invalid YAML: {_yaml_reason(e)}"))
+        field = _dotted(getattr(e, "path", ()))  # the value being read, when known
+        problems.append(Problem(str(f), line, field, f"invalid YAML: {_yaml_reason(e)}"))
         return
     if not docs:
         problems.append(Problem(str(f), 0, "", "the file holds no YAML document"))
@@ -163,6 +168,10 @@ def _yaml_reason(e: yaml.YAMLError) -> str:
 
 def _where(doc: SourceDoc) -> str:
     return f"{doc.file}:{doc.start_line}"
+
+
+def _located(doc: SourceDoc) -> Located:
+    return Located(doc.file, _where(doc), doc.line_of)
 
 
 def _load_doc(doc: SourceDoc, catalog: XidCatalog,
@@ -231,7 +240,7 @@ def _dotted(loc: Sequence[Any]) -> str:
         else:
             text = str(part)
             out += ("." if out else "") + (text if len(text) <= 60 else text[:57] + "...")
-    return out
+    return out if len(out) <= 120 else out[:117] + "..."
 
 
 def _short(v: Any) -> str:

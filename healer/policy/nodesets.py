@@ -15,7 +15,13 @@ from healer.core.nodesets import (
 )
 from healer.errors import Problem
 from healer.policy import schema as s
-from healer.policy.compile import CompileErrors, Issue, _guardrails, _selector
+from healer.policy.compile import (
+    CompileErrors,
+    Issue,
+    _guardrails,
+    _selector,
+    _spare_selector,
+)
 
 __all__ = ["check_nodesets", "compile_nodeset"]
 
@@ -29,7 +35,7 @@ def compile_nodeset(doc: s.SlurmNodeSet, source: str = "") -> NodeSetRules:
     sel = _selector(spec.node_selector, ("spec", "nodeSelector"), issues, require=True)
     spares = None
     if spec.spare_selector is not None:
-        spares = _selector(spec.spare_selector, ("spec", "spareSelector"), issues, require=True)
+        spares = _spare_selector(spec.spare_selector, ("spec", "spareSelector"), issues)
     slurm = spec.slurm
     if slurm.driver == "slurmrestd" and not (slurm.slurmrestd_url and slurm.token_secret):
         issues.append(Issue(("spec", "slurm"), "the slurmrestd driver needs slurmrestdUrl and "

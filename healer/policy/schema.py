@@ -26,12 +26,16 @@ from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
     MAX_DURATION,
     MAX_QUANTITY,
+    check_configmap_ref,
     check_http_url,
+    check_image_ref,
     check_label_key,
     check_label_value,
     check_prom_label,
+    check_secret_ref,
     check_signal,
 )
+from healer.policy.promql_limits import MAX_LOOKBACK
 
 API_VERSION = "healer.io/v1alpha1"
 
@@ -99,6 +103,16 @@ LabelKey = Annotated[str, BeforeValidator(check_label_key)]
 LabelValue = Annotated[str, BeforeValidator(check_label_value)]
 HttpUrl = Annotated[str, BeforeValidator(check_http_url)]
 SignalName = Annotated[str, BeforeValidator(check_signal)]
+SecretRef = Annotated[str, BeforeValidator(check_secret_ref), WithJsonSchema({
+    "type": "string", "maxLength": 600, "description": "NAMESPACE/NAME[:KEY] of a Secret",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
+               r"(:[-._A-Za-z0-9]{1,253})?$"})]
+ConfigMapRef = Annotated[str, BeforeValidator(check_configmap_ref), WithJsonSchema({
+    "type": "string", "maxLength": 320, "description": "NAMESPACE/NAME of a ConfigMap",
+    "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"})]
+ImageRef = Annotated[str, BeforeValidator(check_image_ref), WithJsonSchema({
+    "type": "string", "maxLength": 512,
+    "description": "a container image reference: [registry[:port]/]name[:tag][@digest]"})]
 _METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 PromLabel = Annotated[str, BeforeValidator(check_prom_label),
                       WithJsonSchema({"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$",
@@ -149,9 +163,12 @@ class MetricMatch(Model):
     matchers: dict[PromLabel, Annotated[str, Field(max_length=256)]] = Field(
         default_factory=dict, max_length=16,
         description="series: equality label matchers added to its selector")
-    promql: str | None = Field(default=None, min_length=1, max_length=4096,
-                               description="a PromQL expression; its series need the node "
-                                           "label and, for per-GPU rules, gpu/UUID labels")
+    promql: str | None = Field(default=None, min_length=1, max_length=4096, description=(
+        "a PromQL expression; its series need the node label and, for per-GPU rules, gpu/UUID "
+        "labels. Bounded, as it runs every poll: it reads at most 1d back (ranges, subquery "
+        "ranges and offsets together), every selector names its metric (by =), a subquery "
+        "says its step (at least 10s, at most 1440 steps, none inside another), no @ "
+        "modifier, no negative offset"))
     per: list[PromLabel] = Field(default_factory=list, max_length=8, description=(
         "series or promql: the labels that tell the node's parts apart (device, port: per "
         "HCA port); the rule is judged per part and its evidence names the part"))
@@ -161,8 +178,9 @@ class MetricMatch(Model):
     aggregation: Literal["value", "increase", "rate", "max_over_time", "changes"] = Field(
         default="value", description="field or series: value (the last sample), increase or "
         "rate of a counter, max_over_time, changes (how often it changed: flaps) in window")
-    window: Duration = Field(default=300.0, ge=1, description=(
-        "the range of increase/rate/max_over_time/changes: 1s to 366d"))
+    window: Duration = Field(default=300.0, ge=1, le=MAX_LOOKBACK, description=(
+        "the range of increase/rate/max_over_time/changes: 1s to 1d (a longer view belongs "
+        "in a recording rule)"))
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: Number
     hold_for: Duration = Field(default=0.0, ge=0, alias="for")
@@ -191,7 +209,9 @@ class NotReadyMatch(Model):
 
 class StalenessMatch(Model):
     after: Duration = Field(gt=0, description="no fresh sample for this long: stale")
-    sources: list[str] = Field(default_factory=list, description="empty: every source")
+    sources: list[Literal["dcgm"]] = Field(default_factory=list, max_length=8, description=(
+        "the telemetry sources judged: dcgm (DCGM and any series through Prometheus, the one "
+        "source whose samples carry freshness); empty: every source"))
 
 
 class SlurmMatch(Model):
@@ -227,11 +247,12 @@ class CheckpointSpec(Model):
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
 
 
 class DrainSpec(Model):
@@ -248,11 +269,17 @@ class SwapSpec(Model):
         "take only a spare in the node's NVLink domain (accelerator.topograph.run/domain); "
         "with none free the node is HeldForCapacity. Default: the nearest spare, reported "
         "(Event SpareFromOtherDomain, status.sparePlacement) when it is in another domain"))
+    foreign_reason: Literal["hold", "carryOver"] = Field(default="hold", description=(
+        "a Slurm drain or DOWN reason someone else set (an admin, a HealthCheckProgram; not "
+        "Slurm's own 'Not responding'), which moving the slurmd would lose: hold (the swap "
+        "waits and says why until the owner clears it) or carryOver (the replacement is "
+        "drained with that reason, word for word, through Slurm's API). docs/adr/0016"))
 
 
 class ValidationSpec(Model):
     enabled: Flag = False
-    image: str | None = None
+    image: ImageRef | None = Field(default=None, description=(
+        "the validation Job's container image: [registry[:port]/]name[:tag][@digest]"))
     command: list[str] = Field(default_factory=list, max_length=256)
     deadline: Duration = Field(default=1800.0, ge=1)
 
@@ -260,11 +287,12 @@ class ValidationSpec(Model):
 class RepairSpec(Model):
     hook: Literal["none", "webhook", "job"] = "none"
     url: HttpUrl | None = None
-    secret_ref: str | None = Field(default=None, description=(
+    secret_ref: SecretRef | None = Field(default=None, description=(
         "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
     allow_insecure_http: Flag = Field(default=False, description=(
         "webhook: accept an http:// url (default: https only)"))
-    job_template: str | None = None
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
     deadline: Duration = Field(default=0.0, ge=0)
 
 
@@ -278,6 +306,58 @@ class StepsSpec(Model):
     max_attempts: int = _int(1, 100, default=5)
     poll_interval: Duration = Field(default=10.0, ge=1, le=3600,
                                     description="how often a waiting step is polled: 1s to 1h")
+
+
+class FencingSpec(Model):
+    providers: list[Literal["webhook", "cloudShutdown", "nodeDeleted", "manual"]] = Field(
+        default_factory=lambda: ["manual", "cloudShutdown", "nodeDeleted"],  # type: ignore[arg-type]
+        min_length=1, max_length=4, description=(
+            "who may say a dead node's machine is off or cut off: webhook (healer calls your "
+            "fencing endpoint, which powers it off through its BMC or cloud API and "
+            "acknowledges fenced through healer's ack endpoint), cloudShutdown (the cloud "
+            "controller manager's node.cloudprovider.kubernetes.io/shutdown taint), "
+            "nodeDeleted (the cloud deleted the Node), manual (an admin annotates the Node "
+            "healer.io/fenced=<who and why>)"))
+    deadline: Duration = Field(default=600.0, ge=1, description=(
+        "with no provider saying so by then, the node is HeldForFencing (an Event, a "
+        "metric, an alert): nothing is force-deleted, ever"))
+    url: HttpUrl | None = Field(default=None, description="webhook: the fencing endpoint")
+    secret_ref: str | None = Field(default=None, description=(
+        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding its own HMAC key (required)"))
+    allow_insecure_http: Flag = Field(default=False, description=(
+        "webhook: accept an http:// url (default: https only)"))
+
+
+class MassDeathSpec(Model):
+    window: Duration = Field(default=300.0, gt=0, description=(
+        "nodes that went NotReady within one window of each other count together, with "
+        "those that answered again within the last window"))
+    max_share: Quantity = Field(default="10%", description=(
+        "more of the policy's nodes than this NotReady together: suspect the control plane "
+        "or the network, fence and swap nothing until they answer again"))
+    max_share_per_domain: Quantity = Field(default="25%", description=(
+        "the same, within one failure domain (a value of each label of domains)"))
+    domains: list[LabelKey] = Field(
+        default_factory=lambda: [DOMAIN_LABEL], max_length=8,
+        description="the labels whose values name the failure domains counted")
+
+
+class DeadNodeSpec(Model):
+    enabled: Flag = Field(default=True, description=(
+        "handle nodes that die outright (the block present and enabled: yes)"))
+    dead_after: Duration = Field(default=120.0, ge=1, description=(
+        "notReady: the Ready condition Unknown or False this long (the node lifecycle "
+        "controller sets Unknown once the kubelet's Lease expired)"))
+    signals: list[Literal["notReady", "slurmNotResponding", "telemetryStale"]] = Field(
+        default_factory=lambda: ["notReady", "slurmNotResponding"],  # type: ignore[arg-type]
+        min_length=1, max_length=3, description=(
+            "the witnesses: notReady (Kubernetes), slurmNotResponding (Slurm flags the node "
+            "NOT_RESPONDING), telemetryStale (every telemetry source for it stale at once)"))
+    match: Literal["all", "any"] = Field(default="all", description=(
+        "all: every witness listed must agree (the default: two independent witnesses); "
+        "any: one is enough"))
+    fencing: FencingSpec = Field(default_factory=FencingSpec)
+    mass_death: MassDeathSpec = Field(default_factory=MassDeathSpec)
 
 
 class FailureDomainSpec(Model):
@@ -319,6 +399,9 @@ class PolicySpec(Model):
     rules: list[RuleSpec] = Field(min_length=1, max_length=256)
     steps: StepsSpec = Field(default_factory=StepsSpec)
     guardrails: GuardrailsSpec = Field(default_factory=GuardrailsSpec)
+    dead_node: DeadNodeSpec | None = Field(default=None, description=(
+        "nodes that die outright (Ready Unknown, slurmd silent): fenced before anything "
+        "irreversible, taken out of service, swapped (docs/adr/0015); absent: off"))
 
 
 class RemediationPolicy(Model):
@@ -374,8 +457,6 @@ class FleetGuardrails(Model):
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-_SECRET_REF = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-.a-z0-9]*[a-z0-9])?"
-               r"(:[-._A-Za-z0-9]{1,253})?$")
 
 
 class SlurmEndpointSpec(Model):
@@ -384,9 +465,8 @@ class SlurmEndpointSpec(Model):
     slurmrestd_url: HttpUrl | None = Field(
         default=None, description="this cluster's slurmrestd (slurmrestd driver; on Slinky, "
         "for job listing and checkpoint signals)")
-    token_secret: str | None = Field(
-        default=None, pattern=_SECRET_REF, max_length=400,
-        description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
+    token_secret: SecretRef | None = Field(
+        default=None, description="NAMESPACE/NAME[:KEY] of the Secret holding slurmrestd's JWT")
     slurm_conf: str | None = Field(
         default=None, pattern=r"^/[^\x00-\x1f]*$", max_length=4096,
         description="absolute path of this cluster's slurm.conf in healer's container "

@@ -12,10 +12,12 @@ recurse without bound or allocate without bound:
   deeper than ``max_depth``, a recursive alias (``a: &a [*a]``) and aliases whose expansion
   would exceed ``max_nodes`` (a "billion laughs" document is refused after a few hundred events,
   not after gigabytes): an alias is charged the full size of what it stands for, although it
-  shares the anchored object instead of copying it.
+  shares the anchored object instead of copying it; and refuses every explicit tag but ``!``
+  and ``!!str`` (``!!binary``, ``!!timestamp``, ``!!float`` and the like would silently turn
+  the written text into another type).
 
-Every problem is a :class:`yaml.MarkedYAMLError` with a line, so the loader reports it as
-``file:line: what was expected``.
+Every problem is a :class:`yaml.MarkedYAMLError` with a line and the path of the value being
+read, so the loader reports it as ``file:line: field: what was expected``.
 """
 
 from __future__ import annotations
@@ -150,10 +152,20 @@ def read_source(path: str | os.PathLike[str], limits: Limits = LIMITS,
 # Parsing
 
 
+#: The only tags a scalar may carry: none, the non-specific ``!`` and ``!!str`` (a string stays
+#: a string). ``!!binary``, ``!!timestamp``, ``!!float``, ``!!int``, ``!!bool``, ``!!null`` or an
+#: application tag would silently turn the text into another type; they are refused.
+_SCALAR_TAGS = (None, "!", "tag:yaml.org,2002:str")
 _MAP_TAGS = (None, "!", "tag:yaml.org,2002:map")
 _SEQ_TAGS = (None, "!", "tag:yaml.org,2002:seq")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _NO_KEY = object()
+
+
+def _tag_name(tag: str) -> str:
+    """``tag:yaml.org,2002:binary`` → ``!!binary``; another tag as written (cut)."""
+    short = tag.replace("tag:yaml.org,2002:", "!!", 1)
+    return "".join(c if c.isprintable() else "?" for c in short[:60])
 
 
 def _fail(message: str, mark: Any) -> yaml.MarkedYAMLError:
@@ -200,6 +212,10 @@ class _Composer:
             raise _fail(f"expected a value of at most {self.limits.max_scalar_chars} "
                         "characters", ev.start_mark)
         tag = ev.tag
+        if tag not in _SCALAR_TAGS:
+            raise _fail(f"unsupported tag {_tag_name(tag)}; policy values take no YAML tags "
+                        "(a tag changes what the value is: write the value itself)",
+                        ev.start_mark)
         if tag is None or tag == "!":
             tag = self.loader.resolve(yaml.ScalarNode, ev.value, ev.implicit)
         if tag == _MERGE_TAG:
@@ -218,8 +234,20 @@ class _Composer:
         return value
 
     def compose(self) -> Any:
-        """Consume one document's events (the DocumentStart is already taken)."""
+        """Consume one document's events (the DocumentStart is already taken). A problem is a
+        ``yaml.MarkedYAMLError`` whose ``path`` names the value being read (the field)."""
         stack: list[_Frame] = []
+        try:
+            return self._compose(stack)
+        except yaml.MarkedYAMLError as e:
+            top = stack[-1] if stack else None
+            if top is not None and isinstance(top.value, dict) and top.key is _NO_KEY:
+                e.path = top.path  # type: ignore[attr-defined]  # a key: its mapping
+            else:
+                e.path = self._child_path(top)  # type: ignore[attr-defined]
+            raise
+
+    def _compose(self, stack: list[_Frame]) -> Any:
         result: Any = None
         while True:
             ev = self.loader.get_event()
@@ -251,7 +279,7 @@ class _Composer:
             elif isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 is_map = isinstance(ev, yaml.MappingStartEvent)
                 if ev.tag not in (_MAP_TAGS if is_map else _SEQ_TAGS):
-                    raise _fail(f"unsupported tag {ev.tag!s:.60}; expected a plain "
+                    raise _fail(f"unsupported tag {_tag_name(ev.tag)}; expected a plain "
                                 f"{'mapping' if is_map else 'list'}", mark)
                 if len(stack) >= self.limits.max_depth:
                     raise _fail(f"expected at most {self.limits.max_depth} levels of nesting",

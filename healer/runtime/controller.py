@@ -10,15 +10,17 @@ admin caused) is decided in :mod:`healer.core.node_events`; the node-events sour
 Per node, a trigger is handled like this (in the node's worker, never two at once)::
 
     [fleet lock]  view = the engine's fleet index; decision = engine.decide(node, trigger)
-                  if it opens an incident or takes capacity:
-                      store.save(decision.record); engine.commit   # intent, before any action
-    [no lock]     otherwise: store.save(decision.record); engine.commit
+                  if it opens an incident or takes capacity: engine.commit   # reserved
+    [no lock]     store.save(decision.record); engine.commit   # intent, before any action
+                  (a reserved decision whose write fails is rolled back; one whose actions
+                  only look at Slurm waits for the next decision's write: _deferrable)
                   for action in decision.actions: outcome triggers → the same node's queue
                   schedule a TICK at engine.next_tick(...)
 
-The fleet lock makes "check the guardrails, then record the admission" atomic across nodes, so
-two nodes can never both take the last slot; a decision that takes nothing (a step's outcome, a
-poll, giving capacity back) is written outside it, so one slow write does not stall the fleet.
+The fleet lock makes "check the guardrails, then reserve the admission" atomic across nodes,
+so two nodes can never both take the last slot; the write itself happens outside it, so a
+burst of admissions is written in parallel (bounded by the API client's connections and rate
+limit) and one slow write does not stall the fleet. Nothing acts before its write succeeded.
 On becoming leader the controller re-reads every NodeRemediation from the API (not a cache)
 and sends each open one a RESUME, which re-issues the steps whose outcome was never recorded
 (actions are idempotent); completed steps are never repeated. Losing leadership stops all work
@@ -35,6 +37,7 @@ from typing import Any
 
 import structlog
 
+from healer.core.actions import EmitEvent, ObserveSlurm
 from healer.core.budget import BudgetView, usage
 from healer.core.engine import Engine, takes_capacity
 from healer.core.health import Verdict, stale_conditions
@@ -72,7 +75,17 @@ class Evaluate:
     at: float
 
 
-Item = Trigger | Evaluate
+@dataclass(frozen=True, slots=True)
+class TimerTick:
+    """Internal work item: the node's tick timer fired (``seq``: which arming of it). A tick
+    armed before the node's latest decision re-armed it is stale and dropped: under a slow
+    API a poll queued behind the very action it would poll only doubled the work."""
+
+    trigger: Trigger
+    seq: int
+
+
+Item = Trigger | Evaluate | TimerTick
 
 
 @dataclass
@@ -96,6 +109,8 @@ class Stats:
     conflicts: int = 0
     actions: int = 0
     dropped: int = 0
+    deferred: int = 0
+    """Writes that waited for the next decision's (its actions only looked at Slurm)."""
     last_transition: dict[str, float] = field(default_factory=dict)
 
 
@@ -120,6 +135,10 @@ class Controller:
         self._warm_until = 0.0
         self._outage = OnceLogger("healer.controller")
         self._stale_conditions: dict[str, tuple[str, ...]] = {}  # node → stale condition/<type>
+        #: nodes whose latest record waits for the next decision's write (:meth:`_deferrable`)
+        self._dirty: set[str] = set()
+        #: per node, how often its tick was armed (a fired tick of an older arming is stale)
+        self._tick_seq: dict[str, int] = {}
 
     # -- state (the engine's) -------------------------------------------------------------------
 
@@ -183,6 +202,7 @@ class Controller:
 
     async def load(self) -> None:
         stored = await self.store.list()
+        self._dirty.clear()
         cutoff = self.clock.now() - self.settings.retention_seconds
         self.engine.load((s.record for s in stored), keep_closed_since=cutoff)
         self._stored = {}
@@ -205,6 +225,9 @@ class Controller:
         n = change.view
         if n is None:
             self.engine.remove_node(change.node)
+            self._seen.pop(change.node, None)
+            for t in change.triggers:  # e.g. a dead node's fencing: the Node was deleted
+                self._submit(change.node, t)
             return
         relabelled = self.engine.set_node(n)
         refreshed = change.conditions_refreshed
@@ -302,6 +325,10 @@ class Controller:
                 trigger = self._evaluate(node)
                 if trigger is None:
                     return
+            elif isinstance(item, TimerTick):
+                if item.seq != self._tick_seq.get(node):
+                    return  # re-armed since: the newer arming fires instead
+                trigger = item.trigger
             else:
                 trigger = item
             await self._step(node, trigger)
@@ -362,20 +389,20 @@ class Controller:
             decision = self.engine.decide(node, trigger, now, self.view())
             self.stats.steps += 1
             atomic = takes_capacity(record, decision)
-            if atomic:  # checked and recorded under one lock: no two nodes take one slot
-                ok, stored = await self._persist(node, trigger, record, stored, decision)
-                if not ok:
-                    return
-                self._commit(node, decision, stored)
-        if not atomic:
-            # gives capacity back or changes nothing the guardrails count: its write need not
-            # hold up every other node's step (at fleet scale that lock is the bottleneck)
-            if not self.leading:
-                return
-            ok, stored = await self._persist(node, trigger, record, stored, decision)
-            if not ok:
-                return
-            self._commit(node, decision, stored)
+            if atomic:
+                # checked and *reserved* under one lock: the next node's decision already
+                # counts this one, so no two nodes take one slot; the write happens outside
+                # the lock (a burst's admissions are written in parallel, not one by one)
+                # and nothing acts before it succeeded; if it fails, the reservation is
+                # rolled back
+                self.engine.commit(node, decision)
+        if not self.leading:
+            return
+        ok, stored = await self._persist(node, trigger, record, stored, decision,
+                                         reserved=atomic)
+        if not ok:
+            return
+        self._commit(node, decision, stored)
         self._observe(node, trigger, decision, record)
         if decision.transitions and node in self.nodes:
             self._derive_triggers(self.nodes[node], now)  # e.g. a repair result already there
@@ -391,28 +418,61 @@ class Controller:
                 # triggers (telemetry every second) must not postpone a poll forever
                 self._schedule(node, "tick", tick - now, Trigger(TriggerKind.TICK, node, tick))
 
-    async def _persist(self, node: str, trigger: Trigger, record: NodeRecord | None,
-                       stored: StoredRecord | None, decision: Decision
-                       ) -> tuple[bool, StoredRecord | None]:
-        """Write the decision's record (intent) if it changed; False when it could not be."""
+    def _deferrable(self, node: str, record: NodeRecord | None, decision: Decision) -> bool:
+        """May this decision's write wait for the next one? Only when it changes nothing in
+        the world: its actions only read (look at Slurm) or report (Events), so a decision
+        follows at once and writes both. Intent before action is kept: every action that
+        changes something runs after a write that names it. Lost in a crash, the outcome it
+        recorded is found again (the look at Slurm is repeated on resume)."""
         new = decision.record
-        if new is None or new == record or new.phase is Phase.SUSPECT:
+        if new is None or record is None or node not in self._stored or releases(new):
+            return False
+        acts = decision.actions
+        return bool(acts) and all(isinstance(a, (ObserveSlurm, EmitEvent)) for a in acts) \
+            and any(isinstance(a, ObserveSlurm) for a in acts)
+
+    async def _persist(self, node: str, trigger: Trigger, record: NodeRecord | None,
+                       stored: StoredRecord | None, decision: Decision, *,
+                       reserved: bool = False) -> tuple[bool, StoredRecord | None]:
+        """Write the decision's record (intent) if it changed; False when it could not be
+        (a ``reserved`` decision, committed ahead of its write, is then rolled back)."""
+        new = decision.record
+        if new is None or new.phase is Phase.SUSPECT or (
+                new == record and node not in self._dirty):
+            return True, stored
+        if self._deferrable(node, record, decision):
+            self._dirty.add(node)
+            self.stats.deferred += 1
             return True, stored
         try:
             stored = await self.store.save(new, stored)
         except ConflictError:
             # someone else wrote this record: take the API's version and try again
             self.stats.conflicts += 1
+            if reserved:
+                self._rollback(node, record, new)
             await self._reload(node, record)
             self._schedule(node, "retry", 0.05, trigger)
             return False, stored
         except HealerError as e:
+            if reserved:
+                self._rollback(node, record, new)
             self._outage.failed("state store", str(e))
             self._schedule(node, "retry", self.settings.retry_delay, trigger)
             return False, stored
         self._outage.ok("state store")
+        self._dirty.discard(node)
         self.stats.persisted += 1
         return True, stored
+
+    def _rollback(self, node: str, before: NodeRecord | None, new: NodeRecord) -> None:
+        """Undo a reservation whose write failed: the engine is back where it was."""
+        if before is None or before.phase is Phase.SUSPECT or \
+                before.incident.id != new.incident.id:
+            self.engine.commit(node, Decision(None))
+            self.engine.forget(new.incident.id)
+        if before is not None:
+            self.engine.commit(node, Decision(before))
 
     def _commit(self, node: str, decision: Decision, stored: StoredRecord | None) -> None:
         self.engine.commit(node, decision)
@@ -442,11 +502,16 @@ class Controller:
 
     def _schedule(self, node: str, kind: str, delay: float, item: Item) -> None:
         if self.leading:
+            if kind == "tick" and isinstance(item, Trigger):
+                seq = self._tick_seq[node] = self._tick_seq.get(node, 0) + 1
+                item = TimerTick(item, seq)
             self._timers.schedule((node, kind), delay, item)
 
     def _fire(self, key: tuple[str, str], item: Item) -> None:
         now = self.clock.now()
-        if isinstance(item, Trigger):
+        if isinstance(item, TimerTick):
+            self._submit(key[0], replace(item, trigger=replace(item.trigger, at=now)))
+        elif isinstance(item, Trigger):
             self._submit(key[0], replace(item, at=now))
         else:
             self._submit(key[0], Evaluate(now))
@@ -483,13 +548,10 @@ class Controller:
             "slurm": {"view": self.engine.fleet.slurm_view,
                       "unavailable": dict(sorted(self.engine.fleet.slurm.items()))},
             "stats": {"steps": self.stats.steps, "persisted": self.stats.persisted,
+                      "deferred": self.stats.deferred,
                       "conflicts": self.stats.conflicts, "actions": self.stats.actions},
         }
 
     async def drain(self, grace: float) -> None:
         if self._dispatcher is not None:
             await self._dispatcher.drain(grace)
-
-    def open_phase(self, node: str) -> Phase:
-        rec = self.engine.records.get(node)
-        return rec.phase if rec is not None else Phase.HEALTHY

@@ -40,6 +40,7 @@ class Dispatcher(Generic[T]):
     async def _work(self, key: str, q: asyncio.Queue[T]) -> None:
         while True:
             try:
+                # idle in real time: reaping frees memory, it decides nothing
                 item = await asyncio.wait_for(q.get(), self._idle)
             except TimeoutError:
                 if q.empty():
@@ -69,7 +70,7 @@ class Dispatcher(Generic[T]):
         async def all_done() -> None:
             for q in list(self._queues.values()):
                 await q.join()
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError):  # the shutdown grace is real time (SIGTERM)
             await asyncio.wait_for(all_done(), grace)
 
     async def close(self) -> None:

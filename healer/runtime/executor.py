@@ -20,22 +20,26 @@ from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core import actions as a
 from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
-from healer.core.model import NodeRecord
+from healer.core.model import FenceProvider, NodeRecord
 from healer.core.rules import Mode
 from healer.core.topology import TOPOGRAPH, TopologyKeys, placement, placement_data
 from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
-from healer.errors import HealerError, PermanentError, TransientError
+from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.obs.logging import OnceLogger
 from healer.ports import (
     CheckpointHook,
     Clock,
     EventRecorder,
+    FenceSpec,
+    Fencing,
     HookResult,
     HookSpec,
     NodeAPI,
     PendingClaim,
     RepairHook,
     SlurmDriver,
+    SlurmHold,
+    SlurmJobHistory,
     SparePool,
     StepOutcome,
     Topology,
@@ -65,6 +69,7 @@ class Ports:
     validator: Validator
     checkpoint: CheckpointHook
     repair: RepairHook
+    fencing: Fencing
     slurm_names: SlurmNames = same_name
     topology_keys: TopologyKeys = TOPOGRAPH  # the labels a placement is reported from
 
@@ -91,6 +96,37 @@ async def _no_spare(p: Ports, act: a.ClaimSpare) -> str:
         dom = (await p.nodes.get(act.node)).labels.get(p.topology_keys.domain, "")
     return (f"no free warm spare in NVLink domain {dom or '(none)'} (swap.requireSameDomain: "
             "spares in other domains are not taken)")
+
+
+async def _lost_jobs(p: Ports, act: a.LostJobs) -> Outcome:
+    """The jobs a dead node took with it, as Slurm reports them: a report, never a reason to
+    stop (an unreadable Slurm says so in the report)."""
+    sn = act.slurm_node
+    try:
+        sn = sn or await p.slurm_names(act.node)
+        jobs = await (p.slurm.recent_jobs_on(sn) if isinstance(p.slurm, SlurmJobHistory)
+                      else p.slurm.jobs_on(sn))
+        text = ",".join(f"{j.id}:{j.state}" for j in jobs) or "none"
+    except HealerError as e:
+        text = f"unknown ({e})"[:250]
+    data = {"jobs": text}
+    if sn:
+        data["slurmNode"] = sn
+    return Outcome(StepStatus.DONE, "", data)
+
+
+async def _clear_out_of_service(p: Ports, act: a.ClearOutOfService) -> Outcome:
+    """healer's out-of-service taint comes off only once the node is Ready again: its kubelet
+    is back and has settled its pods, so none of the old ones can come back."""
+    try:
+        view = await p.nodes.get(act.node)
+    except NotFoundError:
+        return Outcome(StepStatus.DONE, "", {"cleared": "false", "why": "the Node is gone"})
+    if not view.ready:
+        return Outcome(StepStatus.PENDING, f"{act.node} is not Ready yet: the out-of-service "
+                                           "taint stays until its kubelet is back")
+    cleared = await p.nodes.clear_out_of_service(act.node, act.incident)
+    return Outcome(StepStatus.DONE, "", {"cleared": str(cleared).lower()})
 
 
 class ActionRunner(Protocol):
@@ -176,6 +212,9 @@ class Executor:
         data: dict[str, str] = {}
         if isinstance(act, a.ClaimSpare):
             data["spare"] = "(dry-run spare)"
+        if isinstance(act, a.Fence):
+            data.update(provider=FenceProvider.MANUAL.value, by="(dry run: would wait for "
+                        f"{', '.join(act.providers) or 'a provider'})")
         await self.p.events.emit(key=f"{act.key}/dry-run", node=act.node, reason="DryRun",
                                  note=f"would {act.describe()}", action=act.step,
                                  remediation=act.incident)
@@ -202,7 +241,8 @@ class Executor:
                 return Outcome(StepStatus.DONE, "", {"owner": "healer" if owned else "other"})
             case a.ClaimSpare():
                 spare = await p.spares.claim(act.node, act.incident,
-                                             same_domain=act.same_domain)
+                                             same_domain=act.same_domain,
+                                             labels=dict(act.labels) if act.labels else None)
                 if spare is None:
                     return Outcome(StepStatus.UNAVAILABLE, await _no_spare(p, act))
                 if isinstance(spare, PendingClaim):  # the spare is being validated first
@@ -214,11 +254,26 @@ class Executor:
                                                          p.topology_keys)))
                 return Outcome(StepStatus.DONE, "", data)
             case a.MoveWorkload():
-                sn = act.slurm_node or await p.slurm_names(act.node)
-                return _hook(await p.workload.move(act.incident, sn, act.node, act.spare))
+                try:
+                    sn = act.slurm_node or await p.slurm_names(act.node)
+                except NotFoundError:
+                    if not act.dead:
+                        raise
+                    sn = ""  # its pod is gone already: the move looks on the spare
+                return _hook(await p.workload.move(act.incident, sn, act.node, act.spare,
+                                                   dead=act.dead, carry=act.carry))
             case a.AwaitReplacement():
-                return _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
-                                                                act.spare))
+                out = _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
+                                                               act.spare))
+                if out.status is StepStatus.DONE and act.carry:
+                    sn = act.slurm_node or dict(out.data or {}).get("slurmNode", "")
+                    if not isinstance(p.slurm, SlurmHold):
+                        raise PermanentError("swap.foreignReason carryOver needs a Slurm driver "
+                                             "that sets a reason (scontrol or slurmrestd, or "
+                                             "the slinky driver with one as its job backend)")
+                    await p.slurm.hold(sn, act.carry)
+                    out = Outcome(StepStatus.DONE, "", {**(out.data or {}), "carried": act.carry})
+                return out
             case a.AnnotateTopology():
                 return _hook(await p.topology.annotate(act.incident, act.target, act.slurm_node))
             case a.Validate():
@@ -245,7 +300,21 @@ class Executor:
                 await p.spares.return_to_pool(act.node, act.incident)
                 return Outcome(StepStatus.DONE)
             case a.Escalate():
-                await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
-                                             annotations={ESCALATION_ANNOTATION: act.reason})
+                try:
+                    await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
+                                                 annotations={ESCALATION_ANNOTATION: act.reason})
+                except NotFoundError:  # the Node is gone: nothing to mark
+                    return Outcome(StepStatus.DONE, "", {"node": "gone"})
                 return Outcome(StepStatus.DONE)
+            case a.LostJobs():
+                return await _lost_jobs(p, act)
+            case a.Fence():
+                fence = FenceSpec(frozenset(FenceProvider(x) for x in act.providers), act.url,
+                                  act.secret_ref, act.deadline)
+                return _hook(await p.fencing.fence(act.incident, act.node, fence))
+            case a.TaintOutOfService():
+                ours = await p.nodes.taint_out_of_service(act.node, act.incident)
+                return Outcome(StepStatus.DONE, "", {"owner": "healer" if ours else "other"})
+            case a.ClearOutOfService():
+                return await _clear_out_of_service(p, act)
         raise PermanentError(f"no executor for {type(act).__name__}")

@@ -27,7 +27,7 @@ from healer.core.model import Signal
 from healer.core.topology import DOMAIN_LABEL
 from healer.errors import HealerError
 from healer.obs.http import Health
-from healer.ports import SignalSink
+from healer.ports import Clock, SignalSink
 from healer.runtime.controller import Controller
 
 log = structlog.get_logger("healer.app")
@@ -71,7 +71,7 @@ def source_sink(health: Health, name: str, ctl: Controller,
 
 
 async def spare_depth(health: Health, spares: SpareDepth, ctl: Controller,
-                      depth: MutableMapping[str, int]) -> None:
+                      depth: MutableMapping[str, int], clock: Clock) -> None:
     """Keep ``depth`` (NVLink domain → free spares) current: every domain that has nodes gets
     an entry, 0 when none is free, so "this domain has no spare left" can be alerted on."""
     while True:
@@ -82,26 +82,26 @@ async def spare_depth(health: Health, spares: SpareDepth, ctl: Controller,
                        if DOMAIN_LABEL in v.labels}
             depth.clear()
             depth.update({d: free.get(d, 0) for d in domains | set(free)})
-        await asyncio.sleep(SPARE_DEPTH_EVERY)
+        await clock.sleep(SPARE_DEPTH_EVERY)
 
 
-async def retention(health: Health, ctl: Controller) -> None:
+async def retention(health: Health, ctl: Controller, clock: Clock) -> None:
     """Delete closed NodeRemediations past retention, hourly."""
     while True:
         health.beat("retention", RETENTION_EVERY + LOOP_SLACK)
-        await asyncio.sleep(RETENTION_EVERY)
+        await clock.sleep(RETENTION_EVERY)
         with contextlib.suppress(HealerError):
             await ctl.collect_garbage()
 
 
 async def reconcile_heartbeat(health: Health, probe: Callable[[], Awaitable[None]],
-                              every: float = 5.0) -> None:
+                              clock: Clock, every: float = 5.0) -> None:
     """Beat ``reconcile`` each time ``probe`` (the controller's step lock) comes back: a step
     stuck under the lock makes /healthz fail after :data:`RECONCILE_MAX_AGE`."""
     while True:
         await probe()
         health.beat("reconcile", RECONCILE_MAX_AGE)
-        await asyncio.sleep(every)
+        await clock.sleep(every)
 
 
 async def lead(ctl: Controller, election: Election | None) -> None:

@@ -43,12 +43,13 @@ class NodeEvents:
             return
         ctl = self.controller
         old = ctl.nodes.get(ev.node.name)
+        record = ctl.engine.records.get(ev.node.name)
         if ev.type == "DELETED":
-            await ctl.on_node_change(node_change(old or ev.node, None, ctl.clock.now()))
+            await ctl.on_node_change(node_change(old or ev.node, None, ctl.clock.now(),
+                                                 record=record))
             return
         await ctl.on_node_change(node_change(
-            old, ev.node, ctl.clock.now(), record=ctl.engine.records.get(ev.node.name),
-            spare_selector=ctl.policies.fleet.spare_selector))
+            old, ev.node, ctl.clock.now(), record=record, is_spare=ctl.policies.is_spare))
 
     def _beat(self) -> None:
         if self.health is not None:

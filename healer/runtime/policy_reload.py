@@ -26,9 +26,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core.rules import Mode, PolicySet
 from healer.errors import PolicyError, PolicyLoadError, Problem
 from healer.policy.load import policy_files
+from healer.ports import Clock
 
 log = structlog.get_logger("healer.policy")
 
@@ -63,6 +65,7 @@ async def load_isolated(paths: Sequence[str], *, max_mode: Mode | None = None,
     except OSError as e:
         raise PolicyLoadError("crash", where, f"cannot start the policy loader: {e}") from e
     try:
+        # the child's budget is real time (it bounds a process), not the daemon's clock
         out, err = await asyncio.wait_for(proc.communicate(request), budget.seconds)
     except TimeoutError:
         raise PolicyLoadError("timeout", where, f"loading the policies took longer than "
@@ -202,8 +205,9 @@ class PolicyReloader:
     def __init__(self, paths: Sequence[str], *, apply: Callable[[PolicySet], None],
                  observer: ReloadObserver, emit: Callable[[str, str], Awaitable[None]] | None
                  = None, max_mode: Mode | None = None, budget: Budget | None = None,
-                 beat: Callable[[], None] | None = None) -> None:
+                 beat: Callable[[], None] | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.paths = tuple(paths)
+        self.clock = clock
         self.apply, self.observer, self.emit = apply, observer, emit
         self.max_mode, self.budget = max_mode, budget or Budget()
         self.beat = beat
@@ -260,6 +264,7 @@ class PolicyReloader:
         note = (f"policy reload failed ({kind}); the previous policies stay in force: "
                 + "; ".join(str(p) for p in problems))
         try:
+            # a bound on an API call, in real time (not the daemon's clock)
             await asyncio.wait_for(self.emit("PolicyReloadFailed", note), 15)
         except Exception as e:  # the Event is best effort; the log has it
             log.warning("could not emit the PolicyReloadFailed event", error=str(e)[:_TAIL])
@@ -269,7 +274,7 @@ class PolicyReloader:
         while True:
             if self.beat is not None:
                 self.beat()
-            await asyncio.sleep(every)
+            await self.clock.sleep(every)
             await self.check()
 
 

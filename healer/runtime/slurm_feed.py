@@ -25,8 +25,7 @@ known again. Recovery is never blocked (the guardrails gate only admissions).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
@@ -56,7 +55,7 @@ class SlurmFeed:
     def __init__(self, states: SlurmStates, sink: SlurmSink, clock: Clock, *,
                  interval: float = DEFAULT_INTERVAL, timeout: float | None = None,
                  grace: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 on_view: Callable[[bool, str], Awaitable[None]] | None = None) -> None:
         if not interval > 0:
             raise ValueError(f"the Slurm state interval must be > 0 s, not {interval!r}")
         self.states = states
@@ -65,17 +64,18 @@ class SlurmFeed:
         self.interval = interval
         self.timeout = timeout if timeout is not None else max(interval, 5.0)
         self.grace = grace if grace is not None else 3 * interval
-        self._monotonic = monotonic
         self.causes: dict[str, str] = {}  # node -> cause, as last read (only nodes with one)
         self.findings: dict[str, SlurmFinding] = {}  # node -> what Slurm finds (nodes with one)
         self._seen: dict[str, tuple[object, ...]] = {}  # node -> its state behind the finding
         self.known = False
-        self.last_ok: float | None = None  # monotonic
         self.last_success: float | None = None  # the clock's time
         self.reads = 0
         self.failures = 0
         self.last_error = ""
         self._outage = OnceLogger("healer.slurm_feed")
+        #: told (known, why not) whenever either changes: the daemon's dependency status
+        self.on_view = on_view
+        self._told: tuple[bool, str] | None = None
 
     async def run(self) -> None:
         while True:
@@ -85,15 +85,17 @@ class SlurmFeed:
     async def poll(self) -> None:
         """One read; changes (or the loss of Slurm's view) go to the sink."""
         try:
+            # a bound on a Slurm call, in real time (not the daemon's clock)
             got = await asyncio.wait_for(self.states.node_states(), self.timeout)
             causes = _causes(got)
             signals = self._findings(got)
         except (HealerError, TimeoutError, ValueError, KeyError, TypeError) as e:
-            self._failed(f"{type(e).__name__}: {e}"[:300])
+            self._failed(f"{type(e).__name__}: {e}"[:600])
+            if not self.known:
+                await self._tell(False, self.last_error)
             return
         self._outage.ok("Slurm node states")
         self.reads += 1
-        self.last_ok = self._monotonic()
         self.last_success = self.clock.now()
         changes = {n: c for n, c in causes.items() if self.causes.get(n) != c}
         changes.update({n: "" for n in self.causes if n not in causes})
@@ -104,6 +106,16 @@ class SlurmFeed:
             self.sink.on_slurm_states(changes, known=True)
         if signals:
             await self.sink.on_signals(signals)
+        await self._tell(True, "")
+
+    async def _tell(self, known: bool, why: str) -> None:
+        if self.on_view is None or self._told == (known, why):
+            return
+        self._told = (known, why)
+        try:
+            await self.on_view(known, why)
+        except HealerError as e:  # an Event that cannot be written must not stop the feed
+            log.warning("Slurm view change not reported", error=str(e)[:300])
 
     def _findings(self, states: Mapping[str, SlurmNodeState]) -> list[Signal]:
         """The SLURM signals of the nodes whose finding changed (and remembers them)."""
@@ -134,7 +146,7 @@ class SlurmFeed:
         self.failures += 1
         self.last_error = error
         self._outage.failed("Slurm node states", error)
-        if self.last_ok is None or self._monotonic() - self.last_ok >= self.grace:
+        if self.last_success is None or self.clock.now() - self.last_success >= self.grace:
             if self.known or self.reads == 0:  # the loss is news (or nothing was ever read)
                 self.sink.on_slurm_states({}, known=False)
             self.known = False

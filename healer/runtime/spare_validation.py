@@ -16,7 +16,6 @@ the same object as the loop (one lock per spare, one run).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -50,7 +49,7 @@ def spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
 
 
 def spare_validation(health: Health, validator: SpareValidator, ports: Ports,
-                     ctl: Controller) -> Coroutine[Any, Any, None]:
+                     ctl: Controller, clock: Clock) -> Coroutine[Any, Any, None]:
     """The loop over every warm spare (the fleet's and each NodeSet's selector)."""
     async def spares() -> Sequence[NodeView]:
         return await spare_nodes(ports.nodes, ctl.policies)
@@ -58,7 +57,7 @@ def spare_validation(health: Health, validator: SpareValidator, ports: Ports,
     def acting() -> bool:
         return ctl.leading and any(p.mode is Mode.ACT for p in ctl.policies.policies)
 
-    return validate_spares(health, validator, spares, acting)
+    return validate_spares(health, validator, spares, acting, clock)
 
 
 async def spare_nodes(nodes: NodeAPI, policies: PolicySet) -> list[NodeView]:
@@ -74,9 +73,8 @@ async def spare_nodes(nodes: NodeAPI, policies: PolicySet) -> list[NodeView]:
 
 async def validate_spares(health: Health, validator: SpareValidator,
                           spares: Callable[[], Awaitable[Sequence[NodeView]]],
-                          acting: Callable[[], bool],
-                          every: float = SPARE_VALIDATION_EVERY,
-                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                          acting: Callable[[], bool], clock: Clock,
+                          every: float = SPARE_VALIDATION_EVERY) -> None:
     """The loop: a round every ``every`` seconds while ``acting()`` (leading, and some policy
     acts) and validation is on; a failed round is logged once, its recovery once."""
     failing = False
@@ -95,4 +93,4 @@ async def validate_spares(health: Health, validator: SpareValidator,
                 if not failing:  # an outage is logged once, its recovery once
                     log.warning("spare validation round failed", error=str(e))
                 failing = True
-        await sleep(every)
+        await clock.sleep(every)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,7 +21,7 @@ from healer.core.budget import BudgetView
 from healer.core.engine import Engine
 from healer.core.health import Verdict
 from healer.core.machine import Decision, Trigger, TriggerKind, releases
-from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
+from healer.core.model import HealthState, NodeRecord, NodeView, Signal
 from healer.core.phases import Phase
 from healer.core.rules import PolicySet
 
@@ -221,18 +221,3 @@ class Replay:
             return self.records[node].phase.value
         done = [r for r in self.closed if r.node == node]
         return done[-1].phase.value if done else Phase.HEALTHY.value
-
-
-def heartbeats(nodes: Iterable[str], start: float, until: float, every: float,
-               source: str = "dcgm",
-               stopped: Mapping[str, list[tuple[float, float]]] | None = None) -> list[Signal]:
-    """FRESH heartbeats for every node, except while its telemetry is stopped."""
-    out: list[Signal] = []
-    stopped = stopped or {}
-    for n in nodes:
-        t = start
-        while t <= until:
-            if not any(a <= t < b for a, b in stopped.get(n, [])):
-                out.append(Signal(n, source, SignalKind.FRESH, source, 1.0, t))
-            t += every
-    return out

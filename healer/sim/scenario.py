@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 import yaml
@@ -24,6 +24,7 @@ from healer.core.parts import PartRef
 from healer.core.phases import Phase
 from healer.core.rules import MetricRule, Mode, PolicySet
 from healer.core.slurm_signals import finding_signal, next_finding
+from healer.core.timefmt import format_duration
 from healer.core.topology import DOMAIN_LABEL
 from healer.core.vocabulary import (
     CORDONED_BY,
@@ -36,6 +37,7 @@ from healer.core.vocabulary import (
 from healer.errors import ConfigError
 from healer.policy.load import load_policy_set
 from healer.policy.schema import Duration
+from healer.policy.yamlsrc import SourceError, load_documents, read_source
 from healer.sim.engine import Replay, TimelineEntry
 from healer.sim.world import Latencies, SimJob, SimNode, SimWorld
 
@@ -147,12 +149,30 @@ class Scenario(_M):
     expect: list[ExpectSpec] = Field(default_factory=list)
 
 
+def _scenario_data(p: Path) -> Any:
+    """The scenario file's one YAML document, read as hostile as a policy file (regular file,
+    size and alias limits, UTF-8: a binary file is named with its first bad line)."""
+    try:
+        docs = list(load_documents(read_source(p), str(p)))
+    except SourceError as e:
+        where = f"{p}:{e.line}" if e.line else str(p)
+        raise ConfigError(f"{where}: cannot read scenario: {e.message}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{where}: cannot read scenario: invalid YAML: {problem}") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{p}: cannot read scenario: "
+                          f"{getattr(e, 'strerror', '') or e}") from None
+    if len(docs) != 1:
+        raise ConfigError(f"{p}: expected one YAML document (a scenario), got {len(docs)}")
+    return docs[0].data
+
+
 def load_scenario(path: str | Path) -> tuple[Scenario, PolicySet]:
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text("utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{p}: cannot read scenario: {e}") from e
+    data = _scenario_data(p)
     try:
         sc = Scenario.model_validate(data)
     except pydantic.ValidationError as e:
@@ -340,20 +360,11 @@ def render_timeline(entries: list[TimelineEntry], start: float, *,
             dur = ""
             if e.kind == "transition":
                 if last_t is not None:
-                    dur = f" (after {_human(e.at - last_t)})"
+                    dur = f" (after {format_duration(e.at - last_t, units=2)})"
                 last_t = e.at
             marker = {"transition": "▶", "verdict": "·", "event": "✎", "action": "→"}[e.kind]
             lines.append(f"   {_clock(e.at, start)}  {marker} {e.text}{dur}")
     return lines
-
-
-def _human(seconds: float) -> str:
-    s = round(seconds)
-    if s < 120:
-        return f"{s}s"
-    if s < 7200:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def check_expectations(sc: Scenario, replay: Replay, world: SimWorld) -> list[str]:
@@ -387,7 +398,7 @@ def simulate(path: str | Path, *, verbose: bool = False,
     out(f"scenario {sc.name}: {sc.description}".rstrip(": "))
     out(f"policies: {', '.join(p.name + ' (' + p.mode.value + ')' for p in ps.policies)}; "
         f"fleet: {len(sc.fleet.nodes)} GPU nodes, {len(sc.fleet.spares)} warm spares; "
-        f"replaying {_human(sc.until)} of simulated time")
+        f"replaying {format_duration(sc.until, units=2)} of simulated time")
     replay.run(start + sc.until)
     for line in render_timeline(replay.timeline, start, verbose=verbose):
         out(line)

@@ -28,6 +28,10 @@ from healer.core.topology import (
 from healer.core.vocabulary import (
     CORDONED_BY,
     ESCALATED_LABEL,
+    FENCED_ANNOTATION,
+    OUT_OF_SERVICE_EFFECT,
+    OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE,
     REPAIR_LABEL,
     REPAIR_PENDING,
     ROLE_LABEL,
@@ -389,6 +393,36 @@ class SimWorld:
         n.taints.append(Taint(SPARE_TAINT, TAINT_VALUE, TAINT_EFFECT))
         self.capacity_changed_at.append(now)
         return self._ok()
+
+    def _do_LostJobs(self, act: a.LostJobs, now: float) -> Result:
+        """A dead node's jobs end with it (Slurm fails them)."""
+        sn = act.slurm_node or self.slurm_name(act.node)
+        lost = self.jobs_on(sn, now)
+        for j in lost:
+            j.ends_at = now
+        return self._ok(jobs=",".join(f"{j.id}:NODE_FAIL" for j in lost) or "none")
+
+    def _do_Fence(self, act: a.Fence, now: float) -> Result:
+        """Only an admin fences here: the node's ``healer.io/fenced`` annotation."""
+        n = self.nodes[act.node]
+        by = n.annotations.get(FENCED_ANNOTATION)
+        if by and "manual" in act.providers:
+            return self._ok(provider="manual", by=by)
+        return StepStatus.PENDING, "no fencing provider said so yet", {}
+
+    def _do_TaintOutOfService(self, act: a.TaintOutOfService, now: float) -> Result:
+        n = self.nodes[act.node]
+        if not any(t.key == OUT_OF_SERVICE_TAINT for t in n.taints):
+            n.taints.append(Taint(OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+                                  OUT_OF_SERVICE_EFFECT))
+        return self._ok()
+
+    def _do_ClearOutOfService(self, act: a.ClearOutOfService, now: float) -> Result:
+        n = self.nodes[act.node]
+        if not n.ready:
+            return StepStatus.PENDING, f"{act.node} is not Ready yet", {}
+        n.taints = [t for t in n.taints if t.key != OUT_OF_SERVICE_TAINT]
+        return self._ok(cleared="true")
 
     def _do_Escalate(self, act: a.Escalate, now: float) -> Result:
         self.nodes[act.node].labels[ESCALATED_LABEL] = "true"

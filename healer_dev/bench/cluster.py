@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -236,13 +237,18 @@ class BenchCluster:
     # -- the daemon -----------------------------------------------------------------------
 
     async def start_daemon(self, policies: Path, *, prometheus_url: str = "",
-                           poll_interval: float = 15.0) -> None:
+                           poll_interval: float = 15.0, qps: float = 0.0,
+                           burst: int = 1000) -> None:
+        """The daemon, its API requests counted (:meth:`requests`); ``qps`` 0: no client-side
+        rate limit (the bench measures healer's own ceiling; ``--kube-api-qps`` to apply one)."""
         assert self.kube is not None
         self.daemon_port = free_port()
         argv = [sys.executable, "-m", "healer_dev.bench.daemon",
                 "--kubeconfig", str(self.kube.kubeconfig), "--policies", str(policies),
                 "--http-port", str(self.daemon_port), "--log-file", str(self.dir / "healer.log"),
-                "--poll-interval", str(poll_interval)]
+                "--poll-interval", str(poll_interval), "--requests-file",
+                str(self.dir / "requests.json"), "--kube-api-qps", str(qps),
+                "--kube-api-burst", str(burst)]
         if prometheus_url:
             argv += ["--prometheus-url", prometheus_url]
         self.daemon = await asyncio.to_thread(self._spawn, argv)
@@ -279,6 +285,39 @@ class BenchCluster:
                 return r.status, await r.text()
         except (aiohttp.ClientError, TimeoutError):
             return 0, ""
+
+    async def requests(self) -> dict[tuple[str, str, str], int]:
+        """The daemon's API requests so far: (what it was doing, verb, resource) → count."""
+        assert self.daemon is not None
+        path = self.dir / "requests.json"
+        before = path.stat().st_mtime_ns if path.exists() else 0
+        os.kill(self.daemon.pid, signal.SIGUSR1)
+        await wait_until(lambda: path.exists() and path.stat().st_mtime_ns != before, 30,
+                         "the daemon's request counts")
+        return {(d["doing"], d["verb"], d["resource"]): int(d["count"])
+                for d in json.loads(path.read_text())}
+
+    async def apiserver_writes_per_second(self, window: float) -> float:
+        """Write requests per second the API server served over ``window`` seconds (its
+        ``apiserver_request_total``), whoever sent them (in the bench: kwok's node Leases)."""
+        api = self.api
+        assert api is not None
+
+        async def writes() -> float:
+            resp = await api.call_api("/metrics", "GET", auth_settings=["BearerToken"],
+                                           _preload_content=False, _return_http_data_only=True)
+            text = (await resp.read()).decode()
+            resp.release()
+            total = 0.0
+            for line in text.splitlines():
+                if line.startswith("apiserver_request_total{") and any(
+                        f'verb="{v}"' in line for v in ("POST", "PUT", "PATCH", "DELETE")):
+                    total += float(line.rsplit(" ", 1)[1])
+            return total
+
+        w0, t0 = await writes(), time.monotonic()
+        await asyncio.sleep(window)  # the measurement window itself
+        return (await writes() - w0) / (time.monotonic() - t0)
 
     def daemon_cpu_seconds(self) -> float:
         assert self.daemon is not None

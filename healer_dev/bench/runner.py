@@ -21,10 +21,13 @@ from typing import Any
 
 from healer.errors import ConfigError
 
-from . import engine, promql, shards, stack, telemetry
+from . import deadnode, engine, floors, promql, shards, stack, telemetry
 from .report import Figure, table, write_json
 
-GROUPS = ("telemetry", "engine", "stack", "promql", "shards")
+GROUPS = ("telemetry", "engine", "stack", "promql", "shards", "deadnode")
+#: what --smoke runs by default: every group but deadnode (it needs the machine's one
+#: slurm-operator stack, which the integration suite holds while it runs)
+SMOKE_GROUPS = ("telemetry", "engine", "stack", "promql", "shards")
 
 
 def _groups(only: str) -> list[str]:
@@ -42,21 +45,29 @@ async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> lis
     if repeats < 1:
         raise ConfigError("--repeats must be at least 1")
     figures: list[Figure] = []
-    for g in _groups(args.only):
+    only = args.only if args.only is not None else ",".join(SMOKE_GROUPS if smoke else GROUPS)
+    for g in _groups(only):
         t0 = time.monotonic()
         say(f"[{g}]")
+        if g in ("telemetry", "engine"):  # the machine's speed, just before the group runs
+            loops = [await asyncio.to_thread(floors.reference_loop) for _ in range(repeats)]
         if g == "telemetry":
             sizes = (telemetry.TelemetrySizes(100, 200, 4, args.long_polls or 20) if smoke
                      else telemetry.TelemetrySizes(1000, 10_000, 6, args.long_polls or 1000))
-            figures += await telemetry.run_group(sizes, repeats, args.seed, say)
+            tel = await telemetry.run_group(sizes, repeats, args.seed, say)
+            figures += tel + _telemetry_ratios(tel, loops)
         elif g == "engine":
-            figures += await asyncio.to_thread(
+            eng = await asyncio.to_thread(
                 engine.run_group, [1000, 2000] if smoke else [10_000, 100_000], repeats,
                 args.seed, say)
+            figures += eng + _engine_ratios(eng, loops)
         elif g == "stack":
-            st = (stack.StackSizes(args.nodes or 50, 10, 20, 5.0) if smoke
-                  else stack.StackSizes(args.nodes or 2000, 50, 500, 30.0))
+            qps = float(getattr(args, "kube_api_qps", 0.0) or 0.0)
+            st = (stack.StackSizes(args.nodes or 50, 10, args.burst or 20, 5.0, qps) if smoke
+                  else stack.StackSizes(args.nodes or 10_000, 50, args.burst or 1000, 30.0, qps))
             figures += await stack.run_group(st, repeats, args.seed, say)
+        elif g == "deadnode":
+            figures += await deadnode.run_group(repeats, say)
         elif g == "shards":
             figures += await asyncio.to_thread(
                 shards.run_group, 800 if smoke else 10_000, [1, 4, 16], args.seed, say)
@@ -65,6 +76,27 @@ async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> lis
                                               args.seed, say)
         say(f"  ({g}: {time.monotonic() - t0:.0f}s)")
     return figures
+
+
+def _telemetry_ratios(figs: list[Figure], loops: list[float]) -> list[Figure]:
+    """Each CPU-per-poll figure over the reference loop (target: the 250 ms at 10,000 nodes
+    over this project's machine's loop, :data:`floors.REFERENCE_LOOP_S`)."""
+    out = [floors.per_floor(f, loops, "reference loop", scale=1 / 1000, unit="loops",
+                            target=(f.target / 1000 / floors.REFERENCE_LOOP_S
+                                    if f.target else None))
+           for f in figs if f.unit == "ms" and f.name.startswith("CPU per poll")]
+    loop = Figure("telemetry", "floor: reference loop, 10M additions", "s")
+    for v in loops:
+        loop.add(v)
+    return [loop, *out]
+
+
+def _engine_ratios(figs: list[Figure], loops: list[float]) -> list[Figure]:
+    """decisions/s times the reference loop: decisions per loop (the same on any machine)."""
+    return [floors.per_floor(f, [1 / x for x in loops], "reference loop speed", unit="/loop",
+                             target=(f.target * floors.REFERENCE_LOOP_S if f.target else None),
+                             bound=">=")
+            for f in figs if f.unit == "1/s"]
 
 
 async def _main(args: argparse.Namespace) -> int:

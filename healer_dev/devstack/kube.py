@@ -482,6 +482,13 @@ class KubeStack:
     * ``kwok``: fake kubelets for Nodes made with :func:`fake_node`.
     * ``start_timeout``: seconds each component may take to become ready;
       ``stop_timeout``: seconds between SIGTERM and SIGKILL.
+    * ``node_grace``: kube-controller-manager's ``--node-monitor-grace-period`` (seconds; None:
+      its default, 50 s): how long a Node may go without a heartbeat (kwok renews each Node's
+      Lease) before the node lifecycle controller marks it ``Ready=Unknown`` and taints it
+      ``node.kubernetes.io/unreachable``; with it set, kwok's Leases last ``node_grace`` (kwok
+      renews a quarter of the way through) and the controller looks every second. The
+      dead-node demo and bench set it short (:meth:`set_node_grace` changes the controller's
+      side of it on a running stack: the dead-node tests).
     """
 
     def __init__(
@@ -494,6 +501,7 @@ class KubeStack:
         start_timeout: float = 60.0,
         stop_timeout: float = 20.0,
         binaries: bins.Binaries | None = None,
+        node_grace: float | None = None,
     ) -> None:
         self._workdir = (
             Path(workdir).resolve()
@@ -503,6 +511,9 @@ class KubeStack:
         self.controllers = controllers
         self.scheduler = controllers if scheduler is None else scheduler
         self.kwok = kwok
+        self.node_grace = node_grace
+        #: kwok's Node Lease duration: 40 s, or ``node_grace`` (at least 4 s) when set at start
+        self._lease_seconds = 40 if node_grace is None else max(4, round(node_grace))
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._binaries = binaries
@@ -842,6 +853,7 @@ class KubeStack:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--profiling=false",
                 "--v=0",
+                *self._node_grace_args(),
             ],
         )
 
@@ -906,9 +918,33 @@ class KubeStack:
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 f"--cidr={POD_CIDR}",
                 f"--node-ip={KWOK_NODE_IP}",
-                "--node-lease-duration-seconds=40",
+                f"--node-lease-duration-seconds={self._lease_seconds}",
             ],
         )
+
+    def _node_grace_args(self) -> list[str]:
+        if self.node_grace is None:
+            return []
+        return [f"--node-monitor-grace-period={self.node_grace:g}s", "--node-monitor-period=1s"]
+
+
+    def set_node_grace(self, grace: float | None) -> None:
+        """Run kube-controller-manager with another ``--node-monitor-grace-period`` (None: its
+        default): it is restarted with the new flag and probed again; Nodes, Leases and Pods
+        stay. kwok is left alone (restarted, it would take over its own Leases only once they
+        expire, and every Node would go Unknown meanwhile), so its Leases keep the duration
+        the stack started with: keep ``grace`` well above a quarter of it (kwok's renewal
+        interval) plus the machine's hiccups."""
+        if grace == self.node_grace:
+            return
+        self.node_grace = grace
+        proc = self._procs.get(CONTROLLER_MANAGER)
+        if proc is None or proc.pid is None:
+            return
+        _stop_all([proc], self.stop_timeout)
+        self._start_controller_manager(self.binaries)
+        if (self._workdir / STATE_FILE).exists():
+            self.write_state()
 
     # ---------------------------------------------------------------- probes
 

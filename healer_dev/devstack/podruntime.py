@@ -28,6 +28,16 @@ delete nodename=$(hostname)``. :class:`PodRuntime` does that against a
 * everything for one Slurm name is serialized: a StatefulSet pod recreated under the same name
   gets its slurmd only after the old pod's preStop and stop are done.
 
+**Dead nodes** (:meth:`PodRuntime.kill_node`): the runtime stops acting for a node's pods as
+a dead kubelet would: no preStop, no new slurmd, its finalizer stays through a graceful delete
+(the pod stays Terminating, as a real one whose kubelet never confirms); the node's slurmds
+are killed with their jobs (power loss) or frozen (SIGSTOP: cut off but alive). Only a *force*
+delete (grace period 0, e.g. kube-controller-manager's pod garbage collector on an
+out-of-service node) releases the finalizer, since the API server would remove a real pod at
+once (this finalizer stands for the kubelet's confirmation, which a force delete skips); the
+slot is then freed without a preStop. :meth:`PodRuntime.revive_node` lets the node's frozen
+slurmds answer again and the runtime act for it again.
+
 It does not: run the container image, configless mode (``--conf-server``; slurmd reads the
 LocalSlurm's slurm.conf), probes, restarts of a slurmd that died on its own, resource limits
 (beyond the GPU count), volumes, or the grace period (preStop commands have their own
@@ -42,6 +52,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import signal
 import threading
 import time
 from collections import deque
@@ -101,6 +112,7 @@ class _Pod:
     conf: str = ""  # the slurmd container's --conf value, unquoted
     gpus: int | None = None  # the slurmd container's nvidia.com/gpu limit
     topology: str = ""  # the pod's topology.slinky.slurm.net/spec annotation
+    forced: bool = False  # deleted with grace period 0 (a force delete)
 
     @property
     def key(self) -> str:
@@ -174,7 +186,8 @@ def _view(pod: Any) -> _Pod:
         running=st is not None and st.phase == "Running",
         terminating=md.deletion_timestamp is not None,
         finalized=FINALIZER in (md.finalizers or []), features=features, conf=conf, gpus=gpus,
-        topology=str((md.annotations or {}).get(TOPOLOGY_ANNOTATION, "")))
+        topology=str((md.annotations or {}).get(TOPOLOGY_ANNOTATION, "")),
+        forced=md.deletion_timestamp is not None and md.deletion_grace_period_seconds == 0)
 
 
 class _IPs:
@@ -250,6 +263,8 @@ class PodRuntime:
         self._seen_running: set[str] = set()
         self._run_task: asyncio.Task[None] | None = None
         self._closing = False
+        #: Kubernetes node -> how its slurmds died ("kill" or "freeze"): a dead kubelet
+        self.dead_nodes: dict[str, str] = {}
 
     # -- public ----------------------------------------------------------------------------
 
@@ -258,12 +273,50 @@ class PodRuntime:
         """Slurm name -> ``namespace/pod`` of every slurmd this runtime started."""
         return {n: s.pod.key for n, s in self._slots.items()}
 
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Slurm name -> the loopback "pod IP" its slurmd listens on."""
+        return {n: s.ip for n, s in self._slots.items()}
+
     def handle_namespace(self, namespace: str) -> None:
         """Run slurmds for the pods of ``namespace`` too (with a ``namespaces`` filter; call
         it on the runtime's event loop). Pods already there are picked up on the next watch
         event or list."""
         if self.namespaces is not None:
             self.namespaces.add(namespace)
+
+    async def kill_node(self, node: str, *, slurmd: str = "kill") -> list[str]:
+        """From now on ``node``'s kubelet is dead (see the module docstring): its slurmds are
+        killed with their jobs (``slurmd="kill"``, a power loss) or frozen (``"freeze"``,
+        SIGSTOP: cut off, still alive). Returns the Slurm names of its slurmds."""
+        if slurmd not in ("kill", "freeze"):
+            raise ValueError(f"slurmd must be kill or freeze, not {slurmd!r}")
+        self.dead_nodes[node] = slurmd
+        sig = signal.SIGKILL if slurmd == "kill" else signal.SIGSTOP
+        names = [n for n, slot in self._slots.items() if slot.pod.node == node]
+        for name in names:
+            await asyncio.to_thread(self.slurm.signal_dynamic_slurmd, name, sig)
+            self._record(f"node-dead-{slurmd}", name, self._slots[name].pod)
+        return names
+
+    async def revive_node(self, node: str) -> list[str]:
+        """``node``'s kubelet answers again: its frozen slurmds go on (SIGCONT) and the runtime
+        acts for its pods again. Returns the Slurm names of its slurmds still running."""
+        how = self.dead_nodes.pop(node, None)
+        names = [n for n, slot in self._slots.items() if slot.pod.node == node]
+        for name in names:
+            slot = self._slots[name]
+            self._record("node-revived", name, slot.pod)
+            if how == "freeze":
+                await asyncio.to_thread(self.slurm.signal_dynamic_slurmd, name, signal.SIGCONT)
+            else:  # killed: the kubelet starts the container again
+                await asyncio.to_thread(self.slurm.stop_dynamic_slurmd, name)
+                self._release(name, slot, "stopped")
+            self._mark(name)
+        for p in list(self._pods.values()):
+            if p.node == node:
+                self._mark(p.slurm_name)
+        return names
 
     def events(self, event: str | None = None, slurm_name: str | None = None
                ) -> list[HistoryEntry]:
@@ -401,6 +454,11 @@ class PodRuntime:
         slot = self._slots.get(name)
         if slot is not None:
             cur = self._pods.get(slot.pod.uid)
+            if slot.pod.node in self.dead_nodes:
+                if cur is None or cur.forced:  # force-deleted: the API server drops it at once
+                    await self._dead_teardown(name, slot, cur)
+                    self._dirty.add(name)
+                return  # a dead kubelet does nothing else
             if cur is not None and cur.should_run and cur.slurm_name == name:
                 slot.pod = cur
                 return
@@ -409,9 +467,11 @@ class PodRuntime:
             return
         pods = [p for p in self._pods.values() if p.slurm_name == name]
         for p in pods:
-            if p.terminating and p.finalized:  # e.g. its slurmd never came up
-                await self._remove_finalizer(p)
-        ready = sorted((p for p in pods if p.should_run), key=lambda p: p.key)
+            dead = p.node in self.dead_nodes
+            if p.terminating and p.finalized and (not dead or p.forced):
+                await self._remove_finalizer(p)  # e.g. its slurmd never came up
+        ready = sorted((p for p in pods if p.should_run and p.node not in self.dead_nodes),
+                       key=lambda p: p.key)
         if ready:
             await self._bringup(name, ready[0])
 
@@ -489,6 +549,14 @@ class PodRuntime:
                 self._record("prestop-failed", name, pod)
         await asyncio.to_thread(self.slurm.stop_dynamic_slurmd, name)
         self._release(name, slot, "stopped")
+        if cur is not None:
+            await self._remove_finalizer(cur)
+
+    async def _dead_teardown(self, name: str, slot: _Slot, cur: _Pod | None) -> None:
+        """A pod of a dead node was force-deleted: no preStop (nobody is there to run it),
+        its slurmd (dead or frozen) is reaped, its finalizer released."""
+        await asyncio.to_thread(self.slurm.stop_dynamic_slurmd, name)
+        self._release(name, slot, "force-deleted")
         if cur is not None:
             await self._remove_finalizer(cur)
 

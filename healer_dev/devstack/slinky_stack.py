@@ -39,6 +39,7 @@ from kubernetes_asyncio import client, config
 
 from healer.errors import ConfigError
 from healer_dev.devstack.binaries import cache_dir
+from healer_dev.devstack.dead_node import resume_heartbeat, stop_heartbeat
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.operator import (
     DEFAULT_VERSION,
@@ -176,6 +177,25 @@ class SlinkyStack:
                 runtime.handle_namespace(namespace)
 
             self._call(handle())
+
+    def kill_node(self, node: str, *, slurmd: str = "kill") -> list[str]:
+        """``node`` dies outright (:mod:`healer_dev.devstack.dead_node`): kwok stops
+        heartbeating it and the pod runtime stops acting for its pods, its slurmds killed with
+        their jobs (``slurmd="kill"``) or frozen (``"freeze"``: cut off, alive). Returns the
+        Slurm names of the slurmds it ran."""
+        if self.runtime is None:
+            raise ConfigError("the pod runtime is not running")
+        stop_heartbeat(self.kube, node)
+        return self._call(self.runtime.kill_node(node, slurmd=slurmd))
+
+    def revive_node(self, node: str) -> list[str]:
+        """``node`` answers again: its kubelet heartbeats and posts Ready, its frozen slurmds
+        go on (killed ones are started again)."""
+        if self.runtime is None:
+            raise ConfigError("the pod runtime is not running")
+        names = self._call(self.runtime.revive_node(node))
+        resume_heartbeat(self.kube, node)
+        return names
 
     def token(self, user: str = "root", lifetime: float = 24 * 3600) -> str:
         """A JWT for ``user`` from ``scontrol token`` (slurmctld signs it with its key)."""

@@ -55,9 +55,9 @@ from healer_dev.devstack.restd_log import RestdRequest, read_restd_log
 from healer_dev.devstack.slurm_dynamic import (
     dynamic_conf_lines,
     kill_processes_with_env,
+    listening,
     podip_library,
     validate_pod_ip,
-    wait_dynamic_registered,
 )
 from healer_dev.devstack.slurm_root import (
     DEFAULT_SWITCHES,
@@ -371,7 +371,32 @@ class LocalSlurm:
             self.logdir / f"slurmd-{name}.stderr", env)
         d.spawn()
         if wait:
-            wait_dynamic_registered(self, d, name, pod_ip)
+            self._wait_dynamic_registered(d, name, pod_ip)
+
+    def _wait_dynamic_registered(self, d: _Daemon, name: str, pod_ip: str) -> None:
+        """Wait until dynamic slurmd ``d`` listens on ``pod_ip:SlurmdPort`` (a stale record of
+        an earlier slurmd of that name proves nothing) and its node is registered and not down;
+        SlurmStartupError with its log when it exits or the time is up."""
+        log = self.logdir / f"slurmd-{name}.log"
+        deadline = time.monotonic() + self.start_timeout
+        while not listening(pod_ip, self.slurmd_port):
+            self._must_be_alive(d, log)
+            if time.monotonic() > deadline:
+                raise self._startup_error(d, log, f"is not listening on {pod_ip}:"
+                                                  f"{self.slurmd_port}")
+            time.sleep(0.01)
+        while True:
+            self._must_be_alive(d, log)
+            r = self.run(["scontrol", "show", "node", name, "-o"], check=False, timeout=10)
+            if r.returncode == 0 and r.stdout.strip():
+                st = parse_node_line(r.stdout.strip().splitlines()[0])
+                if st.registered and not st.down:
+                    return
+            if time.monotonic() > deadline:
+                raise self._startup_error(d, log, f"did not register in "
+                                                  f"{self.start_timeout:.0f} s "
+                                                  f"({(r.stdout or r.stderr).strip()})")
+            time.sleep(0.05)
 
     def stop_dynamic_slurmd(self, name: str, timeout: float = 10.0) -> None:
         """Stop dynamic node ``name``'s slurmd (SIGTERM; SIGKILL its session after
@@ -384,6 +409,23 @@ class LocalSlurm:
         d.reap(time.monotonic() + timeout)
         kill_processes_with_env(f"SLURM_CONF={self.conf}".encode(), (
             f"HEALER_POD_IP={d.env['HEALER_POD_IP']}".encode(), f"SLURMD_NODENAME={name}".encode()))
+
+    def signal_dynamic_slurmd(self, name: str, sig: int) -> bool:
+        """Send ``sig`` to dynamic node ``name``'s slurmd and everything it started (its
+        slurmstepds and their jobs: its process groups): SIGKILL as a node that lost power,
+        SIGSTOP as one cut off (alive, silent), SIGCONT to let it answer again. False when no
+        such slurmd runs."""
+        d = self._dynamic.get(name)
+        if d is None or not d.alive:
+            return False
+        for pgid in d.pgids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        if sig == signal.SIGKILL:  # the jobs' own process groups go with the power too
+            kill_processes_with_env(f"SLURM_CONF={self.conf}".encode(), (
+                f"HEALER_POD_IP={d.env['HEALER_POD_IP']}".encode(),
+                f"SLURMD_NODENAME={name}".encode()))
+        return True
 
     @property
     def dynamic_nodes(self) -> dict[str, str]:

@@ -20,19 +20,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from healer.adapters.slurm.parse import parse_node_line
 from healer.errors import ConfigError
 
-if TYPE_CHECKING:
-    from healer_dev.devstack.slurm import LocalSlurm, _Daemon
-
-__all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "podip_library",
-           "validate_pod_ip", "wait_dynamic_registered"]
+__all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "listening",
+           "podip_library", "validate_pod_ip"]
 
 PODIP_SOURCE = Path(__file__).with_name("podip.c")
 
@@ -112,32 +106,8 @@ def kill_processes_with_env(required: bytes, any_of: Iterable[bytes]) -> int:
     return killed
 
 
-def wait_dynamic_registered(slurm: LocalSlurm, d: _Daemon, name: str, pod_ip: str) -> None:
-    """Wait until dynamic slurmd ``d`` listens on ``pod_ip:SlurmdPort`` (a stale record of an
-    earlier slurmd of that name proves nothing) and its node is registered and not down;
-    SlurmStartupError with its log when it exits or the time is up."""
-    log = slurm.logdir / f"slurmd-{name}.log"
-    deadline = time.monotonic() + slurm.start_timeout
-    while not _listening(pod_ip, slurm.slurmd_port):
-        slurm._must_be_alive(d, log)
-        if time.monotonic() > deadline:
-            raise slurm._startup_error(d, log, f"is not listening on {pod_ip}:"
-                                               f"{slurm.slurmd_port}")
-        time.sleep(0.01)
-    while True:
-        slurm._must_be_alive(d, log)
-        r = slurm.run(["scontrol", "show", "node", name, "-o"], check=False, timeout=10)
-        if r.returncode == 0 and r.stdout.strip():
-            st = parse_node_line(r.stdout.strip().splitlines()[0])
-            if st.registered and not st.down:
-                return
-        if time.monotonic() > deadline:
-            raise slurm._startup_error(d, log, f"did not register in {slurm.start_timeout:.0f}"
-                                               f" s ({(r.stdout or r.stderr).strip()})")
-        time.sleep(0.05)
-
-
-def _listening(host: str, port: int) -> bool:
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex((host, port)) == 0

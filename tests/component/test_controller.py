@@ -189,7 +189,9 @@ async def test_losing_leadership_stops_at_once() -> None:
     h.pump.cancel()
 
 
-WRITES_IN_A_FULL_REMEDIATION = 12
+#: store writes of one whole remediation (the drain's outcome waits for the next decision's
+#: write: its only action looks at Slurm, see Controller._deferrable)
+WRITES_IN_A_FULL_REMEDIATION = 11
 
 
 def _repair_when_asked(h: Harness) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.obs.http import Health
 from healer.runtime.loops import RECONCILE_MAX_AGE, reconcile_heartbeat
 
@@ -26,7 +27,7 @@ async def test_a_step_stuck_under_the_lock_makes_healthz_fail() -> None:
         beat.set()
 
     health.beat = counting_beat  # type: ignore[method-assign]
-    task = asyncio.create_task(reconcile_heartbeat(health, probe, every=0.01))
+    task = asyncio.create_task(reconcile_heartbeat(health, probe, SYSTEM_CLOCK, every=0.01))
     try:
         await asyncio.wait_for(beat.wait(), 30)
         assert health.healthy()[0]

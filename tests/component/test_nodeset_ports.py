@@ -18,6 +18,7 @@ from healer.runtime.executor import Ports
 from healer_dev.testing import (
     FakeCheckpoint,
     FakeEvents,
+    FakeFencing,
     FakeNodes,
     FakeRepair,
     FakeSlurm,
@@ -38,7 +39,7 @@ def ports(slurm: FakeSlurm) -> Ports:
     return Ports(nodes=nodes, events=FakeEvents(), slurm=slurm, spares=FakeSpares(nodes),
                  workload=FakeWorkload(slurm), topology=FakeTopology(nodes),
                  validator=FakeValidator(), checkpoint=FakeCheckpoint(slurm),
-                 repair=FakeRepair(nodes))
+                 repair=FakeRepair(nodes), fencing=FakeFencing(nodes))
 
 
 class States:

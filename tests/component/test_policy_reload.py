@@ -189,3 +189,28 @@ def test_a_switch_that_fails_half_way_is_undone() -> None:
     b.fail = False
     switch_policies("new", ctl, [a, object(), b])  # type: ignore[arg-type]
     assert (ctl.policies, a.policies, b.policies) == ("new", "new", "new")
+
+
+ROUND_TWO = sorted((ROOT / "tests" / "unit" / "policy_corpus").glob("1[0-9][0-9]-*.yaml"))
+TWO_NODESETS = (ROOT / "policies" / "examples" / "two-clusters.yaml").read_text()
+
+
+@pytest.mark.parametrize("bad", ROUND_TWO, ids=[p.stem for p in ROUND_TWO])
+async def test_a_reload_with_a_round_two_hostile_document_keeps_the_nodesets_in_force(
+        tmp_path: Path, bad: Path) -> None:
+    """Issue 22: an overlapping NodeSet, a costly PromQL rule, a literal-brace regex, a YAML
+    tag, a field that used to fail mid-incident: a reload refuses it (file:line in the Event)
+    and the NodeSets in force keep serving."""
+    h = Harness(tmp_path)
+    await h.reloader.prime()
+    h.write("nodesets.yaml", TWO_NODESETS)
+    assert await h.reloader.check() is True
+    in_force = h.applied[-1]
+    assert {n.name for n in in_force.nodesets.items} == {"h100-west", "h200-east"}
+    text = await asyncio.to_thread(bad.read_text)
+    h.write("bad.yaml", text)
+    assert await h.reloader.check() is False
+    assert h.applied == [in_force]
+    assert h.events[-1][0] == "PolicyReloadFailed"
+    line = text.splitlines()[0].split("|")[0].split(":")[1].strip()
+    assert f"bad.yaml:{line}" in h.events[-1][1], h.events[-1][1]

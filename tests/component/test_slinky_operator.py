@@ -82,6 +82,55 @@ async def env() -> AsyncIterator[Env]:
         yield Env(k, api, nodes, pool)
 
 
+
+# -- a dead node's slurmd pod (issue 20) -------------------------------------------------------
+
+
+def recreated_unscheduled(k: FakeKube, pod: str) -> None:
+    """The dead node's pod was force-deleted (out-of-service taint) and the operator made it
+    again: it waits, unscheduled, without Slurm conditions."""
+    k.pods[pod]["spec"].pop("nodeName", None)
+    k.pods[pod]["status"]["conditions"] = []
+
+
+async def test_a_dead_pods_slurm_record_is_deleted_before_the_spare_opens(env: Env) -> None:
+    """Its preStop never ran: a replacement registering under the same name would keep the
+    dead pod's address (tests/integration/slurm/test_dynamic_records.py), so the record goes
+    first, once Slurm lists no job there; then the spare opens."""
+    k, slurm = env.kube, FakeSlurm(["worker-0", "worker-1"])
+    sw = SlinkyWorkload(env.api, env.nodes, SlinkyDriver(env.api, env.nodes, namespace="slurm",
+                                                         nodeset="gpu", jobs=slurm),
+                        namespace="slurm", nodeset="gpu")
+    await env.pool.claim("gpu-0", "inc-a")
+    recreated_unscheduled(k, "worker-0")
+    slurm.add_job(1, "worker-0")  # slurmctld has not set the dead node DOWN yet
+    r = await sw.move("inc-a", "worker-0", "gpu-0", "spare-a", dead=True)
+    assert r.outcome is StepOutcome.PENDING
+    assert "still lists jobs" in r.detail
+    assert SPARE_TAINT in k.taints("spare-a")
+    assert not any(e[0] == "delete" for e in slurm.log)
+
+    slurm.end_job(1)
+    slurm.set_down("worker-0", "Not responding")  # Slurm's own reason: nobody's hold
+    for _ in range(2):  # idempotent: deleted once
+        r = await sw.move("inc-a", "worker-0", "gpu-0", "spare-a", dead=True)
+        assert r.outcome is StepOutcome.PENDING
+        assert "is open for it" in r.detail
+    assert [e for e in slurm.log if e[0] == "delete"] == [["delete", "worker-0"]]
+    assert SPARE_TAINT not in k.taints("spare-a")
+    assert not k.evictions
+
+
+async def test_a_dead_pods_record_healer_cannot_delete_holds_the_spare_closed(env: Env) -> None:
+    k, sw = env.kube, env.workload()  # no job backend: no Slurm API to delete with
+    await env.pool.claim("gpu-0", "inc-a")
+    recreated_unscheduled(k, "worker-0")
+    r = await sw.move("inc-a", "worker-0", "gpu-0", "spare-a", dead=True)
+    assert r.outcome is StepOutcome.PENDING
+    assert r.data == {"held": "slurm-record"}
+    assert "scontrol delete nodename=worker-0" in r.detail
+    assert SPARE_TAINT in k.taints("spare-a")
+
 # -- (d) claimed spares stay closed; one open spare per NodeSet -------------------------------
 
 
@@ -230,7 +279,7 @@ async def test_move_holds_on_a_drain_someone_else_owns(env: Env) -> None:
             assert "maint: bios update" in r.detail
             assert "holds until the owner clears it" in r.detail
     assert [e["event"] for e in logs].count(
-        "holding the swap: Slurm node drained by someone else") == 1
+        "holding the swap: Slurm node drained or down by someone else") == 1
     assert not k.evictions
     assert SPARE_TAINT in k.taints("spare-a")
     # the owner clears it; the operator drains for the cordon (its own reason): go on
@@ -264,7 +313,7 @@ class HoldingWorkload:
     calls: int = 0
 
     async def move(self, incident: str, slurm_node: str, source: str,
-                   spare: str) -> HookResult:
+                   spare: str, *, dead: bool = False, carry: bool = False) -> HookResult:
         self.calls += 1
         return HookResult(StepOutcome.PENDING, f"Slurm node {slurm_node} is drained by someone "
                                                "else (reason 'maint: bios update'); ... healer "

@@ -73,7 +73,7 @@ async def rig_with(steps: cp.Steps, hold: float = 0.0) -> Rig:
             sent.extend(signals)
             await real(signals)
 
-    feed = SlurmFeed(slurm, Sink(), h.clock, interval=10, monotonic=h.clock.now)
+    feed = SlurmFeed(slurm, Sink(), h.clock, interval=10)
     h.ctl.expect_slurm()
     task = asyncio.create_task(feed.run())
     await h.run(1, step=1)

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core import rules as cp
 from healer.core.budget import usage
+from healer.core.nodesets import NodeSetRules, NodeSets
 from healer.core.phases import Phase
-from healer.errors import TransientError
+from healer.errors import NotFoundError, TransientError
+from healer.obs.http import Health
 from healer.obs.metrics import Metrics, StateSource
 from healer.ports import SlurmNodeState
+from healer.runtime.dependencies import SLURM_VIEW, Dependencies
 from healer.runtime.slurm_feed import SlurmFeed
 from tests.builders import policies, policy
 from tests.component.test_controller import Harness, make
@@ -70,7 +74,7 @@ async def rig() -> AsyncIterator[Rig]:
     slurm = FakeStates()
     for i in range(4):
         slurm.set(f"gpu-{i}")
-    feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, grace=30, monotonic=h.clock.now)
+    feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, grace=30)
     h.ctl.expect_slurm()
     metrics = Metrics(CollectorRegistry())
     metrics.attach_state(StateSource(view=h.ctl.view, slurm_feed=feed.metrics,
@@ -150,7 +154,7 @@ async def test_slurm_unknown_until_the_first_read() -> None:
         h.ctl.expect_slurm()
         slurm = FakeStates()
         slurm.down = True
-        feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10, monotonic=h.clock.now)
+        feed = SlurmFeed(slurm, h.ctl, h.clock, interval=10)
         await feed.poll()
         assert h.ctl.view().slurm_view == "unknown"
         await h.xid("gpu-1")
@@ -194,3 +198,60 @@ async def test_slurm_names_are_mapped_to_their_nodes() -> None:
     assert slurm_states(object()) is None  # a driver that cannot list: no feed
     own = FakeStates()
     assert slurm_states(own, hosts) is own  # Slinky's driver maps its own pods
+
+
+async def test_a_lost_view_is_on_the_daemons_status_and_an_event_once_per_change(
+        rig: Rig) -> None:
+    """Issue 22 item 9: the view's loss (after the grace) and its return reach /readyz's
+    ``degraded`` and one Event each; a poll that changes nothing tells nothing."""
+    h = rig.h
+    health = Health()
+    events: list[tuple[str, str, str]] = []
+
+    async def emit(reason: str, note: str, *, type: str = "Warning") -> None:
+        events.append((reason, type, note))
+
+    rig.feed.on_view = Dependencies(health, emit).slurm_view
+    await h.run(10, step=1)
+    assert health.degraded == {}
+    assert events == []  # the view was known and stays known: nothing to tell
+    rig.slurm.down = True
+    await h.run(15, step=1)  # inside the grace: not yet lost
+    assert events == []
+    await h.run(30, step=1)
+    assert SLURM_VIEW in health.degraded
+    assert "Unable to contact slurm controller" in health.degraded[SLURM_VIEW]
+    assert [(r, t) for r, t, _ in events] == [("SlurmViewUnknown", "Warning")]
+    await h.run(60, step=1)  # more failed polls, the same reason: no new Event
+    assert len(events) == 1
+    rig.slurm.down = False
+    await h.run(10, step=1)
+    assert health.degraded == {}
+    assert [(r, t) for r, t, _ in events] == [("SlurmViewUnknown", "Warning"),
+                                              ("SlurmViewRestored", "Normal")]
+
+
+async def test_every_nodeset_is_read_and_the_failing_ones_are_named() -> None:
+    class Reads:
+        def __init__(self, error: Exception | None) -> None:
+            self.error = error
+
+        async def node_states(self) -> Mapping[str, SlurmNodeState]:
+            if self.error is not None:
+                raise self.error
+            return {}
+
+    sets = NodeSets((NodeSetRules("a", cp.LabelSelector({"p": "a"}), "west"),
+                     NodeSetRules("b", cp.LabelSelector({"p": "b"}), "east"),
+                     NodeSetRules("c", cp.LabelSelector({"p": "c"}), "north")))
+    errors = {"a": NotFoundError("read Secret slurm/token-a: not found"), "b": None,
+              "c": TransientError("connect failure\x1b[31m")}
+    ps = cp.PolicySet((), nodesets=sets)
+    ports = NodeSetPorts(lambda ns: NodeSetWiring(None, Reads(errors[ns.name]), None),  # type: ignore[arg-type]
+                         None, lambda: ps)  # type: ignore[arg-type]
+    with pytest.raises(TransientError) as e:
+        await ports.node_states()
+    assert str(e.value) == ("SlurmNodeSet 'a' (cluster west): read Secret slurm/token-a: not "
+                            "found; SlurmNodeSet 'c' (cluster north): connect failure\ufffd[31m")
+    assert ports.readable == {"a": ("west", "read Secret slurm/token-a: not found"),
+                              "b": ("east", ""), "c": ("north", "connect failure\ufffd[31m")}

@@ -15,6 +15,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from healer.adapters.hooks import RepairRouter
+from healer.adapters.kube.node_cache import NodeCache
 from healer.adapters.kube.nodes import node_view
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.spare_validation import CheckReport, SpareValidator
@@ -66,6 +67,7 @@ class RawNodes:
         self.raw: dict[str, dict[str, Any]] = {}
         self.version = 0
         self.lists = 0
+        self.cache = NodeCache()  # no watch runs here: never synced, every read goes to "API"
 
     def add(self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] = {}
             ) -> None:
@@ -82,6 +84,9 @@ class RawNodes:
 
     async def get(self, name: str) -> NodeView:
         return node_view(self.raw[name])
+
+    async def view(self, name: str) -> NodeView:
+        return await self.get(name)
 
     async def list_raw(self, selector: str = "") -> tuple[list[dict[str, Any]], str]:
         self.lists += 1
@@ -382,8 +387,8 @@ class ValidatingFirst:
         self.spares = spares
         self.pending = pending
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Any = None) -> str | PendingClaim | None:
         if self.pending > 0:
             self.pending -= 1
             return PendingClaim("validating warm spare spare-a (dcgm-diag) before claiming it")
@@ -432,7 +437,7 @@ async def test_the_loop_validates_only_while_acting_and_survives_a_failing_round
         return await nodes.list("healer.io/role=spare")
 
     task = asyncio.create_task(validate_spares(health, validator, spares, lambda: acting["now"],
-                                               every=30.0, sleep=clock.sleep))
+                                               clock, every=30.0))
     try:
         await clock.advance(120)
         assert lists["n"] == 0  # observe / dryRun / follower: no round, no Job

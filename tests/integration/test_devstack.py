@@ -475,12 +475,13 @@ def test_devstack_cli_up_env_status_down(tmp_path: Path) -> None:
             cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False,
         )
 
-    up = cli("up")
-    assert up.returncode == 0, up.stderr
-    assert f"export KUBECONFIG={d / 'admin.kubeconfig'}" in up.stdout
-    state = json.loads((d / "state.json").read_text())
-    pids = {n: (p["pid"], p["start_time"]) for n, p in state["processes"].items()}
-    try:
+    pids: dict[str, tuple[int, int | None]] = {}
+    try:  # `down` whatever happens from here on: a failed `up` may have started some
+        up = cli("up")
+        assert up.returncode == 0, up.stderr
+        assert f"export KUBECONFIG={d / 'admin.kubeconfig'}" in up.stdout
+        state = json.loads((d / "state.json").read_text())
+        pids = {n: (p["pid"], p["start_time"]) for n, p in state["processes"].items()}
         assert set(pids) == {
             "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"
         }

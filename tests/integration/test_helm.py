@@ -563,6 +563,27 @@ def _policies_with_hooks() -> Obj:
             + yaml.safe_dump(jobs)}
 
 
+def test_dead_node_fencing_webhook_secret_is_granted(helm: Helm, tmp_path: Path) -> None:
+    """A policy whose deadNode fencing sends the webhook gets `get` on exactly its HMAC Secret
+    (fencing.secretRef) and the ack callback; with deadNode disabled, nothing."""
+    example = (ROOT / "policies" / "examples" / "dead-node-webhook.yaml").read_text()
+    objs = helm.template("-f", str(values_file(tmp_path, {"policies": {"dead.yaml": example}},
+                                               "dead.yaml")))
+    [(kind, name, rule)] = secret_rules(objs)
+    assert (kind, name) == ("Role", f"{RELEASE}-hooks")
+    assert one(objs, "Role", f"{RELEASE}-hooks")["metadata"]["namespace"] == "healer-system"
+    assert rule == {"apiGroups": [""], "resources": ["secrets"],
+                    "resourceNames": ["healer-fencing-hmac"], "verbs": ["get"]}
+    [c] = one(objs, "Deployment", RELEASE)["spec"]["template"]["spec"]["containers"]
+    assert parse_run_args(c["args"]).callback_url != ""
+
+    off = example.replace("  deadNode:\n", "  deadNode:\n    enabled: false\n")
+    assert off != example
+    objs = helm.template("-f", str(values_file(tmp_path, {"policies": {"dead.yaml": off}},
+                                               "off.yaml")))
+    assert secret_rules(objs) == []
+
+
 # ---------------------------------------------------------------------------------------------
 # the real API server
 

@@ -8,7 +8,8 @@
   digest;
 * its entrypoint started in a chroot (as the image's user, with the image's environment and
   nothing of the host's Python) as the controller against the local API server, and as the
-  agent against the fake NVML library: both answer ``/readyz``.
+  agent against the fake NVML library: both answer ``/readyz``, and both are gone when the
+  test ends (their whole process group is ended, also when the test fails).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.fakenvml.build import build as build_fakenvml
 from tests.fakenvml.build import write_scenario
 from tests.integration.agent.agent_harness import create_gpu_node, scenario
 from tests.integration.waiting import wait_for
+from tests.processes import end_group, group_members
 
 pytestmark = pytest.mark.timeout(600)  # a cold image build (make test builds it first: `image`)
 
@@ -172,7 +174,9 @@ def _started(img: image.Image, root: Path, mnt: Path, args: list[str], env: dict
     mnt.chmod(0o755)
     script = ('set -e; mount --rbind /dev "$R/dev"; mount -t proc proc "$R/proc"; '
               'mount --bind "$M" "$R/mnt"; exec chroot --userspec="$U" "$R" "$@"')
-    argv = ["unshare", "--mount", "--fork", "sh", "-c", script, "sh", *image.ENTRYPOINT, *args]
+    # --kill-child: the chroot'ed process dies with unshare; the group kill below ends both
+    argv = ["unshare", "--mount", "--fork", "--kill-child", "sh", "-c", script, "sh",
+            *image.ENTRYPOINT, *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -181,13 +185,8 @@ def _started(img: image.Image, root: Path, mnt: Path, args: list[str], env: dict
                  "PATH": os.environ["PATH"], **cfg_env, **env})
     try:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+    finally:  # the whole group: SIGTERM to unshare alone left healer running in the chroot
+        end_group(proc)
 
 
 def _tail(log: Path) -> str:
@@ -223,6 +222,7 @@ async def test_the_controller_starts_from_the_image_against_the_api_server(
     with _started(built, rootfs, mnt, args, {}, log) as proc:
         await _ready(port, proc, log)
         assert proc.poll() is None
+    assert group_members(proc.pid) == [], "the chroot'ed controller outlived the test"
 
 
 async def test_the_agent_starts_from_the_image_on_the_fake_nvml(
@@ -252,5 +252,6 @@ async def test_the_agent_starts_from_the_image_on_the_fake_nvml(
                            for c in n.status.conditions or [])
 
             await wait_for(published, timeout=60, description=f"GPUHealthy on {node}")
+        assert group_members(proc.pid) == [], "the chroot'ed agent outlived the test"
     finally:
         await client.CoreV1Api(kube_api).delete_node(node)

@@ -254,6 +254,15 @@ class FakeEvents:
             raise self.fail.pop(0)
         self.by_key.setdefault(kw["key"], kw)
 
+    async def flush_series(self) -> int:
+        return 0
+
+    def next_series_due(self) -> float | None:
+        return None
+
+    def budget_wait(self) -> float:
+        return 0.0
+
 
 async def test_event_sink_flushes_in_order_keeps_transient_and_drops_refused() -> None:
     api = FakeEvents()
@@ -395,8 +404,11 @@ class Clock:
     def __init__(self, t: float) -> None:
         self.t = t
 
-    def __call__(self) -> float:
+    def now(self) -> float:
         return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
 
 
 class FakeReader:

@@ -7,8 +7,9 @@
   docs/runbooks/<AlertName>.md, which exists and covers meaning, impact, investigation, fix
   and silencing;
 * every metric an alert uses is one healer exports (healer.obs.metrics.METRICS);
-* deploy/prometheus/prometheusrule.yaml and deploy/grafana/alerting.yaml are exactly what
-  hack/render-alerts.py renders (run it after changing the rules).
+* deploy/prometheus/prometheusrule.yaml and deploy/grafana/alerting.yaml carry the same rules
+  (healer_dev/grafana/alerts.py generates them: ``make grafana``; tests/unit/test_generated.py
+  fails while they are stale).
 
 promtool comes with Debian's prometheus package (hack/install-system-deps.sh); when it is
 missing these tests FAIL, they never skip.
@@ -16,16 +17,15 @@ missing these tests FAIL, they never skip.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from healer_dev.grafana import alerts as render_alerts
 from tests.unit.test_dashboards import known_metrics, metric_names, promtool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,18 +37,6 @@ RUNBOOKS = ROOT / "docs/runbooks"
 SEVERITIES = {"critical", "warning", "info"}
 #: Each runbook answers these, in a section whose heading starts with the word(s).
 RUNBOOK_SECTIONS = ("What it means", "Impact", "Investigate", "Fix", "Silence")
-
-
-def _render_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("render_alerts", ROOT / "hack/render-alerts.py")
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-render_alerts = _render_module()
 
 
 def _alerts() -> list[dict[str, Any]]:
@@ -129,11 +117,6 @@ def test_alerts_use_only_exported_metrics() -> None:
         assert names, a["alert"]
         problems += [f"{a['alert']}: {n}" for n in sorted(names - known)]
     assert not problems, problems
-
-
-def test_generated_files_are_current() -> None:
-    stale = render_alerts.stale(ROOT)
-    assert not stale, f"run `python hack/render-alerts.py`: stale {[str(p) for p in stale]}"
 
 
 def test_prometheusrule_carries_the_same_rules(tmp_path: Path) -> None:

@@ -403,7 +403,6 @@ def _plain_and_compact(h: History, ps: PolicySet) -> tuple[Replay, HistoryReplay
     plain.run(h.end)
     world = _world(h)
     compact = HistoryReplay(ps, world, h.start)
-    compact.attach(world, STEP)
     for b in batches:
         compact.add_callback(b[0].observed_at, compact.feeder(b))
     compact.run(h.end)
@@ -552,7 +551,7 @@ async def test_history_is_fetched_a_day_at_a_time() -> None:
 
     end = T0 + 2 * 86400 + 30 * M
     src = _ChunkedSource([T0 + 86400, T0 + 86400 + 7.5, end])
-    got = await fetch_history(src, T0, end, STEP)
+    got = await fetch_history(src.history, T0, end, STEP)
     assert [(a - T0, b - T0) for a, b, _ in src.calls] == [
         (0, 86400), (86400, 2 * 86400), (2 * 86400, 2 * 86400 + 30 * M)]
     fresh = [s.observed_at for s in got if s.kind is SignalKind.FRESH]

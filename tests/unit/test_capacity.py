@@ -1,15 +1,16 @@
 """FleetIndex: kept incrementally, it answers every guardrail exactly as a full scan would.
 
 The oracle is the scan-based implementation the index replaced, copied here verbatim (modulo
-names), extended with Slurm's causes (issue 12): random sequences of node, record and Slurm
-changes, applied one at a time to an index, must give the same admissions and usage as the
-oracle over the same fleet built from scratch.
+names), extended with Slurm's causes (issue 12), over a plain view of the fleet
+(:class:`OracleView`): random sequences of node, record and Slurm changes, applied one at a
+time to an index, must give the same admissions and usage as the oracle over the same fleet
+built from scratch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,9 +22,7 @@ from healer.core import rules as cp
 from healer.core.budget import (
     Admission,
     BreakerStatus,
-    BudgetView,
     GuardrailUsage,
-    PastIncident,
     breaker_status,
     check_admission,
     population,
@@ -40,6 +39,8 @@ from healer.core.model import (
     NodeCondition,
     NodeRecord,
     NodeView,
+    OpenRemediation,
+    PastIncident,
     StepRecord,
 )
 from healer.core.nodesets import NodeSetRules, NodeSets
@@ -50,6 +51,23 @@ from tests.builders import T0, done_step, open_step, record
 
 # ---------------------------------------------------------------------------------------------
 # The oracle: the guardrails as they were before the index (a scan per question)
+
+
+@dataclass(frozen=True)
+class OracleView:
+    """What the guardrails saw before the index: the fleet in plain maps."""
+
+    policies: cp.PolicySet
+    nodes: Mapping[str, NodeView]
+    open: Mapping[str, OpenRemediation]
+    incidents: tuple[PastIncident, ...]
+    paused: bool
+    paused_nodes: frozenset[str]
+    slurm: Mapping[str, str]
+    slurm_view: str
+
+    def is_paused(self, node: str) -> bool:
+        return self.paused or self.policies.fleet.paused or node in self.paused_nodes
 
 
 def o_threshold(cfg: cp.Breaker, pop: int) -> int:
@@ -78,7 +96,7 @@ def o_breaker(cfg: cp.Breaker, incidents: Iterable[PastIncident], pop: int,
     return BreakerStatus(False, count, threshold, None)
 
 
-def o_selects(view: BudgetView, pol: cp.Policy | NodeSetRules | None, n: NodeView) -> bool:
+def o_selects(view: OracleView, pol: cp.Policy | NodeSetRules | None, n: NodeView) -> bool:
     if pol is None:
         return view.policies.for_node(n) is not None
     if isinstance(pol, NodeSetRules):
@@ -89,7 +107,7 @@ def o_selects(view: BudgetView, pol: cp.Policy | NodeSetRules | None, n: NodeVie
     return pol.applies_to(n)
 
 
-def o_tagged(view: BudgetView, pol: cp.Policy | NodeSetRules | None, node: str,
+def o_tagged(view: OracleView, pol: cp.Policy | NodeSetRules | None, node: str,
              policy: str) -> bool:
     """Does a remediation or incident of ``node`` (under ``policy``) count in ``pol``?"""
     if pol is None:
@@ -103,7 +121,7 @@ def o_tagged(view: BudgetView, pol: cp.Policy | NodeSetRules | None, node: str,
     return policy == pol.name
 
 
-def o_population(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> list[NodeView]:
+def o_population(view: OracleView, pol: cp.Policy | NodeSetRules | None) -> list[NodeView]:
     spare_sel = view.policies.fleet.spare_selector
     in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
     out: list[NodeView] = []
@@ -121,7 +139,7 @@ def o_population(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> list
     return out
 
 
-def o_unavailable(view: BudgetView, nodes: Iterable[NodeView]) -> dict[str, str]:
+def o_unavailable(view: OracleView, nodes: Iterable[NodeView]) -> dict[str, str]:
     out: dict[str, str] = {}
     for n in nodes:
         rec = view.open.get(n.name)
@@ -143,7 +161,7 @@ def o_causes(down: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def o_replaced(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> int:
+def o_replaced(view: OracleView, pol: cp.Policy | NodeSetRules | None) -> int:
     spare_sel = view.policies.fleet.spare_selector
     in_flight = {r.spare for r in view.open.values() if r.spare and r.phase is not Phase.REPAIR}
     n = 0
@@ -157,7 +175,7 @@ def o_replaced(view: BudgetView, pol: cp.Policy | NodeSetRules | None) -> int:
     return n
 
 
-def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: BudgetView,
+def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: OracleView,
             now: float, incident: str = "", opened_at: float | None = None) -> Admission:
     if view.is_paused(node):
         return Admission(False, GuardrailBlock("pause", "remediation is paused"), False, 60.0)
@@ -246,7 +264,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Budget
     return Admission(True)
 
 
-def o_usage(view: BudgetView, now: float) -> list[GuardrailUsage]:
+def o_usage(view: OracleView, now: float) -> list[GuardrailUsage]:
     out: list[GuardrailUsage] = []
     scopes: list[tuple[str, cp.Guardrails, cp.Policy | NodeSetRules | None]] = [
         ("fleet", view.policies.fleet.guardrails, None)]
@@ -339,10 +357,10 @@ class Fleet:
             self.slurm_view = op[1]
             index.set_slurm_view(op[1])
 
-    def oracle(self, paused: bool) -> BudgetView:
+    def oracle(self, paused: bool) -> OracleView:
         paused_nodes = frozenset(n for n, v in self.nodes.items()
                                  if v.annotations.get("healer.io/paused", "").lower() == "true")
-        return BudgetView(self.policies, dict(self.nodes),
+        return OracleView(self.policies, dict(self.nodes),
                           {n: open_remediation(r) for n, r in self.open.items()},
                           tuple(past_incident(r) for r in self.history.values()),
                           paused, paused_nodes, slurm=dict(self.slurm),
@@ -466,12 +484,11 @@ def assert_same(fleet: Fleet, index: FleetIndex, full: bool) -> None:
                                    T0) == o_check("n1", (), fleet.policies.policies[0], oracle, T0)
             continue
         views = [index.view(paused=paused)]
-        if full:  # the same fleet from scratch, and a hand-built view (scanned)
+        if full:  # the same fleet from scratch
             views.append(budget_view(fleet.policies, fleet.nodes, fleet.open.values(),
                                      fleet.history.values(), paused=paused,
                                      paused_nodes=frozenset(oracle.paused_nodes),
                                      slurm=fleet.slurm, slurm_view=fleet.slurm_view))
-            views.append(oracle)
         for now in NOWS if full else NOWS[:1]:
             want_usage = o_usage(oracle, now)
             for v in views:

@@ -308,3 +308,21 @@ def test_real_urls_and_hosts_are_accepted(url: str) -> None:
     assert flags.url(url) == url
     for host in ("0.0.0.0", "::", "localhost", "node-1.example.com"):
         assert flags.host(host) == host
+
+
+def test_simulate_on_a_binary_file_names_the_file_and_its_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "scenario.yaml"
+    f.write_bytes(b"name: x\n\x7fELF\x02\x01\x01\x00\xd0\xff\x00")
+    assert main(["simulate", str(f)]) == 2
+    line = _one_line_error(capsys)
+    assert f"{f}:2: cannot read scenario: expected UTF-8 text" in line
+
+
+@pytest.mark.parametrize("given", [["/nonexistent/policies"], ["{corpus}"]])
+def test_xid_with_policies_that_cannot_be_loaded_exits_non_zero(
+        given: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    paths = [p.replace("{corpus}", str(ROOT / "tests" / "unit" / "policy_corpus" /
+                                        "01-bad-yaml.yaml")) for p in given]
+    assert main(["xid", "79", "--policies", *paths]) == 2
+    assert paths[0] in _one_line_error(capsys)

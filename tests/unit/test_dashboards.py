@@ -46,7 +46,7 @@ REQUIRED: dict[str, set[str]] = {
     "healer-remediation": {
         "healer_remediations", "healer_transitions_total", "healer_incidents_total",
         "healer_escalations_total", "healer_remediation_phase_seconds",
-        "healer_remediation_overdue"},
+        "healer_remediation_overdue", "healer_held_for_fencing", "healer_repair_cordoned_nodes"},
     "healer-latency": {
         "healer_step_duration_seconds_bucket", "healer_signal_to_action_seconds_bucket"},
     "healer-capacity": {"healer_spare_pool_free", "healer_held_for_capacity"},
@@ -57,7 +57,8 @@ REQUIRED: dict[str, set[str]] = {
     "healer-guardrails": {
         "healer_breaker_tripped", "healer_breaker_utilisation", "healer_unavailable_nodes",
         "healer_max_unavailable", "healer_active_remediations", "healer_max_concurrent",
-        "healer_guardrail_blocks_total", "healer_gpu_serial_incidents"},
+        "healer_guardrail_blocks_total", "healer_gpu_serial_incidents",
+        "healer_mass_death_tripped"},
     "healer-controller": {
         "healer_up", "healer_leader", "healer_policy_reloads_total", "healer_policy_info",
         "healer_policy_last_reload_success", "healer_api_call_errors_total",

@@ -28,7 +28,6 @@ from healer.core.gpu_identity import (
     parse_entries,
     split_message,
     with_block,
-    with_gpu_identity,
 )
 from healer.core.health import RuleMatch, Verdict
 from healer.core.machine import Decision
@@ -43,7 +42,8 @@ from healer.core.model import (
 )
 from healer.core.phases import Phase
 from healer.core.signals import condition_signals
-from healer.core.vocabulary import GPU_CONDITION, GPU_IDENTITY_TAG
+from healer.core.verdict_gpus import with_gpu_identity
+from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION, GPU_IDENTITY_TAG
 from tests.builders import GPU_LABELS, T0, policy
 
 UUID_A = "GPU-5d3c8e7f-0000-1111-2222-333344445555"
@@ -62,7 +62,8 @@ SPLIT_CASES = [
     (f"{TAG} *2:{UUID_A}:]", "", f"*2:{UUID_A}:"),  # serial unknown
     (f"{TAG} :{UUID_A}:S]", "", f":{UUID_A}:S"),  # index unknown
     (f"x {TAG} 1:a:b] then more", "x then more", "1:a:b"),
-    (f"old {TAG} 1:a:x] new {TAG} 2:b:y]", f"old {TAG} 1:a:x] new", "2:b:y"),  # the last block
+    (f"old {TAG} 1:a:x] new {TAG} 2:b:y]", f"old {TAG} 1:a:x] new {TAG} 2:b:y]",
+     ""),  # two blocks conflict: no identity
     (f"x [{GPU_IDENTITY_TAG} v2 1:a:b]", f"x [{GPU_IDENTITY_TAG} v2 1:a:b]", ""),  # unknown version
     (f"x {TAG} 1:a:b", f"x {TAG} 1:a:b", ""),  # never closed
     (f"x {TAG} 1:a;b:c]", f"x {TAG} 1:a;b:c]", ""),  # nothing readable: left as it is
@@ -114,7 +115,7 @@ FIELD = st.text("abcXYZ019.-_", max_size=20)
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(-1, 9999), FIELD, FIELD, st.booleans()), max_size=MAX_GPUS,
-                unique_by=lambda t: t[:3]))
+                unique_by=(lambda t: t[0], lambda t: t[1], lambda t: t[2])))
 def test_a_formatted_block_reads_back_as_written(
         gpus: list[tuple[int, str, str, bool]]) -> None:
     ids = [GpuIdentity(GpuRef(i, u, s), a) for i, u, s, a in gpus if i >= 0 or u or s]
@@ -130,7 +131,8 @@ def agent_view(node: str, gpus: list[GpuIdentity], *, status: str = "True",
     message = with_block("XID 79 on GPU 2" if status == "False" else "8 GPUs healthy", gpus)
     return NodeView(node, dict(GPU_LABELS), {}, False, (), (
         NodeCondition("Ready", "True"),
-        NodeCondition(GPU_CONDITION, status, reason, message, since, heartbeat)))
+        NodeCondition(GPU_CONDITION, status, reason, message, since, heartbeat,
+                      AGENT_FIELD_MANAGER)))
 
 
 def test_a_condition_signal_carries_the_block_and_the_message_without_it() -> None:

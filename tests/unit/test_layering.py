@@ -34,6 +34,21 @@ def test_core_never_reads_the_clock() -> None:
             assert needle not in text, f"{f.name} reads the clock ({needle})"
 
 
+def test_the_daemon_reads_wall_time_and_waits_only_through_its_clock() -> None:
+    """``Clock`` (healer/ports.py) is healer's one notion of time; only its real
+    implementation (adapters/clock.py) reads the wall clock, and a sleep elsewhere says on
+    its line why it is real time rather than the daemon's (a start-up poll, the Lease)."""
+    real = CORE.parent / "adapters" / "clock.py"
+    for f in sorted(CORE.parent.rglob("*.py")):
+        if f == real:
+            continue
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            for needle in ("time.time(", "datetime.now(", ".utcnow(", "time.sleep("):
+                assert needle not in line, f"{f}:{n} reads the clock ({needle}): use Clock"
+            if "asyncio.sleep(" in line:
+                assert "#" in line, f"{f}:{n} sleeps outside the Clock without saying why"
+
+
 def test_no_xid_list_is_hard_coded_in_python() -> None:
     from healer.policy.catalog import default_catalog
 

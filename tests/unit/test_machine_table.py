@@ -102,7 +102,7 @@ def test_auto_rows_have_no_cycle() -> None:
 
 def test_swapping_is_entered_only_before_any_swap() -> None:
     sources = {t.source for t in TRANSITIONS if t.target is Phase.SWAPPING}
-    assert sources == {Phase.CORDONED, Phase.HELD_FOR_CAPACITY}
+    assert sources == {Phase.CORDONED, Phase.HELD_FOR_CAPACITY, Phase.OUT_OF_SERVICE}
     # and neither of those is reachable once a swap happened
     after = {Phase.SWAPPING, Phase.ANNOTATING, Phase.VALIDATING, Phase.UNDRAINING, Phase.REPAIR}
     back = {t for t in TRANSITIONS if t.source in after and t.target in sources}

@@ -3,25 +3,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
 
 from healer.core.machine import TriggerKind
-from healer.core.model import NodeCondition, NodeView, SignalKind
+from healer.core.model import NodeCondition, NodeView, SignalKind, Taint
 from healer.core.node_events import admin_state, admin_triggers, node_change
 from healer.core.phases import Phase
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import (
+    CLAIMED_BY,
+    CLOUD_SHUTDOWN_TAINT,
     CORDONED_BY,
     EXCLUDE_LABEL,
+    FENCE_ACK,
+    FENCED_ANNOTATION,
     INCIDENT_ANNOTATION,
     REPAIR_RESULT,
     ROLE_LABEL,
+    SPARE_FAILED_LABEL,
 )
-from tests.builders import T0, record
+from tests.builders import T0, open_step, record
 
 SPARES = LabelSelector({ROLE_LABEL: "spare"})
+EAST = LabelSelector({"pool": "east-spares"})
+
+
+def is_spare(labels: Mapping[str, str]) -> bool:
+    """The fleet's selector and a NodeSet's own (``PolicySet.is_spare``)."""
+    return SPARES.matches(labels) or EAST.matches(labels)
+
+
+READY = NodeCondition("Ready", "True", last_transition=T0 - 500)
+NOT_READY = NodeCondition("Ready", "Unknown", last_transition=T0 - 5)
 GPU = NodeCondition("GPUHealthy", "True", "Ok", "", last_transition=T0 - 100, last_heartbeat=T0)
 BAD = NodeCondition("GPUHealthy", "False", "XID79", "", last_transition=T0, last_heartbeat=T0)
 
@@ -52,8 +68,23 @@ CHANGES = [
     ("a spare relabelled, still a spare", n(labels={ROLE_LABEL: "spare"}),
      n(labels={ROLE_LABEL: "spare", "x": "y"}), False, False, False),
     ("no longer a spare", n(labels={ROLE_LABEL: "spare"}), n(), False, False, False),
-    ("first seen as a spare: not new", None, n(labels={ROLE_LABEL: "spare"}), True, True,
-     False),
+    ("first seen as a spare: a new spare (issue 20 item 0: a spare created while a node is "
+     "held for capacity wakes it)", None, n(labels={ROLE_LABEL: "spare"}), True, True, True),
+    ("a spare turned Ready", n(NOT_READY, labels={ROLE_LABEL: "spare"}),
+     n(READY, labels={ROLE_LABEL: "spare"}), True, True, True),
+    ("a spare turned NotReady", n(READY, labels={ROLE_LABEL: "spare"}),
+     n(NOT_READY, labels={ROLE_LABEL: "spare"}), True, True, False),
+    ("a spare uncordoned", n(unschedulable=True, labels={ROLE_LABEL: "spare"}),
+     n(labels={ROLE_LABEL: "spare"}), False, False, True),
+    ("a spare released by its claim", n(labels={ROLE_LABEL: "spare"}, **{CLAIMED_BY: "i"}),
+     n(labels={ROLE_LABEL: "spare"}), False, False, True),
+    ("a spare that passed validation again", n(labels={ROLE_LABEL: "spare",
+                                                       SPARE_FAILED_LABEL: "true"}),
+     n(labels={ROLE_LABEL: "spare"}), False, False, True),
+    ("a spare of a NodeSet's own selector", None, n(labels={"pool": "east-spares"}), True, True,
+     True),
+    ("first seen, NotReady, a spare", None, n(NOT_READY, labels={ROLE_LABEL: "spare"}), True,
+     True, False),
 ]
 
 
@@ -61,7 +92,7 @@ CHANGES = [
                          [c[1:] for c in CHANGES], ids=[c[0] for c in CHANGES])
 def test_node_change(old: NodeView | None, new: NodeView, refreshed: bool, changed: bool,
                      spare: bool) -> None:
-    ch = node_change(old, new, T0 + 60, spare_selector=SPARES)
+    ch = node_change(old, new, T0 + 60, is_spare=is_spare)
     assert ch.node == "n1"
     assert ch.view is new
     assert ch.conditions_refreshed is refreshed
@@ -74,8 +105,33 @@ def test_node_change(old: NodeView | None, new: NodeView, refreshed: bool, chang
 
 
 def test_deleted_node_carries_only_its_name() -> None:
-    ch = node_change(n(GPU), None, T0, record=REC, spare_selector=SPARES)
+    ch = node_change(n(GPU), None, T0, record=REC, is_spare=is_spare)
     assert (ch.node, ch.view, ch.signals, ch.triggers) == ("n1", None, (), ())
+
+
+@pytest.mark.parametrize("phase", [Phase.DEAD, Phase.HELD_FOR_FENCING, Phase.OUT_OF_SERVICE,
+                                   Phase.REPAIR])
+def test_a_deleted_node_wakes_the_step_that_waits_on_it(phase: Phase) -> None:
+    """The nodeDeleted fencing provider, on the next event (issue 20 item 0)."""
+    rec = replace(REC, phase=phase, ledger=(open_step("clear-out-of-service"),))
+    ch = node_change(n(GPU), None, T0 + 3, record=rec, is_spare=is_spare)
+    assert [(t.kind, t.incident, t.at) for t in ch.triggers] == [
+        (TriggerKind.NODE, INC, T0 + 3)]
+
+
+@pytest.mark.parametrize(("what", "before", "after"), [
+    ("readiness", n(READY), n(NOT_READY)),
+    ("an admin's fenced annotation", n(NOT_READY), n(NOT_READY, **{FENCED_ANNOTATION: "me"})),
+    ("the cloud's shutdown taint", n(NOT_READY), replace(n(NOT_READY), taints=(
+        Taint(CLOUD_SHUTDOWN_TAINT, "", "NoSchedule"),))),
+    ("the fencing webhook's ack", n(NOT_READY), n(NOT_READY, **{FENCE_ACK: INC})),
+])
+def test_what_a_waiting_step_reads_of_the_node_wakes_it(what: str, before: NodeView,
+                                                        after: NodeView) -> None:
+    rec = replace(REC, phase=Phase.DEAD)
+    assert admin_state(before, rec) != admin_state(after, rec), what
+    assert TriggerKind.NODE in {t.kind for t in node_change(before, after, T0,
+                                                            record=rec).triggers}
 
 
 def test_condition_signal_is_observed_at_its_heartbeat() -> None:

@@ -11,12 +11,14 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from healer.cli import main
 from healer.core import rules as cp
 from healer.core.health import evaluate
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
-from healer.core.timefmt import format_duration, parse_rfc3339, rfc3339
+from healer.core.timefmt import MAX_SECONDS, MIN_SECONDS, format_duration, parse_rfc3339, rfc3339
 from healer.errors import PolicyError
 from healer.policy.checks import MAX_PROMQL_NESTING, MAX_PROMQL_OPERATORS, check_promql
 from healer.policy.load import load_policy_set
@@ -190,7 +192,7 @@ def test_a_recursive_alias_is_a_problem_not_a_recursion_error(tmp_path: Path) ->
     f = tmp_path / "a.yaml"
     f.write_text("a: &a [*a]\n")  # the 11 bytes that crash-looped the daemon
     [problem] = _problems(f)
-    assert problem.startswith(f"{f}:1: invalid YAML: alias *a refers to its own anchor")
+    assert problem.startswith(f"{f}:1: a[0]: invalid YAML: alias *a refers to its own anchor")
 
 
 def test_an_alias_bomb_is_refused_within_a_bounded_amount_of_memory(tmp_path: Path) -> None:
@@ -304,9 +306,25 @@ def test_the_timestamp_formatter_is_total(t: float, text: str) -> None:
     assert rfc3339(t) == text
 
 
-@pytest.mark.parametrize("bad", ["x" * 100, 10**400, object(), "2024-13-99T99:99:99Z"])
+@pytest.mark.parametrize("bad", ["x" * 100, 10**400, object(), "2024-13-99T99:99:99Z", "",
+                                 "2024-05-01T12:00:00Z!", b"2024-05-01T12:00:00Z"])
 def test_the_timestamp_parser_is_total(bad: object) -> None:
     assert parse_rfc3339(bad) is None
+
+
+@pytest.mark.parametrize(("text", "t"), [
+    ("2024-05-01T12:00:00Z", 1714564800.0), ("2024-05-01T12:00:00", 1714564800.0),
+    ("2024-05-01T14:00:00.250+02:00", 1714564800.25), (" 2024-05-01T12:00:00Z\n", 1714564800.0)])
+def test_the_timestamp_parser_reads_rfc3339_and_no_offset_as_utc(text: str, t: float) -> None:
+    assert parse_rfc3339(text) == t
+
+
+@given(st.floats(MIN_SECONDS, MAX_SECONDS - 1),
+       st.sampled_from([{}, {"millis": True}, {"micros": True}]))
+def test_a_written_timestamp_reads_back(t: float, how: dict[str, bool]) -> None:
+    back = parse_rfc3339(rfc3339(t, **how))
+    tolerance = 1e-6 if how.get("micros") else 1e-3 if how else 1.0
+    assert back == pytest.approx(t, abs=tolerance, rel=1e-15)
 
 
 @pytest.mark.parametrize("bad", ["9" * 400 + "s", "367d", "1e400s"])
@@ -333,10 +351,23 @@ def test_validate_prints_file_line_problems_and_exits_1(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
-    (90, "90s"), (300, "5m"), (7200, "2h"), (604800, "7d"), (math.inf, "inf"),
+    (0, "0s"), (0.4, "0.4s"), (45, "45s"), (90, "1m30s"), (300, "5m"), (5400, "1h30m"),
+    (7200, "2h"), (86400 + 7, "1d7s"), (604800, "7d"), (-90, "-1m30s"), (math.inf, "inf"),
     (-math.inf, "-inf"), (math.nan, "nan"), ("x", "?")])
 def test_the_duration_formatter_is_total(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
+
+
+@pytest.mark.parametrize(("seconds", "units", "text"), [
+    (4 * 86400 + 7200 + 13 * 60 + 7, 2, "4d2h"), (4 * 86400 + 13 * 60, 2, "4d"),
+    (750, 2, "12m30s"), (750, 1, "12m"), (59, 1, "59s"), (86399, 1, "23h")])
+def test_a_duration_to_so_many_units(seconds: float, units: int, text: str) -> None:
+    assert format_duration(seconds, units=units) == text
+
+
+@given(st.integers(0, 366 * 86400))
+def test_a_written_duration_reads_back_as_a_policy_duration(seconds: int) -> None:
+    assert parse_duration(format_duration(seconds)) == seconds
 
 
 def test_the_duration_formatter_takes_the_largest_float() -> None:

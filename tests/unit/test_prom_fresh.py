@@ -8,7 +8,6 @@ from typing import Any
 
 from healer.adapters.prometheus import PrometheusSource
 from healer.adapters.prometheus.promql import FRESH_MARK, JOB_LABEL
-from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Severity, Signal, SignalKind
 from healer.core.rules import LabelSelector as Sel
 from healer.core.rules import MetricRule, Op, Policy, PolicySet
@@ -235,7 +234,7 @@ def test_inventory_refresh_is_spread_over_the_polls() -> None:
             assert len(f.fetched) < 40  # about 200 / 20 per poll, never all at once
             for n in f.fetched:
                 seen[n] = seen.get(n, 0) + 1
-            assert f.fetched == {n for n in nodes if refresh_due(f.src, n)}
+            assert f.fetched == {n for n in nodes if f.src.live.refresh_due(n)}
         assert seen == dict.fromkeys(nodes, 1)
     finally:
         f.close()

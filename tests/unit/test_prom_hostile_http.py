@@ -4,9 +4,13 @@ A tiny aiohttp server (in its own thread and loop) plays Prometheus: it answers 
 tells it and records every request (method, path, ``Authorization``). Through
 :meth:`PrometheusSource.poll_once` (the daemon's path): an HTML error page, a wrong content
 type, a truncated body, a body over the size limit and non-JSON never raise out of the poll,
-are counted as ``bad-answer``, and the source only ever sends GETs. ``healer backtest``:
-absurd ranges fail at once with one line and exit 2; ``--bearer-token-file`` is sent with
-every query, history included; a missing, empty or unreadable token file is one line.
+are counted as ``bad-answer``, and the source only ever sends GETs. Through the offline
+tools' client (:class:`~healer.adapters.prometheus.offline.OfflineClient`, prometheus-api-client:
+the backtest's path): the same bodies are each a ``BadAnswer``, statuses map to the same errors,
+the library never retries by itself, a body over the limit is refused while it is read.
+``healer backtest``: absurd ranges fail at once with one line and exit 2; ``--bearer-token-file``
+is sent with every query, history included; a missing, empty or unreadable token file is one
+line; an answer that is no API answer is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import re
 import threading
 import time
@@ -27,14 +32,22 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from healer.adapters.prometheus import PrometheusSource
-from healer.adapters.prometheus.access import check_url, read_bearer_token
+from healer.adapters.prometheus.access import Access, check_url, read_bearer_token
 from healer.adapters.prometheus.http import BadAnswer, decode_result
+from healer.adapters.prometheus.offline import OfflineClient
 from healer.backtest.cli import add_backtest_flags, cmd_backtest
 from healer.backtest.inputs import check_range
 from healer.core.model import Severity, SignalKind
 from healer.core.rules import LabelSelector as Sel
 from healer.core.rules import MetricRule, Op, Policy, PolicySet
-from healer.errors import ConfigError, PermanentError
+from healer.errors import (
+    ConfigError,
+    ForbiddenError,
+    HealerError,
+    NotFoundError,
+    PermanentError,
+    TransientError,
+)
 from healer.obs.metrics import Metrics, StateSource
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +60,7 @@ class Reply:
     body: bytes = EMPTY
     status: int = 200
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,7 +76,7 @@ class FakeProm:
                           request.headers.get("Authorization", "")))
         r = self.reply(request)
         return web.Response(body=r.body, status=r.status,
-                            headers={"Content-Type": r.content_type})
+                            headers={"Content-Type": r.content_type, **r.headers})
 
 
 @pytest.fixture
@@ -169,6 +183,109 @@ def test_a_body_over_the_limit_is_refused_in_chunks(prom: FakeProm) -> None:
         assert any("larger than 1 MiB" in e for e in src.last_poll.errors)
     finally:
         src.close()
+
+
+# -- the offline tools' client (prometheus-api-client) ------------------------------------------
+
+
+def offline(url: str, **kw: Any) -> OfflineClient:
+    return OfflineClient(Access(url, 10.0), **kw)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_bodies_through_the_offline_client(prom: FakeProm, name: str) -> None:
+    prom.reply = lambda _r: HOSTILE[name]
+    client = offline(prom.url)
+    try:
+        with pytest.raises(BadAnswer, match=r"query_range x: .*(not JSON|malformed)"):
+            client.query_range("up", 0, 60, 15, "query_range x")
+        with pytest.raises(BadAnswer):
+            client.query("up", 60, "query x")
+    finally:
+        client.close()
+    assert {m for m, _, _ in prom.seen} == {"GET"}
+    assert {p for _, p, _ in prom.seen} == {"/api/v1/query_range", "/api/v1/query"}
+
+
+@pytest.mark.parametrize(("status", "error", "delay"), [
+    (503, TransientError, 7.0), (429, TransientError, 7.0), (408, TransientError, 7.0),
+    (500, TransientError, 7.0), (401, ForbiddenError, None), (403, ForbiddenError, None),
+    (404, NotFoundError, None), (400, PermanentError, None), (422, PermanentError, None),
+])
+def test_offline_client_maps_statuses_and_never_retries_itself(
+        prom: FakeProm, status: int, error: type[HealerError], delay: float | None) -> None:
+    prom.reply = lambda _r: Reply(b'{"status":"error","error":"no"}', status,
+                                  headers={"Retry-After": "7"})
+    client = offline(prom.url)
+    try:
+        with pytest.raises(error, match=f"q: HTTP {status}: .*no") as got:
+            client.query_range("up", 0, 60, 15, "q")
+    finally:
+        client.close()
+    assert type(got.value) is error
+    if delay is not None:
+        assert isinstance(got.value, TransientError)
+        assert got.value.delay == delay
+    assert len(prom.seen) == 1  # healer's retry policy retries, never the library
+
+
+def test_offline_client_refuses_a_body_over_the_limit_while_reading(prom: FakeProm) -> None:
+    prom.reply = lambda _r: Reply(b'{"status":"success","data":{"result":[' + b" " * (3 << 20)
+                                  + b"]}}")
+    client = offline(prom.url, max_body=1 << 20)
+    try:
+        with pytest.raises(BadAnswer, match="larger than 1 MiB"):
+            client.query_range("up", 0, 60, 15, "q")
+    finally:
+        client.close()
+
+
+def test_offline_client_reads_an_answer_and_sends_what_the_daemon_sent(
+        prom: FakeProm, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("one\n")
+    queries: list[dict[str, str]] = []
+
+    def reply(r: web.Request) -> Reply:
+        queries.append(dict(r.query))
+        return Reply(b'{"status":"success","data":{"resultType":"matrix","result":['
+                     b'{"metric":{"a":"b"},"values":[[60,"1"],[75,NaN]]}]}}')
+
+    prom.reply = reply
+    client = OfflineClient(Access(prom.url, 10.0, {"X-Scope-OrgID": "t"},
+                                  bearer_token_file=str(token)))
+    try:
+        got = client.query_range("up", 59.6, 120.2, 15, "q")
+        token.write_text("two\n")  # rotated: read again before the next query
+        client.query("up", 90.5, "q")
+    finally:
+        client.close()
+    assert got[0]["metric"] == {"a": "b"}
+    assert got[0]["values"][0] == [60, "1"]
+    assert math.isnan(got[0]["values"][1][1])  # a bare NaN: dropped later with its sample
+    assert queries == [{"query": "up", "start": "60", "end": "120", "step": "15"},
+                       {"query": "up", "time": "90.500"}]
+    assert [a for _, _, a in prom.seen] == ["Bearer one", "Bearer two"]
+
+
+def test_offline_client_connection_errors_are_transient() -> None:
+    client = offline("http://127.0.0.1:9")
+    try:
+        with pytest.raises(TransientError, match=r"q: cannot connect to http://127\.0\.0\.1:9"):
+            client.query("up", 1, "q")
+    finally:
+        client.close()
+
+
+def test_a_backtest_reading_no_api_answer_is_one_line(prom: FakeProm,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    prom.reply = lambda _r: HOSTILE["html page"]
+    assert _backtest(prom.url, "--from", "now-2h") == 2
+    err = capsys.readouterr().err
+    assert "not JSON" in err
+    assert err.count("\n") == 1
+    assert "Traceback" not in err
 
 
 def test_bare_nan_and_infinity_drop_their_samples_not_the_answer() -> None:

@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: modules (and their submodules) ``healer run`` must not import
-NOT_IN_RUN = ("healer_dev", "tests", "healer.sim", "pynvml", "healer.agent", "healer.backtest")
+NOT_IN_RUN = ("healer_dev", "tests", "healer.sim", "pynvml", "healer.agent", "healer.backtest",
+              "prometheus_api_client")
 
 RUN_IMPORTS = """
 import json, sys

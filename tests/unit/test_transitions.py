@@ -7,25 +7,24 @@ instrumented and fails if any row of ``TRANSITIONS`` was never selected: a new r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from healer.core import rules as cp
 from healer.core.actions import EmitEvent, StepStatus
-from healer.core.budget import BudgetView, PastIncident
+from healer.core.budget import BudgetView
 from healer.core.machine import (
     TRANSITIONS,
     Decision,
     TransitionRow,
-    Trigger,
     TriggerKind,
     step,
     stepping,
 )
 from healer.core.machine.context import Ctx
-from healer.core.model import HealthState, NodeRecord, Severity
+from healer.core.model import HealthState, PastIncident, Severity
 from healer.core.phases import Phase
 from tests.builders import (
     T0,
@@ -41,27 +40,15 @@ from tests.builders import (
     v_trigger,
     view,
 )
+from tests.unit.dead_transition_cases import DEAD_CASES
+from tests.unit.transition_case import Case, policy_view
 
 P, K, S, H = Phase, TriggerKind, StepStatus, HealthState
 LATE = T0 + 10 * 86400  # past every deadline
 
 
-@dataclass
-class Case:
-    id: str
-    record: NodeRecord | None
-    trigger: Trigger
-    phase: Phase
-    steps: tuple[str, ...] = ()  # ledgered actions issued, by ledger name, in order
-    events: tuple[str, ...] = ()  # event reasons that must be among the actions
-    view: BudgetView | None = None
-    now: float | None = None
-    check: Any = None  # optional extra check(decision)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _policy_view(**kw: Any) -> BudgetView:
-    return view(policies(policy(**kw)))
+    return policy_view(**kw)
 
 
 CHECKPOINT_ON = cp.Steps(checkpoint=cp.CheckpointStep(
@@ -357,6 +344,7 @@ def _generic(phase: Phase, st: str) -> list[Case]:
 
 for _phase, _st in WORKING.items():
     CASES.extend(_generic(_phase, _st))
+CASES.extend(DEAD_CASES)
 CASES.append(Case("checkpointing/retries-exhausted-escalates-by-policy",
                   record(P.CHECKPOINTING, ledger=(open_step("checkpoint", attempts=5),)),
                   s_trigger("checkpoint", S.RETRY), P.ESCALATED, ("escalate",),

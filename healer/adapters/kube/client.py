@@ -11,26 +11,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+import orjson
 import yaml
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.calls import timed
+from healer.adapters.kube.lite import status_error
 from healer.adapters.retry import KUBERNETES
 from healer.errors import (
     ConfigError,
     ConflictError,
-    ForbiddenError,
     HealerError,
-    NotFoundError,
     PermanentError,
     TransientError,
 )
 
 T = TypeVar("T")
-
-#: Field manager for everything healer writes.
-FIELD_MANAGER = "healer"
 
 
 #: A kubeconfig larger than this is refused (real ones are a few KiB).
@@ -50,7 +47,7 @@ async def make_api_client(kubeconfig: str | None = None, context: str | None = N
     if kubeconfig:
         _check_kubeconfig_file(kubeconfig)
         try:
-            await asyncio.wait_for(
+            await asyncio.wait_for(  # a bound on a library call, in real time
                 config.load_kube_config(config_file=kubeconfig, context=context,
                                         client_configuration=cfg, persist_config=False),
                 KUBECONFIG_TIMEOUT)
@@ -74,7 +71,25 @@ async def make_api_client(kubeconfig: str | None = None, context: str | None = N
         cfg.api_key_prefix = {"BearerToken": "Bearer"}
         cfg.cert_file = None
         cfg.key_file = None
-    return client.ApiClient(cfg)
+    api = client.ApiClient(cfg)
+    _no_env_lookups(api)
+    return api
+
+
+#: Environment variables that configure an HTTP proxy (aiohttp's ``trust_env`` reads them).
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy")
+
+
+def _no_env_lookups(api: client.ApiClient) -> None:
+    """kubernetes_asyncio's session trusts the environment, so aiohttp looks up proxy
+    variables and reads ``~/.netrc`` (a file read in a thread) on *every* request: a tenth of
+    the daemon's CPU in a burst of writes. Without a proxy configured there is nothing to find;
+    the session then stops looking (with one, it is left as it was)."""
+    if any(os.environ.get(k) for k in PROXY_ENV):
+        return
+    session = api.rest_client.pool_manager
+    if hasattr(session, "_trust_env"):
+        session._trust_env = False
 
 
 def _check_kubeconfig_file(path: str) -> None:
@@ -132,26 +147,9 @@ def translate(e: BaseException, what: str) -> HealerError:
         return e
     if isinstance(e, ApiException):
         status = e.status or 0
-        reason = _reason(e)
-        msg = f"{what}: HTTP {status} {reason}".rstrip()
-        if status == 409:
-            return ConflictError(msg)
-        if status == 404:
-            return NotFoundError(msg)
-        if status in (401, 403):
-            return ForbiddenError(msg)
-        if status == 410:
-            return TransientError(msg)
-        if status == 429 or status >= 500:
-            retry_after = None
-            headers: Any = e.headers or {}
-            if "Retry-After" in headers:
-                try:
-                    retry_after = float(headers["Retry-After"])
-                except ValueError:
-                    retry_after = None
-            return TransientError(msg, retry_after)
-        return PermanentError(msg)
+        headers: Any = e.headers or {}
+        return status_error(status, f"{what}: HTTP {status} {_reason(e)}".rstrip(),
+                            headers.get("Retry-After") if "Retry-After" in headers else None)
     if isinstance(e, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, OSError)):
         return TransientError(f"{what}: {type(e).__name__}: {e}")
     return PermanentError(f"{what}: {type(e).__name__}: {e}")
@@ -191,9 +189,43 @@ async def call(what: str, fn: Callable[[], Awaitable[T]], *, attempts: int = 4,
     return await KUBERNETES.but(attempts=attempts).run(what, once, retry_if=retryable)
 
 
+async def plain_json(fn: Any) -> dict[str, Any]:
+    """Call a client method with ``_preload_content=False`` and decode its body with orjson:
+    no round trip through the client's model classes (or its slower JSON decoder)."""
+    resp = await fn(_preload_content=False)
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status <= 299:
+        e = ApiException(status=resp.status, reason=resp.reason)
+        e.body = body.decode("utf-8", "replace")
+        e.headers = resp.headers
+        raise e
+    out = orjson.loads(body)
+    if not isinstance(out, dict):
+        raise ApiException(status=0, reason="the API server answered something not an object")
+    return out
+
+
 def to_dict(api: client.ApiClient, obj: Any) -> dict[str, Any]:
     if isinstance(obj, dict):
         return obj
     out = api.sanitize_for_serialization(obj)
     assert isinstance(out, dict)
     return out
+
+
+class ApiEventWriter:
+    """EventWriter (:mod:`healer.adapters.kube.events`) over the daemon's ApiClient."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.events = client.EventsV1Api(api)
+
+    async def create(self, namespace: str, body: dict[str, Any], what: str) -> None:
+        await call(what, lambda: plain_json(lambda **kw: self.events.create_namespaced_event(
+            namespace, body, **kw)))  # type: ignore[arg-type]
+
+    async def patch(self, namespace: str, name: str, body: dict[str, Any], what: str) -> None:
+        await call(what, lambda: plain_json(lambda **kw: self.events.patch_namespaced_event(  # type: ignore[call-arg]
+            name, namespace, body, _content_type="application/merge-patch+json", **kw)))

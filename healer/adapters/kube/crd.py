@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from healer.core.machine import held_reason
-from healer.core.model import RECORD_FORMAT_VERSION, NodeRecord
+from healer.core.model import RECORD_FORMAT_VERSION, FenceProvider, NodeRecord
 from healer.core.phases import Phase
+from healer.core.text import printable
 from healer.core.timefmt import rfc3339
 from healer.core.vocabulary import NODE_LABEL
 
@@ -81,6 +82,21 @@ _STATUS = {
                            "a SpareFromOtherDomain Event",
             "properties": {"level": _s(), "sameDomain": {"type": "boolean"},
                            "nodeDomain": _s(), "spareDomain": _s(), "switch": _s()}},
+        "death": {
+            "type": "object",
+            "description": "the node was declared dead: since when (its earliest witness), "
+                           "when, the witnesses in words, the fencing provider that said the "
+                           "machine is off or cut off (and what it said, when), and the jobs "
+                           "Slurm failed or requeued there",
+            "properties": {"since": _n(), "declared": _n(),
+                           "witnesses": {"type": "array", "items": _s()},
+                           "provider": {"type": "string", "enum": [
+                               p.value for p in FenceProvider]},
+                           "fencedBy": _s(), "fencedAt": _n(), "lostJobs": _s(),
+                           "labels": {"type": "object",
+                                      "additionalProperties": {"type": "string"}}}},
+        "carriedReason": _s("someone else's Slurm drain or DOWN reason the swap carried over "
+                            "to the replacement (steps.swap.foreignReason: carryOver)"),
         "slurmNode": _s(), "verdict": _s(), "verdictAt": _n(),
         "paused": {"type": "boolean"}, "repaired": {"type": "boolean"},
         "outcome": _s(),
@@ -156,16 +172,28 @@ def reason_of(rec: NodeRecord) -> str:
         text = rec.outcome
     else:
         text = rec.incident.summary or ", ".join(rec.incident.rules)
-    return text[:200]
+    return printable(text, 200)
+
+
+def _printable(v: Any) -> Any:
+    """``v`` with every string in it made printable (text from others reaches a record through
+    its summary, evidence, step errors and outcome: no control character is written)."""
+    if isinstance(v, str):
+        return printable(v)
+    if isinstance(v, dict):
+        return {k: _printable(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_printable(x) for x in v]
+    return v
 
 
 def to_object(rec: NodeRecord, name: str, resource_version: str = "") -> dict[str, Any]:
-    d = rec.to_dict()
+    d = _printable(rec.to_dict())
     incident = d.pop("incident")
     status = dict(d)
     status["reason"] = reason_of(rec)
     status["lastTransitionTime"] = rfc3339(rec.phase_since)
-    status["conditions"] = _conditions(rec)
+    status["conditions"] = _printable(_conditions(rec))
     meta: dict[str, Any] = {"name": name, "labels": {NODE_LABEL: rec.node[:63]}}
     if resource_version:
         meta["resourceVersion"] = resource_version

@@ -71,4 +71,4 @@ class Leadership:
                 if self.leading:
                     self.leading = False
                     await self._on_stop()
-                await asyncio.sleep(retry)
+                await asyncio.sleep(retry)  # Lease time is real time, as in the library

@@ -37,6 +37,7 @@ class SecretToken:
         self._at = 0.0
 
     async def token(self) -> str:
+        # a cache's age in real elapsed time (monotonic), not the daemon's clock
         if self._value and time.monotonic() - self._at < self.ttl:
             return self._value
         raw = to_dict(self.api, await call(
@@ -45,7 +46,11 @@ class SecretToken:
         data = raw.get("data") or {}
         if self.key not in data:
             raise ConfigError(f"Secret {self.namespace}/{self.name} has no key {self.key!r}")
-        self._value = base64.b64decode(data[self.key]).decode().strip()
+        try:
+            self._value = base64.b64decode(data[self.key]).decode().strip()
+        except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+            raise ConfigError(f"Secret {self.namespace}/{self.name} key {self.key!r} is not "
+                              "UTF-8 text (expected a printable token or HMAC key)") from None
         self._at = time.monotonic()
         return self._value
 

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
+from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.nodes import KubeNodes, node_view
 from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
 from healer.adapters.spare_validation import SpareValidator, is_failed_spare
@@ -36,6 +36,7 @@ from healer.core.model import NodeView
 from healer.core.nodesets import Toleration, untolerated
 from healer.core.rules import LabelSelector
 from healer.core.spare_validation import Readiness
+from healer.core.timefmt import rfc3339
 from healer.core.topology import (
     TOPOGRAPH,
     TopologyKeys,
@@ -53,8 +54,8 @@ from healer.core.vocabulary import (
     TAINT_EFFECT,
     TAINT_VALUE,
 )
-from healer.errors import ConflictError
-from healer.ports import PendingClaim
+from healer.errors import ConflictError, NotFoundError
+from healer.ports import Clock, PendingClaim
 
 
 class KubeSparePool:
@@ -62,8 +63,10 @@ class KubeSparePool:
                  claim_labels: Mapping[str, str] | None = None,
                  labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
                  *, topology_name: str | None = None, keys: TopologyKeys = TOPOGRAPH,
-                 tolerations: Sequence[Toleration] | None = None) -> None:
+                 tolerations: Sequence[Toleration] | None = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         self.nodes = nodes
+        self.clock = clock  # the claim's time (CLAIMED_AT)
         self.selector = selector
         #: the labels placement reads (the NodeSet's), and the taints its slurmd pods
         #: tolerate: a spare with another taint (healer's own spare taint aside) can never
@@ -79,9 +82,37 @@ class KubeSparePool:
         #: spare validation (set by the spare-validation loop's wiring); None: every free
         #: spare is claimable
         self.validation: SpareValidator | None = None
+        # while the node watch runs, the pool and the claims are looked up in its cache
+        for key in self.selector.match_labels:
+            nodes.cache.index(key)
+        nodes.cache.index(CLAIM_LABEL)
 
-    async def _free(self) -> list[tuple[NodeView, dict[str, Any]]]:
-        items, _ = await self.nodes.list_raw(self.selector.to_query())
+    def _cached_candidates(self) -> list[dict[str, Any]] | None:
+        """The nodes the selector may match, from the watch's cache (None: not synced)."""
+        cache = self.nodes.cache
+        if not cache.synced:
+            return None
+        names: set[str] | None = None
+        for key, value in self.selector.match_labels.items():
+            found = cache.with_label(key, value)
+            if found is None:
+                continue
+            names = found if names is None else names & found
+        out = []
+        for name in sorted(names) if names is not None else sorted(v.name for v in cache.views()):
+            c = cache.get(name)
+            if c is not None:
+                raw = c.raw()
+                raw["status"] = {"conditions": [
+                    {"type": x.type, "status": x.status} for x in c.view.conditions]}
+                out.append(raw)
+        return out
+
+    async def _free(self, fresh: bool = False) -> list[tuple[NodeView, dict[str, Any]]]:
+        """The free spares (from the watch's cache unless ``fresh``: read from the API)."""
+        items = None if fresh else self._cached_candidates()
+        if items is None:
+            items, _ = await self.nodes.list_raw(self.selector.to_query())
         out = []
         for raw in items:
             v = node_view(raw)
@@ -98,29 +129,42 @@ class KubeSparePool:
         return out
 
     async def choose(self, node: str) -> str | None:
-        bad = await self.nodes.get(node)
+        bad = await self.nodes.view(node)
         ranked = rank_spares(bad, [v for v, _ in await self._free()], self.keys)
         return ranked[0].name if ranked else None
 
     async def held_by(self, incident: str) -> str | None:
-        """The spare ``incident`` holds, if any (one label-selected read)."""
-        items, _ = await self.nodes.list_raw(f"{CLAIM_LABEL}={claim_digest(incident)}")
+        """The spare ``incident`` holds, if any (one label-selected read, or the watch's
+        cache: healer's own claim is in it from the claim's answer on)."""
+        digest = claim_digest(incident)
+        cache = self.nodes.cache
+        names = cache.with_label(CLAIM_LABEL, digest) if cache.synced else None
+        if names is not None:
+            items = [c.raw() for n in sorted(names) if (c := cache.get(n)) is not None]
+        else:
+            items, _ = await self.nodes.list_raw(f"{CLAIM_LABEL}={digest}")
         for raw in items:
             if (raw["metadata"].get("annotations") or {}).get(CLAIMED_BY) == incident:
                 return str(raw["metadata"]["name"])
         return None
 
-    async def claim(self, node: str, incident: str, *, same_domain: bool = False
-                    ) -> str | PendingClaim | None:
+    async def claim(self, node: str, incident: str, *, same_domain: bool = False,
+                    labels: Mapping[str, str] | None = None) -> str | PendingClaim | None:
         held = await self.held_by(incident)
         if held is not None:  # idempotent: this incident already holds a spare
             return held
-        bad = await self.nodes.get(node)
+        try:
+            bad = await self.nodes.view(node)
+        except NotFoundError:
+            if labels is None:
+                raise
+            bad = NodeView(node, dict(labels))  # a dead node the cloud deleted: as it was
         if self._provider is not None:  # e.g. the NodeSet's nodeSelector, read fresh
             self.claim_labels = dict(await self._provider())
         validating: str | None = None
+        fresh = False  # after a conflict the cache was behind: read the pool from the API
         for _ in range(5):
-            free = await self._free()
+            free = await self._free(fresh)
             by_name = {v.name: raw for v, raw in free}
             rank = same_domain_spares if same_domain else rank_spares
             ranked = rank(bad, [v for v, _ in free], self.keys)
@@ -134,6 +178,7 @@ class KubeSparePool:
                     await self.nodes._patch(cand.name, self._claim_patch(raw, incident))
                     return cand.name
                 except ConflictError:
+                    fresh = True
                     continue  # someone took or changed it: try the next one
             if validating is not None:
                 break
@@ -174,7 +219,7 @@ class KubeSparePool:
         taints = [t for t in (raw.get("spec") or {}).get("taints") or []
                   if t.get("key") != SPARE_TAINT]
         taints.append({"key": SPARE_TAINT, "value": TAINT_VALUE, "effect": TAINT_EFFECT})
-        annotations = {CLAIMED_BY: incident, CLAIMED_AT: _now()}
+        annotations = {CLAIMED_BY: incident, CLAIMED_AT: rfc3339(self.clock.now())}
         if self.topology_name is not None:
             spec = slinky_topology_spec(node_view(raw), self.topology_name, self.keys)
             if spec:
@@ -232,6 +277,3 @@ def claim_digest(incident: str) -> str:
     """A label value naming ``incident`` (incident ids may exceed a label value's 63 bytes)."""
     return hashlib.sha256(incident.encode()).hexdigest()[:40]
 
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from healer.adapters.kube.client import call, to_dict
+from healer.adapters.kube.client import call, plain_json, to_dict
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION, crd_manifest, from_object, to_object
 from healer.adapters.kube.nodes import _ts
 from healer.core.model import NodeRecord
@@ -41,7 +41,7 @@ async def ensure_crd(api: client.ApiClient, install: bool) -> None:
             await co.list_cluster_custom_object(GROUP, VERSION, PLURAL)
             return
         except Exception:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # polls the API server at start-up, in real time
     raise ConfigError(f"{name} was created but is not served")
 
 
@@ -78,10 +78,10 @@ class CRStateStore:
         if previous is None:
             body = to_object(record, name)
             try:
-                created = await call(f"create noderemediation {name}", lambda:
-                                     self.co.create_cluster_custom_object(
-                                         GROUP, VERSION, PLURAL, body))
-                rv = str(to_dict(self.api, created)["metadata"]["resourceVersion"])
+                created = await call(f"create noderemediation {name}", lambda: plain_json(
+                    lambda **kw: self.co.create_cluster_custom_object(
+                        GROUP, VERSION, PLURAL, body, **kw)))
+                rv = str(created["metadata"]["resourceVersion"])
             except ConflictError:
                 # it exists already (we crashed after creating it): write status over it
                 current = await self.get(name)
@@ -91,13 +91,13 @@ class CRStateStore:
             previous = StoredRecord(record, name, rv)
         body = to_object(record, name, previous.resource_version)
         try:
-            updated = await call(f"update noderemediation {name} status", lambda:
-                                 self.co.replace_cluster_custom_object_status(
-                                     GROUP, VERSION, PLURAL, name, body))
+            updated = await call(f"update noderemediation {name} status", lambda: plain_json(
+                lambda **kw: self.co.replace_cluster_custom_object_status(
+                    GROUP, VERSION, PLURAL, name, body, **kw)))
         except NotFoundError:
             # deleted under us (an admin removed it): recreate so intent is never lost
             return await self.save(record, None)
-        meta = to_dict(self.api, updated)["metadata"]
+        meta = updated["metadata"]
         return StoredRecord(record, name, str(meta["resourceVersion"]),
                             _ts(meta.get("creationTimestamp")))
 

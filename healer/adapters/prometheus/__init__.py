@@ -49,7 +49,7 @@ timestamp is only the evaluation time): a node's metric signals come in the foll
 with its per-GPU rows, unless those rows were in the first answer; recoveries of a node whose
 rows were not fetched take the node's newest scrape time. Samples of a GPU or node with no
 heartbeat in this poll are dropped (range functions still see their old samples), its STALE
-signal says why. The backtest path (:meth:`PrometheusSource.history`, range queries) is not
+signal says why. The backtest path (:func:`.history.history`, range queries) is not
 filtered: every sample.
 
 Stale telemetry is *unknown*, never healthy and never failed: a node whose series are absent
@@ -59,8 +59,8 @@ key=source)``; a node whose data is fresh gets ``Signal(FRESH)``. The outage and
 are logged once each. Node names come from the ``Hostname`` label (released dcgm-exporter) or
 ``hostname`` (newer builds), or from ``node_map``/``join`` for exporters labelled differently.
 
-HTTP: one client (:mod:`.http`: one ``requests`` session, synchronous, run in the source's
-threads) for the poll and the backtest's history, raw bodies decoded with orjson, parsed in
+HTTP: the daemon's poll goes through its own client (:mod:`.http`: one ``requests`` session,
+synchronous, run in the source's threads), raw bodies decoded with orjson, parsed in
 tight loops without an object per healthy sample (:meth:`PrometheusSource.parse_poll` is that
 parse, without HTTP, for benchmarks). A malformed
 entry never raises out of a poll: it is skipped and counted (``PollStats.malformed_samples``
@@ -71,16 +71,21 @@ sign of life; a body that is not an API answer is a :class:`~.http.BadAnswer`.
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx and 429 are
 ``TransientError`` (retried within the poll by :data:`healer.adapters.retry.QUICK`, a
 Retry-After honoured), other 4xx are ``PermanentError``
-(a bad ``promql`` rule, bad credentials).
+(a bad ``promql`` rule, bad credentials). The backtest's history reads through the offline
+tools' client (:mod:`.offline`: prometheus-api-client, the same session settings, bounds and
+error mapping; ADR 0012 says which client serves what and why).
 
 Modules. Pure (no I/O, no clock: the time is an argument; an import-linter contract in
 ``pyproject.toml`` keeps them so): :mod:`.promql` (query generation), :mod:`.labels`,
 :mod:`.sanity` (what a sample may be, the drop counter), :mod:`.xid` (the cursor),
-:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers, stamps), :mod:`.parse`
-(answers → signals), :mod:`.followup` (the second round's queries), :mod:`.stats`. I/O:
-:mod:`.access` (URL, bearer token file), :mod:`.http` (the one client), :mod:`.source` (the
-one source: the poll), :mod:`.rounds` (the parse of both rounds, timed), :mod:`.history`
-(the backtest's range queries).
+:mod:`.freshness` (the tracker), :mod:`.nodes` (freshness answers), :mod:`.view` (sample
+stamps), :mod:`.parse` (answers → signals), :mod:`.followup` (the second round's queries),
+:mod:`.stats`. I/O:
+:mod:`.access` (how to reach Prometheus: URL, TLS, bearer token file), :mod:`.http` (the
+daemon's client), :mod:`.offline` (the offline tools' client), :mod:`.source` (the one source:
+its settings, the poll's HTTP), :mod:`.rounds` (the live poll: its state between polls, each
+round's queries and the parse of their answers), :mod:`.history` (the backtest's
+range queries).
 """
 
 from healer.adapters.prometheus.source import PrometheusSource

@@ -1,12 +1,34 @@
-"""Where Prometheus is and how healer proves who it is: the URL check and the bearer token
-file, each failing with one line (never a traceback, never a request sent half-configured)."""
+"""Where Prometheus is and how healer proves who it is: :class:`Access` (the settings both
+clients are made from: the daemon's, :mod:`.http`, and the offline tools', :mod:`.offline`), the
+URL check and the bearer token file, each failing with one line (never a traceback, never a
+request sent half-configured)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from healer.errors import ConfigError, PermanentError
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach one Prometheus: its URL (checked: :func:`check_url`), the request timeout
+    (seconds), extra headers, a bearer token or a token file (read before each query), TLS
+    (``verify``; a CA bundle; a client certificate file, or certificate and key files) and
+    the source's name for the logs."""
+
+    url: str
+    timeout: float
+    headers: Mapping[str, str] = field(default_factory=dict)
+    bearer_token: str | None = None
+    bearer_token_file: str | None = None
+    verify: bool = True
+    ca_file: str | None = None
+    client_cert: str | tuple[str, str] | None = None
+    source: str = ""
 
 
 def check_url(url: str) -> str:

@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from healer.adapters.prometheus.freshness import NodeSummary
-from healer.adapters.prometheus.nodes import PollView
 from healer.adapters.prometheus.parse import Emission, Slot
 from healer.adapters.prometheus.promql import (
     TAG_LABEL,
@@ -30,6 +29,7 @@ from healer.adapters.prometheus.promql import (
     host_regexes,
     metric_expr,
 )
+from healer.adapters.prometheus.view import PollView
 
 #: The longest follow-up query we build (characters; a GET URL stays well under 16 KiB).
 MAX_QUERY = 8000

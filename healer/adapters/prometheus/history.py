@@ -1,26 +1,29 @@
-"""Backtests: what the source would have produced over a past interval (range queries).
+"""Backtests: what a source would have produced over a past interval (range queries):
+:func:`history`, the backtest's history reader.
 
 Unfiltered: every sample of every series becomes a METRIC signal (a replay evaluates rules
 itself). Nothing here touches the live poll state (trackers, cursors, violating set). Samples
 no exporter sends (outside the queried range, NaN/±Inf, impossible values: see
-:mod:`.sanity`) are dropped and counted in the source's ``drops``, as in a live poll.
+:mod:`.sanity`) are dropped and counted in the source's ``drops``, as in a live poll. The
+queries go through the offline tools' client (:class:`~.offline.OfflineClient`:
+prometheus-api-client; ADR 0012), made from the source's :class:`~.access.Access`, in the
+source's threads and retried by its policy.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Any
 
 from healer.adapters.prometheus.freshness import FreshnessTracker, NodeRows
 from healer.adapters.prometheus.labels import labels_of
+from healer.adapters.prometheus.offline import OfflineClient
 from healer.adapters.prometheus.parse import PollParser
 from healer.adapters.prometheus.promql import UP_MARK, xid_expr
 from healer.adapters.prometheus.sanity import FUTURE_SLACK, HEARTBEAT, XID, XID_EDGE
+from healer.adapters.prometheus.source import PrometheusSource
 from healer.adapters.prometheus.xid import XidTracker
 from healer.core.model import Signal
-
-if TYPE_CHECKING:
-    from healer.adapters.prometheus.source import PrometheusSource
 
 
 async def history(src: PrometheusSource, start: float, end: float, step: float
@@ -33,6 +36,24 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
     """
     if end <= start or step <= 0:
         raise ValueError("history needs start < end and a positive step")
+    client = OfflineClient(src.access, announce=False)  # the source announced its TLS
+    try:
+        return await _history(src, client, start, end, step)
+    finally:
+        client.close()
+
+
+async def _history(src: PrometheusSource, client: OfflineClient, start: float, end: float,
+                   step: float) -> list[Signal]:
+    async def query_range(expr: str, a: float, b: float) -> list[Any]:
+        what = f"query_range {expr[:120]!r}"
+        return list(await src.retried(lambda: client.query_range(expr, a, b, step, what),
+                                      "query_range"))
+
+    async def query(expr: str, at: float) -> list[Any]:
+        what = f"query {expr[:120]!r}"
+        return list(await src.retried(lambda: client.query(expr, at, what)))
+
     # Prometheus answers at most 11,000 points per series; and a day at most, because
     # timestamp() over a long range gets quadratically slower (a week: 9 s, a day: 0.2 s)
     span = min(step * 10_000, max(step, 86400.0))
@@ -48,7 +69,7 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
     fresh_at: dict[float, NodeRows] = defaultdict(dict)
     down_at: dict[float, set[str]] = defaultdict(set)
     for a, b in chunks:
-        for entry in await src.query_range(src.gpu_freshness_query, a, b, step):
+        for entry in await query_range(src.gpu_freshness_query, a, b):
             labels = labels_of(entry)
             if labels is None:
                 src.drops.add(HEARTBEAT, "malformed")
@@ -83,16 +104,16 @@ async def history(src: PrometheusSource, start: float, end: float, step: float
         signals.extend(sigs)
     for q in src.plan.metrics:
         for a, b in chunks:
-            res = await src.query_range(q.unfiltered, a, b, step)
+            res = await query_range(q.unfiltered, a, b)
             signals.extend(parser.metric_history(q, res, a - step, b + FUTURE_SLACK))
     if src.plan.xid:
         xids = XidTracker()
         a = start - src.xid_overlap  # one sample before start sets the baseline
         while a < end:
             b = min(a + 3600.0, end)
-            res = await src.query(xid_expr(b - a, src.matchers), b)
+            res = await query(xid_expr(b - a, src.matchers), b)
             series, _ = parser.xid_series(res, a - XID_EDGE, b + FUTURE_SLACK)
-            signals.extend(src.xid_signals(xids.feed(series, since=start), parser))
+            signals.extend(parser.xid_signals(xids.feed(series, since=start)))
             if xids.capped:
                 src.drops.add(XID, "too-many", xids.capped)
             a = b

@@ -1,8 +1,9 @@
-"""The one Prometheus client (:class:`Http`, made by :func:`connect`): one ``requests``
-session (TLS: CA bundle, client certificate or no verification; headers; the bearer token,
-re-read from its file before a query: :meth:`Http.refresh_token`), raw bodies, orjson, mapped
-errors. The live poll and the backtest's history both query through it (see
-:class:`~healer.adapters.prometheus.source.PrometheusSource`).
+"""The daemon's Prometheus client (:class:`Http`, made by :func:`connect`): one ``requests``
+session (:func:`new_session`, shared with the offline client :mod:`.offline`: TLS, CA bundle,
+client certificate or no verification; headers; the bearer token, re-read from its file before
+a query: :meth:`Http.refresh_token`), raw bodies read in chunks, orjson, mapped errors. The live
+poll queries through it (see :class:`~healer.adapters.prometheus.source.PrometheusSource`); the
+backtest's history goes through :mod:`.offline` (prometheus-api-client; ADR 0012).
 
 Errors are mapped to :mod:`healer.errors`: connection problems, timeouts, 5xx, 408 and 429 are
 ``TransientError``, 401/403 ``ForbiddenError``, 404 ``NotFoundError``, other 4xx
@@ -22,7 +23,6 @@ import json
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import requests
 import structlog
 import urllib3
 
-from healer.adapters.prometheus.access import check_file, read_bearer_token
+from healer.adapters.prometheus.access import Access, check_file, read_bearer_token
 from healer.errors import (
     ForbiddenError,
     HealerError,
@@ -80,6 +80,22 @@ def map_status(e: HttpStatus, what: str) -> HealerError:
     if e.status == 404:
         return NotFoundError(message)
     return PermanentError(message)
+
+
+def request_error(e: OSError, what: str, url: str, timeout: float) -> HealerError:
+    """A failed request (``requests`` raised ``e``) as healer's error: a TLS failure is
+    permanent (retrying cannot fix a certificate), a timeout, a lost connection or any other
+    request failure transient, a file error of requests' own (a CA bundle that went away)
+    permanent."""
+    if isinstance(e, requests.exceptions.SSLError):
+        return PermanentError(f"{what}: TLS with {url} failed: {root_cause(e)}")
+    if isinstance(e, requests.Timeout):
+        return TransientError(f"{what}: timed out after {timeout:g}s")
+    if isinstance(e, requests.ConnectionError):
+        return TransientError(f"{what}: cannot connect to {url}: {root_cause(e)}")
+    if isinstance(e, requests.RequestException):
+        return TransientError(f"{what}: {e}")
+    return PermanentError(f"{what}: {e}")
 
 
 _gc_lock = threading.Lock()
@@ -147,7 +163,7 @@ def decode_result(body: bytes, what: str, url: str) -> list[Any]:
     return result
 
 
-def _json_type(content_type: str | None) -> bool:
+def json_type(content_type: str | None) -> bool:
     """Whether a Content-Type may hold an API answer (absent: assume so)."""
     if not content_type:
         return True
@@ -156,7 +172,7 @@ def _json_type(content_type: str | None) -> bool:
 
 
 class Http:
-    """GET ``/api/v1/query`` and ``/api/v1/query_range``; thread-safe request counting."""
+    """GET ``/api/v1/query`` (instant queries); thread-safe request counting."""
 
     def __init__(self, url: str, session: requests.Session, headers: Mapping[str, str],
                  timeout: float, max_body: int = MAX_BODY,
@@ -190,36 +206,18 @@ class Http:
                                   timeout=self.timeout, verify=self.session.verify,
                                   cert=self.session.cert, stream=True) as r:
                 if r.status_code != 200:
-                    retry_after: float | None = None
-                    header = r.headers.get("Retry-After")
-                    if header:
-                        try:
-                            retry_after = float(header)
-                        except ValueError:
-                            retry_after = None
-                        if retry_after is not None and not 0 <= retry_after <= 3600:
-                            retry_after = None
                     raw = r.raw.read(500, decode_content=True) or b""
                     raise HttpStatus(r.status_code, raw.decode("utf-8", "replace"),
-                                     retry_after)
+                                     retry_after(r.headers.get("Retry-After")))
                 ctype = r.headers.get("Content-Type")
-                if not _json_type(ctype):
+                if not json_type(ctype):
                     raise BadAnswer(f"{what}: {self.url} answered {str(ctype)[:60]!r}, not JSON "
                                     "(a proxy's page?)")
                 return self._read(r, what)
         except HttpStatus as e:
             raise map_status(e, what) from None
-        except requests.exceptions.SSLError as e:  # retrying cannot fix a certificate
-            raise PermanentError(f"{what}: TLS with {self.url} failed: {root_cause(e)}") from e
-        except requests.Timeout as e:
-            raise TransientError(f"{what}: timed out after {self.timeout:g}s") from e
-        except requests.ConnectionError as e:
-            raise TransientError(f"{what}: cannot connect to {self.url}: "
-                                 f"{root_cause(e)}") from e
-        except requests.RequestException as e:
-            raise TransientError(f"{what}: {e}") from e
-        except OSError as e:  # requests' own file errors (a CA bundle that went away)
-            raise PermanentError(f"{what}: {e}") from e
+        except OSError as e:  # requests' errors are OSErrors too
+            raise request_error(e, what, self.url, self.timeout) from e
 
     def _read(self, r: requests.Response, what: str) -> bytes:
         """The body, in chunks, refusing more than ``max_body`` bytes."""
@@ -238,38 +236,50 @@ class Http:
         with gc_paused():
             return decode_result(body, what, self.url)
 
-    def query_range(self, expr: str, start: float, end: float, step: float,
-                    what: str) -> list[Any]:
-        # whole seconds, as prometheus-api-client sent them (backtests stay comparable)
-        params = {"query": expr, "start": str(round(datetime.fromtimestamp(start, UTC)
-                                                    .timestamp())),
-                  "end": str(round(datetime.fromtimestamp(end, UTC).timestamp())),
-                  "step": f"{step:g}"}
-        body = self._get("/api/v1/query_range", params, what)
-        return decode_result(body, what, self.url)
 
-
-def connect(url: str, *, timeout: float, headers: Mapping[str, str] | None = None,
-            bearer_token: str | None = None, bearer_token_file: str | None = None,
-            verify: bool = True, ca_file: str | None = None,
-            client_cert: str | tuple[str, str] | None = None, source: str = "") -> Http:
-    """The client of the Prometheus at ``url`` (checked by the caller). A missing or
-    unreadable ``ca_file`` or ``client_cert`` is a one-line ConfigError now, not at the first
-    query; ``verify=False`` (no ``ca_file``) is logged once instead of warned on every request.
-    ``bearer_token_file`` is read before each query (:meth:`Http.refresh_token`)."""
-    if ca_file:
-        check_file(ca_file, "the CA file")
-    for cert in (client_cert,) if isinstance(client_cert, str) else client_cert or ():
-        check_file(cert, "the client certificate file")
+def new_session(access: Access, *, announce: bool = True
+                ) -> tuple[requests.Session, dict[str, str]]:
+    """A ``requests`` session set up for ``access`` (TLS: the CA bundle, the client
+    certificate or no verification) and the headers every query carries (the bearer token
+    included; a token file is read before each query instead). A missing or unreadable
+    ``ca_file`` or ``client_cert`` is a one-line ConfigError now, not at the first query;
+    ``verify=False`` (no ``ca_file``) is logged once (``announce``) instead of warned on every
+    request."""
+    if access.ca_file:
+        check_file(access.ca_file, "the CA file")
+    cert = access.client_cert
+    for f in (cert,) if isinstance(cert, str) else cert or ():
+        check_file(f, "the client certificate file")
     session = requests.Session()
-    session.verify = ca_file if ca_file else verify
-    if not verify and not ca_file:
+    session.verify = access.ca_file if access.ca_file else access.verify
+    if not access.verify and not access.ca_file:
         # the operator chose this; one log line instead of a warning on every request
         urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-        log.warning("TLS certificate verification is off", source=source, url=url)
-    if client_cert is not None:
-        session.cert = client_cert
-    hdrs = dict(headers or {})
-    if bearer_token:
-        hdrs["Authorization"] = f"Bearer {bearer_token}"
-    return Http(url, session, hdrs, timeout, token_file=bearer_token_file)
+        if announce:
+            log.warning("TLS certificate verification is off", source=access.source,
+                        url=access.url)
+    if cert is not None:
+        session.cert = cert
+    headers = dict(access.headers)
+    if access.bearer_token:
+        headers["Authorization"] = f"Bearer {access.bearer_token}"
+    return session, headers
+
+
+def retry_after(header: str | None) -> float | None:
+    """A Retry-After header in seconds (0 to an hour), or None."""
+    if not header:
+        return None
+    try:
+        delay = float(header)
+    except ValueError:
+        return None
+    return delay if 0 <= delay <= 3600 else None
+
+
+def connect(access: Access) -> Http:
+    """The daemon's client of the Prometheus ``access`` names (its URL checked by the
+    caller); see :func:`new_session`."""
+    session, headers = new_session(access)
+    return Http(access.url, session, headers, access.timeout,
+                token_file=access.bearer_token_file)

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from healer.adapters.prometheus.labels import GpuCache, labels_of, node_name
-from healer.adapters.prometheus.nodes import PollView
 from healer.adapters.prometheus.promql import (
     JOB_LABEL,
     TAG_LABEL,
@@ -34,6 +33,7 @@ from healer.adapters.prometheus.sanity import (
     value_reason,
     xid_label,
 )
+from healer.adapters.prometheus.view import PollView
 from healer.adapters.prometheus.xid import XidCursor, XidEvent, XidSeries, XidTracker
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.parts import PartRef
@@ -129,6 +129,12 @@ class PollParser:
                 self._details.clear()
             out = self._details[key] = Signal.details(**kw)
         return out
+
+    def xid_signals(self, events: Iterable[XidEvent]) -> list[Signal]:
+        """XID occurrences → their XID signals (with the GPU's job labels)."""
+        detail = self.detail
+        return [Signal(e.node, self.source, SignalKind.XID, XID_GAUGE, float(e.code), e.at,
+                       e.gpu, detail(e.node, e.gpu, "via", e.via)) for e in events]
 
     def forget(self, node: str) -> None:
         """The freshness tracker forgot ``node``: so does the violating set."""

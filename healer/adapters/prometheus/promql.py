@@ -8,10 +8,11 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from healer.core.model import TelemetrySourceName
 from healer.core.rules import Aggregation, MetricRule, Op, PolicySet, XidRule
 from healer.errors import ConfigError
 
-SOURCE = "dcgm"
+SOURCE = TelemetrySourceName.DCGM.value
 XID_GAUGE = "DCGM_FI_DEV_XID_ERRORS"
 XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"
 #: The series whose presence and sample time say that a GPU's telemetry is fresh.

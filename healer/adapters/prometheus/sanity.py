@@ -144,16 +144,6 @@ def point(raw: Any, lo_t: float, hi_t: float, lo: float = -_INF, hi: float = _IN
     return why_not_a_number(v_raw)
 
 
-def xid_code_ok(v: float) -> bool:
-    """An XID gauge value: an integer code 0..:data:`MAX_XID` (0: no XID yet)."""
-    return 0 <= v <= MAX_XID and v == int(v)
-
-
-def xid_count_ok(v: float) -> bool:
-    """A per-XID count: an integer 0..:data:`MAX_XID_COUNT`."""
-    return 0 <= v <= MAX_XID_COUNT and v == int(v)
-
-
 def xid_label(raw: Any) -> int | None:
     """A count series' ``xid`` label → its code (1..:data:`MAX_XID`), or None."""
     if not isinstance(raw, str) or not raw.isascii() or not raw.strip().isdigit():

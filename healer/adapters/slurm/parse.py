@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from typing import Any
 
+from healer.core.timefmt import rfc3339
 from healer.ports import SlurmJob, SlurmNodeState
 
 __all__ = [
@@ -274,7 +274,7 @@ def _epoch(raw: Any) -> str:
         raw = raw.get("number") if raw.get("set", True) else None
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not 1e9 <= raw < 1e11:
         return ""
-    return datetime.fromtimestamp(raw, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return rfc3339(raw)
 
 
 def _job_id(obj: Mapping[str, Any]) -> int:

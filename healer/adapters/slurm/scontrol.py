@@ -144,17 +144,44 @@ class ScontrolDriver:
         r = await self._run(["squeue", "-h", "-w", _node_name(node), "-O", SQUEUE_FIELDS])
         return [j for j in parse_squeue(r.stdout) if node in j.nodes]
 
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """Every job slurmctld still knows that ran on ``node``, ended ones (NODE_FAIL) too."""
+        r = await self._run(["squeue", "-h", "-t", "all", "-w", _node_name(node),
+                             "-O", SQUEUE_FIELDS])
+        return [j for j in parse_squeue(r.stdout) if node in j.nodes]
+
     async def drain(self, node: str, reason: str, incident: str = "") -> bool:
         if not reason.startswith(SLURM_REASON_PREFIX):
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "
                                  f"{reason!r}")
         st = await self.state(node)
-        if st.drain and not st.reason_is_ours:
-            return False  # someone else's drain: keep their reason, do not own it
+        if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
+            # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0016)
+            return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
         await self._run(["scontrol", "update", f"nodename={node}", "state=drain",
                          f"reason={_one_line(reason)}"])
+        return True
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's ``reason``, word for word (not healer's: healer
+        never clears it); nothing if it is drained already."""
+        st = await self.state(node)
+        if st.drain:
+            return
+        await self._run(["scontrol", "update", f"nodename={node}", "state=drain",
+                         f"reason={_one_line(reason)}"])
+
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s record (``scontrol delete nodename=``, as a slurmd pod's preStop
+        does); False if there is none. Slurm refuses while it lists jobs on the node."""
+        try:
+            await self.state(node)
+        except NotFoundError:
+            return False
+        await self._run(["scontrol", "delete", f"nodename={_node_name(node)}"])
         return True
 
     async def undrain(self, node: str, incident: str = "") -> Undrain:
@@ -222,6 +249,7 @@ class ScontrolDriver:
         except OSError as e:
             raise TransientError(f"cannot run {args[0]}: {e}") from e
         try:
+            # a bound on a process, in real time (not the daemon's clock)
             out, err = await asyncio.wait_for(proc.communicate(), self.timeout)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):

@@ -69,6 +69,7 @@ from urllib.parse import quote
 import aiohttp
 
 from healer.adapters.calls import timed
+from healer.adapters.redirects import refused_redirect
 from healer.adapters.retry import QUICK
 from healer.adapters.slurm.parse import parse_job_json, parse_node_json
 from healer.adapters.slurm.scontrol import normalize_signal
@@ -150,7 +151,7 @@ class CallableToken:
     ``ttl`` seconds and fetched again after that or after a 401."""
 
     def __init__(self, fetch: Callable[[], str | Awaitable[str]], ttl: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:  # a cache's age
         self._fetch = fetch
         self._ttl = ttl
         self._clock = clock
@@ -304,6 +305,10 @@ class SlurmrestdDriver:
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         return [j for j in await self.jobs() if node in j.nodes and j.state in ACTIVE_JOB_STATES]
 
+    async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
+        """Every job slurmctld still lists that ran on ``node``, ended ones (NODE_FAIL) too."""
+        return [j for j in await self.jobs() if node in j.nodes]
+
     # -- writes ----------------------------------------------------------------------------
 
     async def drain(self, node: str, reason: str, incident: str = "") -> bool:
@@ -312,12 +317,35 @@ class SlurmrestdDriver:
                                  f"{reason!r}")
         api = await self._writable_api("drain a node")
         st = await self.state(node)
-        if st.drain and not st.reason_is_ours:
-            return False  # someone else's drain: keep their reason, do not own it
+        if (st.drain or (st.down and st.reason)) and not st.reason_is_ours:
+            # someone else's drain, or a DOWN with someone's reason (an admin's, or Slurm's
+            # own "Not responding"): keep their reason, do not own it (docs/adr/0016)
+            return False
         if st.drain and st.reason == " ".join(reason.split()):
             return True
         await self._request("POST", api.node + _quote(node), write=True,
                             json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
+        return True
+
+    async def hold(self, node: str, reason: str) -> None:
+        """Drain ``node`` with someone else's ``reason``, word for word (not healer's: healer
+        never clears it); nothing if it is drained already."""
+        api = await self._writable_api("drain a node")
+        st = await self.state(node)
+        if st.drain:
+            return
+        await self._request("POST", api.node + _quote(node), write=True,
+                            json={"state": ["DRAIN"], "reason": " ".join(reason.split())})
+
+    async def delete_node(self, node: str) -> bool:
+        """Delete ``node``'s record (``DELETE .../node/{name}``, what a slurmd pod's preStop
+        does with scontrol); False if there is none."""
+        api = await self._writable_api("delete a node record")
+        try:
+            await self.state(node)
+        except NotFoundError:
+            return False
+        await self._request("DELETE", api.node + _quote(node), write=True)
         return True
 
     async def undrain(self, node: str, incident: str = "") -> Undrain:
@@ -402,8 +430,12 @@ class SlurmrestdDriver:
             try:
                 async with self._http().request(
                         method, url, params=params, json=json, headers=headers,
-                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                        timeout=aiohttp.ClientTimeout(total=self.timeout),
+                        allow_redirects=False) as resp:  # the token never follows one
                     status = resp.status
+                    if 300 <= status < 400:
+                        raise PermanentError(refused_redirect(f"slurmrestd {where}", url,
+                                                              status, resp.headers))
                     text = await resp.text()
             except aiohttp.ClientConnectorError as e:
                 raise _ConnectFailed(f"{where}: cannot connect to slurmrestd: {e}") from e

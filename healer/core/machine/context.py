@@ -48,7 +48,8 @@ class Ctx:
             serials = tuple(g.serial for g in self.rec.incident.gpus if g.serial)
             self._admission = check_admission(self.rec.node, serials, self.policy, self.view,
                                               self.now, self.rec.incident.id,
-                                              self.rec.incident.opened_at)
+                                              self.rec.incident.opened_at,
+                                              dead=self.rec.death is not None)
         return self._admission
 
     @property

@@ -17,16 +17,20 @@ from healer.core.actions import (
     AwaitReplacement,
     Checkpoint,
     ClaimSpare,
+    ClearOutOfService,
     Cordon,
     DrainSlurm,
     EmitEvent,
     Escalate,
+    Fence,
+    LostJobs,
     MarkRepair,
     MoveWorkload,
     ObserveSlurm,
     ReleaseSpare,
     RequeueJobs,
     ReturnToPool,
+    TaintOutOfService,
     Uncordon,
     UndrainSlurm,
     Validate,
@@ -44,7 +48,7 @@ from healer.core.model import (
     Severity,
 )
 from healer.core.phases import Phase
-from healer.core.rules import Policy
+from healer.core.rules import ForeignReason, Policy
 from healer.core.topology import placement_of
 from healer.core.vocabulary import SLURM_REASON_PREFIX, StepName
 
@@ -93,11 +97,15 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
         case StepName.CORDON:
             return Cordon(inc, node, reason=_reason(rec))
         case StepName.CLAIM_SPARE:
-            return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain)
+            return ClaimSpare(inc, node, same_domain=st.swap.require_same_domain,
+                              labels=rec.death.labels if rec.death is not None else ())
         case StepName.MOVE_WORKLOAD:
-            return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
+            return MoveWorkload(inc, node, spare=rec.spare, slurm_node=rec.slurm_node,
+                                dead=rec.death is not None,
+                                carry=st.swap.foreign_reason is ForeignReason.CARRY_OVER)
         case StepName.AWAIT_REPLACEMENT:
-            return AwaitReplacement(inc, node, spare=rec.spare, slurm_node=rec.slurm_node)
+            return AwaitReplacement(inc, node, spare=rec.spare, slurm_node=rec.slurm_node,
+                                    carry=rec.carried)
         case StepName.ANNOTATE_TOPOLOGY:
             return AnnotateTopology(inc, node, target=rec.spare or node, slurm_node=rec.slurm_node)
         case StepName.VALIDATE_REPLACEMENT:
@@ -122,6 +130,21 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
             return ReturnToPool(inc, node)
         case StepName.ESCALATE:
             return Escalate(inc, node, reason=rec.outcome or "escalated")
+        case StepName.LOST_JOBS:
+            return LostJobs(inc, node, slurm_node=rec.slurm_node)
+        case StepName.FENCE:
+            fencing = ctx.policy.dead.fencing if ctx.policy is not None else None
+            started = rec.step(StepName.FENCE)
+            at = started.started_at if started is not None else ctx.now
+            if fencing is None:
+                return Fence(inc, node)
+            return Fence(inc, node, providers=tuple(sorted(p.value for p in fencing.providers)),
+                         url=fencing.url, secret_ref=fencing.secret_ref,
+                         deadline=at + fencing.deadline)
+        case StepName.OUT_OF_SERVICE:
+            return TaintOutOfService(inc, node)
+        case StepName.CLEAR_OUT_OF_SERVICE:
+            return ClearOutOfService(inc, node)
     raise KeyError(ledger_name)
 
 
@@ -131,6 +154,18 @@ def issue_steps(*steps: str, reopen: bool = False) -> Effect:
         for s in steps:
             ctx.issue(build_action(ctx, s), reopen=reopen)
     return Effect(("retry " if reopen else "issue ") + ", ".join(steps), apply)
+
+
+def _moved(ctx: Ctx) -> None:
+    """The slurmd moved: say which reason it carried over (if any), then wait for it."""
+    if ctx.rec.carried:
+        ctx.event("carried", "ReasonCarriedOver",
+                  f"someone else's Slurm reason {ctx.rec.carried!r} is carried over to the "
+                  "replacement (steps.swap.foreignReason: carryOver)")
+    ctx.issue(build_action(ctx, StepName.AWAIT_REPLACEMENT))
+
+
+MOVED = Effect("issue await-replacement (with a carried reason)", _moved)
 
 
 def _noop(ctx: Ctx) -> None:
@@ -304,11 +339,16 @@ CANCEL_KEEP = _undo("cancelled", undo=False)
 
 
 def _set_spare(ctx: Ctx) -> None:
+    record_spare(ctx)
+    ctx.issue(build_action(ctx, StepName.MOVE_WORKLOAD))
+
+
+def record_spare(ctx: Ctx) -> None:
+    """Record the claimed spare (and its placement) the trigger reports, with its Events."""
     r = ctx.result
     assert r is not None
     placed = placement_of(r.get)
     ctx.record = replace(ctx.rec, spare=r.get("spare"), spare_placement=placed)
-    ctx.issue(build_action(ctx, StepName.MOVE_WORKLOAD))
     rec = ctx.rec
     where = f" ({placed.describe(rec.node, rec.spare)})" if placed is not None else ""
     ctx.event("spare", "SpareClaimed", f"spare {rec.spare} claimed to replace {rec.node}{where}")

@@ -44,6 +44,13 @@ def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
         return rec.phase_since + st.swap.hold_timeout if st.swap.hold_timeout > 0 else None
     if phase is Phase.REPAIR:
         return rec.phase_since + st.repair.deadline if st.repair.deadline > 0 else None
+    if phase is Phase.DEAD:  # admitted: the fence deadline; waiting for admission: none
+        fence = rec.step(StepName.FENCE)
+        if fence is None or policy is None:
+            return None
+        return fence.started_at + policy.dead.fencing.deadline
+    if phase is Phase.HELD_FOR_FENCING:
+        return None  # held until a provider says so (a human is alerted), never escalated
     opens = [s.started_at for s in rec.ledger if not s.done]
     if phase in TERMINAL or not opens:
         return None
@@ -100,9 +107,9 @@ def verdict_failed(ctx: Ctx) -> bool:
 
 
 def slurm_drained(ctx: Ctx) -> bool:
-    """Slurm reports the node drained and no job on it."""
+    """Slurm reports the node drained (or DOWN) and no job on it."""
     s = ctx.trigger.slurm
-    return s is not None and s.drain and not s.busy
+    return s is not None and (s.drain or s.down) and not s.busy
 
 
 def repair_passed(ctx: Ctx) -> bool:
@@ -276,9 +283,7 @@ DEGRADING_CONFIRMED = Guard("verdict degrading, node governed, not paused",
                             degrading_governed_unpaused)
 SUSPECT_CONFIRMED = Guard("verdict suspect, node governed, not paused",
                           suspect_governed_unpaused)
-GOVERNED = Guard("node governed", governed)
 UNGOVERNED = Guard("policy gone, node opted out or a spare", ungoverned)
-PAUSED = Guard("paused", paused)
 OBSERVE_ONLY = Guard("observe-only", observe_only)
 UNCONFIRMED = Guard("verdict not confirmed", unconfirmed)
 BUDGET_EXHAUSTED = Guard("retry budget exhausted", budget_exhausted)
@@ -286,16 +291,11 @@ BLOCKED = Guard("guardrail blocks", guardrail_blocks)
 CHECKPOINT_FIRST = Guard("checkpoint applies", checkpoint_first)
 DEADLINE_PASSED = Guard("deadline passed", deadline_passed)
 HAS_OPEN_STEPS = Guard("open steps", has_open_steps)
-SLURM_DRAINED = Guard("slurm drained, not busy", slurm_drained)
+SLURM_DRAINED = Guard("slurm drained or down, not busy", slurm_drained)
 DRAIN_ESCALATES = Guard("drain deadline passed, policy escalates", drain_escalates)
 DRAIN_REQUEUES = Guard("drain deadline passed, policy requeues", drain_requeues)
 DRAIN_ACCEPTED = Guard("drain accepted", drain_accepted)
-CHECKPOINT_CONTINUES = Guard("policy continues on checkpoint timeout", checkpoint_continues)
-SWAP_ENABLED = Guard("swap enabled", swap_enabled)
-VALIDATION_ENABLED = Guard("validation enabled", validation_enabled)
-SWAPPED = Guard("replaced by a spare", swapped)
 REPAIR_PASSED = Guard("repair passed", repair_passed)
-SERIAL_BUDGET_EXHAUSTED = Guard("GPU serial over its retry budget", serial_over_budget)
 UNDO_FINISHED = Guard("undo finished", undo_finished)
 STEP_PENDING = Guard("pending", step_pending)
 RETRY_ATTEMPTS_LEFT = Guard("retry, attempts left", retry_attempts_left)

@@ -125,7 +125,7 @@ def _policy_for(record: NodeRecord | None, node: str, view: BudgetView,
         p = view.policies.get(record.policy)
         if p is not None:
             return p
-        if record.phase not in (Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED):
+        if record.phase not in (Phase.SUSPECT, Phase.DEGRADING, Phase.FAILED, Phase.DEAD):
             # an in-flight remediation keeps going under the defaults if its policy vanished
             return Policy(name=record.policy, selector=LabelSelector(), rules=(),
                           mode=record.mode)
@@ -162,6 +162,9 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
         slurm_node = r.get("slurmNode")
         if slurm_node and slurm_node != record.slurm_node:
             record = replace(record, slurm_node=slurm_node)
+        carried = r.get("carried")[:250]  # the move carried someone's reason over (ADR 0016)
+        if r.step == StepName.MOVE_WORKLOAD and carried and carried != record.carried:
+            record = replace(record, carried=carried)
     return record
 
 
@@ -208,7 +211,13 @@ def _recheck(ctx: Ctx) -> float | None:
         # a spare appearing wakes it (a CAPACITY trigger); the tick is only a backstop, so a
         # fleet with many nodes held does not ask the spare pool every poll
         candidates.append(max(st.poll_interval, HELD_RETRY))
-    elif phase in (Phase.DEGRADING, Phase.FAILED):
+    elif phase is Phase.HELD_FOR_FENCING:
+        # a provider saying so changes the Node (an annotation, a taint, its deletion), which
+        # wakes it (a NODE trigger); the tick is only a backstop
+        candidates.append(max(st.poll_interval, HELD_RETRY))
+    elif phase is Phase.DEAD and rec.step(StepName.FENCE) is not None:
+        candidates.append(st.poll_interval)
+    elif phase in (Phase.DEGRADING, Phase.FAILED, Phase.DEAD):
         adm = ctx.checked_admission
         if adm is not None and adm.recheck_after is not None:
             candidates.append(adm.recheck_after)
@@ -235,8 +244,11 @@ def releases(record: NodeRecord) -> bool:
 
 
 def counts_as_active(record: NodeRecord) -> bool:
-    """Does ``record`` hold a ``maxConcurrent`` slot? Admitted and not yet giving back."""
-    return record.phase in ACTIVE and not record.repaired
+    """Does ``record`` hold a ``maxConcurrent`` slot? Admitted and not yet giving back (a
+    dead node once its fencing was asked for)."""
+    admitted = record.phase in ACTIVE or (record.phase is Phase.DEAD
+                                          and record.step(StepName.FENCE) is not None)
+    return admitted and not record.repaired
 
 
 def record_out_of_service(record: NodeRecord) -> bool:

@@ -23,6 +23,41 @@ from typing import Any
 
 from healer.core.actions import StepStatus
 from healer.core.machine.context import Effect, Guard
+from healer.core.machine.dead_effects import (
+    ADMIT_FENCE,
+    AFTER_CLEAR,
+    ALIVE_AGAIN,
+    FENCE_CONTRADICTED,
+    FENCED,
+    FENCED_GONE,
+    GO_DEAD,
+    HELD_FENCE,
+    OPEN_DEAD,
+    RECORD_LOST_JOBS,
+    SPARE_THEN_OUT_OF_SERVICE,
+)
+from healer.core.machine.dead_guards import (
+    CLAIMED_DEAD,
+    CLAIMED_DEAD_DELETED,
+    CLEARED_SWAPPED,
+    CLEARED_VALIDATE,
+    DEAD_BLOCKED,
+    DEAD_BUDGET_EXHAUSTED,
+    DEAD_CONFIRMED,
+    DEAD_OBSERVE_ONLY,
+    FENCE_ADMISSIBLE,
+    FENCE_NOT_STARTED,
+    FENCED_BUT_READY,
+    FENCED_DELETED_NO_SWAP,
+    FENCED_SILENT,
+    NODE_SILENT,
+    OUT_OF_SERVICE_NO_SWAP,
+    OUT_OF_SERVICE_SWAP,
+    REPAIRED_OUT_OF_SERVICE,
+    UNDRAINED_DELETED,
+    VERDICT_DEAD,
+    VERDICT_DEAD_IN_FLIGHT,
+)
 from healer.core.machine.effects import (
     AFTER_REPAIR,
     BLOCK_GUARDRAIL,
@@ -36,6 +71,7 @@ from healer.core.machine.effects import (
     ESCALATE,
     HELD,
     MARK_REPAIRED,
+    MOVED,
     NOTHING,
     OBSERVE,
     OPEN_INCIDENT,
@@ -162,6 +198,30 @@ UNCORDON_CANCELS = (R(K.ADMIN_UNCORDON, ALWAYS, P.CANCELLED, CANCEL_KEEP),)
 #: Opting out cancels; healer's changes stay for the operator.
 OPT_OUT_CANCELS = (R(K.OPT_OUT, ALWAYS, P.CANCELLED, CANCEL_KEEP),)
 
+#: A node that dies while its graceful remediation is in flight leaves it for the dead-node
+#: flow (it can neither drain nor be evicted).
+DIES = (R(K.VERDICT, VERDICT_DEAD_IN_FLIGHT, P.DEAD, GO_DEAD),)
+#: The report of a dead node's lost jobs, in whichever dead phase it lands.
+LOST_JOBS_REPORTED = (R(K.STEP, result_is(StepName.LOST_JOBS, S.DONE), STAY, RECORD_LOST_JOBS),)
+#: A dead node answering again before it was fenced goes back to the graceful flow; a verdict
+#: that is merely no longer "dead" (a witness let go) while the node is still not Ready is not
+#: an answer.
+ANSWERS_AGAIN = (
+    R(K.VERDICT, VERDICT_HEALTHY, P.RECOVERED, RECOVER),
+    R(K.VERDICT, VERDICT_DEAD, STAY),
+    R(K.VERDICT, NODE_SILENT, STAY),
+    R(K.VERDICT, ALWAYS, P.FAILED, ALIVE_AGAIN),
+)
+#: A provider saying the machine is off or cut off ends the wait for fencing, unless its Node
+#: is Ready (its kubelet contradicts it: the next verdict takes it back to the graceful flow).
+FENCED_ROWS = (
+    R(K.STEP, FENCED_DELETED_NO_SWAP, P.DONE, FENCED_GONE),
+    R(K.STEP, FENCED_SILENT, P.OUT_OF_SERVICE, FENCED),
+    R(K.STEP, FENCED_BUT_READY, STAY, FENCE_CONTRADICTED),
+)
+#: A change of the Node wakes the step that reads it (a fence provider, the node's readiness).
+NODE_WAKES = (R(K.NODE, ALWAYS, STAY, POLL),)
+
 #: Degrading and Failed wait for admission: every guardrail in turn, then the first step.
 ADMISSION = (
     R(K.VERDICT, VERDICT_HEALTHY, P.RECOVERED, RECOVER),
@@ -191,12 +251,14 @@ TERMINAL_RULES = (
 TRANSITIONS: tuple[TransitionRow, ...] = (
     # -- Healthy: no record ------------------------------------------------------------------
     *rows_of(P.HEALTHY,
+             R(K.VERDICT, DEAD_CONFIRMED, P.DEAD, OPEN_DEAD),
              R(K.VERDICT, FAILED_CONFIRMED, P.FAILED, OPEN_INCIDENT),
              R(K.VERDICT, DEGRADING_CONFIRMED, P.DEGRADING, OPEN_INCIDENT),
              R(K.VERDICT, SUSPECT_CONFIRMED, P.SUSPECT, OPEN_SUSPECT),
              R(K.VERDICT, ALWAYS, STAY)),
     # -- Suspect: waiting out for:/count -----------------------------------------------------
     *rows_of(P.SUSPECT,
+             R(K.VERDICT, VERDICT_DEAD, P.DEAD, OPEN_DEAD),
              R(K.VERDICT, VERDICT_FAILED, P.FAILED, OPEN_INCIDENT),
              R(K.VERDICT, VERDICT_CONFIRMED, P.DEGRADING, OPEN_INCIDENT),
              R(K.VERDICT, VERDICT_HEALTHY, P.HEALTHY),
@@ -207,11 +269,13 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              R(K.AUTO, UNGOVERNED, P.HEALTHY)),
     # -- Degrading / Failed: waiting for admission -------------------------------------------
     *rows_of(P.DEGRADING,
+             *DIES,
              R(K.VERDICT, VERDICT_FAILED, P.FAILED, UPGRADE),
              *ADMISSION),
-    *rows_of(P.FAILED, *ADMISSION),
+    *rows_of(P.FAILED, *DIES, *ADMISSION),
     # -- Checkpointing -----------------------------------------------------------------------
     *rows_of(P.CHECKPOINTING,
+             *DIES,
              R(K.STEP, result_is(StepName.CHECKPOINT, S.DONE), P.DRAINING,
                issue_steps(StepName.DRAIN)),
              R(K.STEP, CHECKPOINT_FAILED_CONTINUE, P.DRAINING, CHECKPOINT_FAILED),
@@ -224,6 +288,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- Draining ----------------------------------------------------------------------------
     *rows_of(P.DRAINING,
+             *DIES,
              R(K.STEP, result_is(StepName.DRAIN, S.DONE), STAY, OBSERVE),
              R(K.STEP, result_is(StepName.REQUEUE, S.DONE), STAY, OBSERVE),
              R(K.SLURM, SLURM_DRAINED, P.CORDONED, issue_steps(StepName.CORDON)),
@@ -241,6 +306,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- Cordoned ----------------------------------------------------------------------------
     *rows_of(P.CORDONED,
+             *DIES,
              R(K.STEP, CORDON_DONE_SWAP, STAY, issue_steps(StepName.CLAIM_SPARE)),
              R(K.STEP, result_is(StepName.CORDON, S.DONE), P.REPAIR,
                issue_steps(StepName.MARK_REPAIR)),
@@ -254,6 +320,9 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- HeldForCapacity ---------------------------------------------------------------------
     *rows_of(P.HELD_FOR_CAPACITY,
+             *DIES,
+             R(K.STEP, CLAIMED_DEAD_DELETED, P.SWAPPING, SWAP_IN),
+             R(K.STEP, CLAIMED_DEAD, P.OUT_OF_SERVICE, SPARE_THEN_OUT_OF_SERVICE),
              R(K.STEP, result_is(StepName.CLAIM_SPARE, S.DONE), P.SWAPPING, SWAP_IN),
              R(K.STEP, result_is(StepName.CLAIM_SPARE, S.UNAVAILABLE), STAY),
              R(K.CAPACITY, ALWAYS, STAY, issue_steps(StepName.CLAIM_SPARE, reopen=True)),
@@ -267,8 +336,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- Swapping ----------------------------------------------------------------------------
     *rows_of(P.SWAPPING,
-             R(K.STEP, result_is(StepName.MOVE_WORKLOAD, S.DONE), STAY,
-               issue_steps(StepName.AWAIT_REPLACEMENT)),
+             R(K.STEP, result_is(StepName.MOVE_WORKLOAD, S.DONE), STAY, MOVED),
              R(K.STEP, result_is(StepName.AWAIT_REPLACEMENT, S.DONE), P.ANNOTATING,
                issue_steps(StepName.ANNOTATE_TOPOLOGY)),
              *VERDICT_CHANGES_NOTHING,
@@ -300,6 +368,7 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              *OPT_OUT_CANCELS),
     # -- Undraining --------------------------------------------------------------------------
     *rows_of(P.UNDRAINING,
+             R(K.STEP, UNDRAINED_DELETED, P.DONE, DONE),
              R(K.STEP, UNDRAINED_SWAPPED, P.REPAIR, issue_steps(StepName.MARK_REPAIR)),
              R(K.STEP, result_is(StepName.UNDRAIN, S.DONE), STAY, issue_steps(StepName.UNCORDON)),
              R(K.STEP, result_is(StepName.UNCORDON, S.DONE), P.DONE, DONE),
@@ -312,6 +381,8 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
     *rows_of(P.REPAIR,
              R(K.REPAIR, REPAIRED_OVER_BUDGET, P.ESCALATED,
                escalate("repaired GPU failed too often: not returned to service")),
+             R(K.REPAIR, REPAIRED_OUT_OF_SERVICE, STAY,
+               in_order(MARK_REPAIRED, issue_steps(StepName.CLEAR_OUT_OF_SERVICE))),
              R(K.REPAIR, REPAIRED_SWAPPED, STAY, AFTER_REPAIR),
              R(K.REPAIR, REPAIRED_VALIDATE, P.VALIDATING,
                in_order(MARK_REPAIRED, issue_steps(StepName.VALIDATE_REPLACEMENT))),
@@ -323,12 +394,60 @@ TRANSITIONS: tuple[TransitionRow, ...] = (
              R(K.STEP, result_is(StepName.VALIDATE_REPAIRED, S.FAILED), P.ESCALATED,
                escalate("validation of the repaired node failed")),
              R(K.STEP, result_is(StepName.RETURN_TO_POOL, S.DONE), P.DONE, DONE),
+             R(K.STEP, CLEARED_SWAPPED, STAY, AFTER_CLEAR),
+             R(K.STEP, CLEARED_VALIDATE, P.VALIDATING,
+               issue_steps(StepName.VALIDATE_REPLACEMENT)),
+             R(K.STEP, result_is(StepName.CLEAR_OUT_OF_SERVICE, S.DONE), P.UNDRAINING,
+               issue_steps(StepName.UNDRAIN)),
              *VERDICT_CHANGES_NOTHING,
              *STEP_OUTCOMES,
              R(K.TICK, DEADLINE_PASSED, P.ESCALATED,
                escalate("repair did not finish before its deadline")),
              *POLL_OPEN_STEPS,
+             R(K.NODE, HAS_OPEN_STEPS, STAY, POLL),
+             R(K.NODE, ALWAYS, STAY),
              *UNCORDON_CANCELS,
+             *OPT_OUT_CANCELS),
+    # -- Dead: waiting for admission, then for a fencing provider ----------------------------
+    *rows_of(P.DEAD,
+             *ANSWERS_AGAIN,
+             *FENCED_ROWS,
+             *LOST_JOBS_REPORTED,
+             *STEP_OUTCOMES,
+             R(K.TICK, DEADLINE_PASSED, P.HELD_FOR_FENCING, HELD_FENCE),
+             R(K.TICK, FENCE_NOT_STARTED, STAY),
+             *POLL_OPEN_STEPS,
+             *NODE_WAKES,
+             *OPT_OUT_CANCELS,
+             R(K.AUTO, UNGOVERNED, P.CANCELLED, CANCEL_KEEP),
+             R(K.AUTO, DEAD_OBSERVE_ONLY, STAY, BLOCK_OBSERVE),
+             R(K.AUTO, DEAD_BUDGET_EXHAUSTED, P.ESCALATED, ESCALATE),
+             R(K.AUTO, DEAD_BLOCKED, STAY, BLOCK_GUARDRAIL),
+             R(K.AUTO, FENCE_ADMISSIBLE, STAY, ADMIT_FENCE)),
+    # -- HeldForFencing: no provider said so in time; nothing is force-deleted -------------
+    *rows_of(P.HELD_FOR_FENCING,
+             *ANSWERS_AGAIN,
+             *FENCED_ROWS,
+             *LOST_JOBS_REPORTED,
+             *STEP_OUTCOMES,
+             *POLL_OPEN_STEPS,
+             *NODE_WAKES,
+             *OPT_OUT_CANCELS),
+    # -- OutOfService: fenced; claim, taint out of service, then swap ----------------------
+    *rows_of(P.OUT_OF_SERVICE,
+             R(K.STEP, CLAIMED_DEAD_DELETED, P.SWAPPING, SWAP_IN),
+             R(K.STEP, result_is(StepName.CLAIM_SPARE, S.DONE), STAY,
+               SPARE_THEN_OUT_OF_SERVICE),
+             R(K.STEP, result_is(StepName.CLAIM_SPARE, S.UNAVAILABLE), P.HELD_FOR_CAPACITY, HELD),
+             R(K.STEP, OUT_OF_SERVICE_SWAP, P.SWAPPING, issue_steps(StepName.MOVE_WORKLOAD)),
+             R(K.STEP, OUT_OF_SERVICE_NO_SWAP, P.REPAIR, issue_steps(StepName.MARK_REPAIR)),
+             *LOST_JOBS_REPORTED,
+             *VERDICT_CHANGES_NOTHING,
+             *STEP_OUTCOMES,
+             *DEADLINE_ESCALATES,
+             *POLL_OPEN_STEPS,
+             *NODE_WAKES,
+             *UNCORDON_CANCELS_AND_UNDOES,
              *OPT_OUT_CANCELS),
     # -- Recovered: undo own changes, then Done ----------------------------------------------
     *rows_of(P.RECOVERED,
@@ -354,6 +473,7 @@ _WHY_IGNORED = {
     K.CAPACITY: "only a node held for capacity waits for spares",
     K.REPAIR: "only a node in repair waits for a repair result",
     K.AUTO: "the phase has no automatic continuation",
+    K.NODE: "no step of this phase waits on the Node object itself",
     K.VERDICT: "the record is closed; it only tracks the verdict (see releases())",
 }
 _WHY_IGNORED_SPECIFIC = {
@@ -371,6 +491,9 @@ _WHY_IGNORED_SPECIFIC = {
     (P.FAILED, K.ADMIN_UNCORDON): "healer has not cordoned the node yet",
     (P.SUSPECT, K.ADMIN_UNCORDON): "healer has not cordoned the node yet",
     (P.HEALTHY, K.ADMIN_UNCORDON): "no incident",
+    (P.DEAD, K.ADMIN_UNCORDON): "healer cordons a dead node only once it is fenced",
+    (P.HELD_FOR_FENCING, K.ADMIN_UNCORDON): "healer cordons a dead node only once it is "
+    "fenced",
 }
 
 

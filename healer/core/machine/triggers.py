@@ -20,6 +20,7 @@ class TriggerKind(enum.Enum):
     OPT_OUT = "opt-out"  # the node was labelled healer.io/exclude=true
     CAPACITY = "capacity"  # the spare pool changed
     REPAIR = "repair"  # the repair hand-off reported a result
+    NODE = "node"  # the Node changed as a waiting step reads it (deleted, fenced, readiness)
     AUTO = "auto"  # internal: applied after every transition until the phase settles
 
 

@@ -165,3 +165,46 @@ async def test_signed_webhooks_and_acks_in_the_running_daemon(
     finally:
         for name in (f"ckpt-{fleet.tid}", f"repair-{fleet.tid}"):
             await asyncio.shield(core.delete_namespaced_secret(name, "healer-system"))
+
+
+async def test_slow_and_oversized_clients_do_not_hold_the_daemons_ack_endpoint(
+        fleet: Fleet, receiver: tuple[str, list[tuple[str, dict[str, str], bytes]]]) -> None:
+    """Issue 22 item 7, in the real daemon: headers that never finish are cut off (the header
+    timeout), an oversized header is a 4xx logged without its text or a traceback, and the
+    daemon stays healthy."""
+    url, _ = receiver
+    marker = "slow-client-" + secrets.token_hex(4)
+    (fleet.policies / "policy.yaml").write_text(POLICY.format(tid=fleet.tid, url=url))
+    d = fleet.start()
+    await fleet.ready(d)
+    reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
+    writer.write(b"POST /v1/hooks/ack HTTP/1.1\r\nHost: healer\r\nX-Slow: ")
+
+    async def trickle() -> None:
+        while True:
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.5)
+
+    t = asyncio.create_task(trickle())
+    try:
+        assert await asyncio.wait_for(reader.read(-1), 90) == b""  # closed by the daemon
+    finally:
+        t.cancel()
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", d.port)
+    writer.write(f"POST /v1/hooks/ack HTTP/1.1\r\nHost: healer\r\nX-Big: {marker}"
+                 f"{'A' * 20_000}\r\n\r\n".encode())
+    try:
+        answer = await asyncio.wait_for(reader.read(-1), 60)
+    finally:
+        writer.close()
+    assert 400 <= int(answer.split(b" ", 2)[1]) < 500, answer[:100]
+    async with aiohttp.ClientSession() as s, \
+            s.get(f"http://127.0.0.1:{d.port}/healthz") as r:
+        assert r.status == 200
+    log = d.tail(4000)
+    assert "bad HTTP request refused" in log
+    assert marker not in log
+    assert "Traceback" not in log
+    assert d.terminate() == 0

@@ -34,6 +34,7 @@ from healer_dev.sim.dcgm import (
     ThreadedDcgmFleet,
     make_node,
 )
+from tests.integration.agent_client import lite_like
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for
 
@@ -85,8 +86,13 @@ async def publish(api: client.ApiClient, node: str, gpus: list[GpuInfo], *,
                                                  now, xid=79, serial=gpus[xid_on].serial)]
     a = assess(readings, events, default_catalog(), Thresholds(), now)
     cond = build_condition(a, None, now)
-    await ConditionWriter(api, node).write(cond)
+    lite = lite_like(api)  # the agent's own client, to the same API server as the same user
+    try:
+        await ConditionWriter(lite, node).write(cond)
+    finally:
+        await lite.close()
     return cond.message
+
 
 
 async def _incident(f: Fleet, node: str, phase: str | None = None) -> dict[str, Any] | None:

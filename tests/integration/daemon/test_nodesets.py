@@ -225,3 +225,58 @@ async def test_each_nodeset_acts_on_its_own_cluster_under_its_own_limit(
     assert w0.reason == admin
     w1 = await asyncio.to_thread(world.west.node_state, west1)
     assert not w1.drain, w1
+
+
+GONE = """\
+---
+apiVersion: healer.io/v1alpha1
+kind: SlurmNodeSet
+metadata: {{name: gone-{tid}}}
+spec:
+  cluster: gone
+  slurm:
+    driver: slurmrestd
+    slurmrestdUrl: http://127.0.0.1:9
+    tokenSecret: healer-system/missing-{tid}:token
+  nodeSelector: {{matchLabels: {{healer-test: "{tid}", pool: gone}}}}
+"""
+
+
+@pytest.mark.timeout(300)
+async def test_a_nodeset_whose_token_secret_is_missing_is_visible(world: TwoClusters) -> None:
+    """Issue 22 item 9: a NodeSet whose slurmrestd token Secret does not exist turns Slurm's
+    view unknown, and says so on the daemon (/readyz's degraded, still ready), in an Event
+    about healer and in the per-NodeSet metric the alert reads; the other NodeSets are read."""
+    path = world.dir / "p" / "policies.yaml"
+    text = await asyncio.to_thread(path.read_text)
+    await asyncio.to_thread(path.write_text, text + GONE.format(tid=world.tid))
+    d = world.start()
+    await d.ready(120)
+    secret = f"healer-system/missing-{world.tid}"
+
+    async def degraded() -> str:
+        status, text = await d.get("/readyz")
+        assert status == 200, text  # still ready: restarting healer would fix nothing
+        return str(json.loads(text).get("degraded", {}).get("slurm-view", ""))
+
+    try:
+        why = await wait_for(degraded, timeout=60, description="/readyz says Slurm is unknown")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}\n{d.tail(30)}") from None
+    assert f"SlurmNodeSet 'gone-{world.tid}' (cluster gone)" in why, why
+    assert secret in why, why
+    _, text = await d.get("/metrics")
+    readable = dict(re.findall(r'^healer_nodeset_slurm_readable\{cluster="(\w+)",'
+                               r'nodeset="[^"]+"\} (\S+)$', text, re.M))
+    assert readable == {"east": "1.0", "west": "1.0", "gone": "0.0"}, readable
+    assert "healer_slurm_view_known 0.0" in text
+
+    async def event() -> str:
+        got = await client.EventsV1Api(world.api).list_namespaced_event("healer-system")
+        notes = [e.note or "" for e in got.items
+                 if e.reason == "SlurmViewUnknown" and secret in (e.note or "")]
+        return notes[0] if notes else ""
+
+    note = await wait_for(event, timeout=30, description="a SlurmViewUnknown Event")
+    assert f"gone-{world.tid}" in note
+    assert "Traceback" not in d.tail(500)

@@ -146,7 +146,7 @@ async def test_report_counts_what_the_stored_records_cost(
         assert "false-positive rate 33.3% (1 of 3 finished found nothing" in text.stdout
         assert f"capacity lost {(609 * 4 + 54 * 4 + 299 * 2) / 3600:.1f} GPU-hours" in \
             text.stdout
-        assert f"repeat nodes: {a} (3 incidents, shortest gap 24h00m)" in text.stdout
+        assert f"repeat nodes: {a} (3 incidents, shortest gap 1d)" in text.stdout
         assert other not in text.stdout
 
         bad = await asyncio.to_thread(run_report, kube_stack.kubeconfig, "--since", "a week")

@@ -437,16 +437,22 @@ class Flow:
 
     # -- the daemon ------------------------------------------------------------------------
 
-    def start_daemon(self, *extra: str, crash_log: Path | None = None) -> Daemon:
+    def start_daemon(self, *extra: str, crash_log: Path | None = None,
+                     leader_election: bool = False) -> Daemon:
+        """The real daemon; with ``leader_election``, it leads only while it holds this
+        test's Lease (5 s), so another one can take over when it dies."""
         port = free_port()
         n = len(self.daemons)
         log = self.dir / f"daemon-{n}.log"
+        election = (["--lease-name", f"healer-{self.tid}", "--lease-duration", "5",
+                     "--renew-deadline", "3", "--retry-period", "1"] if leader_election
+                    else ["--no-leader-election"])
         argv = [sys.executable, "-m", "tests.integration.flows.daemon_main",
                 "--kubeconfig", str(self.stack.kubeconfig), "--install-crd",
                 "--policies", str(self.policies), "--signals", str(self.signals),
                 "--http-host", "127.0.0.1", "--http-port", str(port),
                 "--namespace", self.namespace,
-                "--no-leader-election", "--identity", f"flow-{self.tid}-{n}",
+                *election, "--identity", f"flow-{self.tid}-{n}",
                 "--log-format", "json", "--shutdown-grace", "2",
                 "--slurm-driver", self.driver, "--slurm-namespace", self.namespace,
                 "--nodeset", self.nodeset]

@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import RepairRouter
 from healer.adapters.kube.check_jobs import KubeCheckJobs
+from healer.adapters.kube.client import ApiEventWriter
 from healer.adapters.kube.events import KubeEvents
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
@@ -124,7 +125,7 @@ async def test_a_failing_spare_leaves_the_pool_and_the_claim_takes_the_next_vali
                                                                  "NVIDIA H200": 300}),
                              deadline=120)
     nodes = KubeNodes(kube_api)
-    events = KubeEvents(kube_api)
+    events = KubeEvents(ApiEventWriter(kube_api))
     validator = SpareValidator(nodes, events, RepairRouter(nodes, {}),
                                KubeCheckJobs(kube_api, namespace=namespace),
                                settings=lambda: policy, clock=SYSTEM_CLOCK)

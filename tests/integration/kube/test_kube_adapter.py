@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from healer.adapters.kube.client import ApiEventWriter
 from healer.adapters.kube.crd import crd_manifest
 from healer.adapters.kube.events import KubeEvents, event_name
 from healer.adapters.kube.nodes import KubeNodes
@@ -214,7 +215,7 @@ async def test_crd_is_structural_and_has_printer_columns(kube_api: client.ApiCli
 
 
 async def test_events_are_emitted_once_per_key(kube_api: client.ApiClient) -> None:
-    ev = KubeEvents(kube_api, instance="test")  # Node Events live in default
+    ev = KubeEvents(ApiEventWriter(kube_api), instance="test")  # Node Events live in default
     for _ in range(3):
         await ev.emit(key="inc-9/event-opened", node="some-node", reason="IncidentOpened",
                       note="hello", type="Warning", remediation="inc-9")

@@ -21,7 +21,6 @@ import pytest
 from aiohttp import web
 
 from healer.adapters.prometheus import PrometheusSource
-from healer.adapters.prometheus.rounds import refresh_due
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.rules import MetricRule, PolicySet
 from healer.obs.http import serve
@@ -200,7 +199,7 @@ async def test_missing_gpu_is_named_and_only_its_node_gets_per_gpu_rows(
             (node, gone, "gpu-missing")]
         fresh = sorted(s.node for s in signals if s.kind is SignalKind.FRESH)
         assert fresh == sorted(set(NODES) - {node})
-        assert not any(refresh_due(source, n) for n in NODES)  # no inventory refresh now
+        assert not any(source.live.refresh_due(n) for n in NODES)  # no inventory refresh now
         sent = rec.since(mark)
         per_gpu = [(q, r) for q, r in sent if "timestamp(" in q and "=~" in q]
         assert len(per_gpu) == 1, [q for q, _ in per_gpu]

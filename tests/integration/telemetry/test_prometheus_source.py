@@ -23,6 +23,7 @@ import pytest
 import structlog
 from aiohttp import web
 
+from healer.adapters.prometheus.history import history
 from healer.core.model import GpuRef, HealthState, Severity, Signal, SignalKind
 from healer.core.rules import LabelSelector as Sel
 from healer.core.rules import MetricRule, Op, Policy, PolicySet
@@ -418,7 +419,7 @@ async def test_history_backtest(fleet: ThreadedDcgmFleet, prom: LocalPrometheus,
     end = time.time() + SCRAPE
     source = make_source(prom, default_policies)
     try:
-        signals = await source.history(start - 10, end, 1.0)
+        signals = await history(source, start - 10, end, 1.0)
     finally:
         source.close()
     mine = [s for s in signals if s.node == node]

@@ -305,7 +305,7 @@ def test_long_running_commands_reject_hostile_flags_at_parsing() -> None:
 # -- hypothesis: argv at parsing, every subcommand ----------------------------------------------
 
 SECONDS = {"--poll-interval": (0.1, 3600), "--lease-duration": (1, 3600),
-           "--renew-deadline": (0.5, 3600), "--retry-period": (0.1, 600),
+           "--renew-deadline": (1, 3600), "--retry-period": (1, 600),
            "--shutdown-grace": (0, 3600), "--policy-reload-interval": (0.1, 86400),
            "--policy-load-timeout": (1, 3600), "--interval": (0.1, 3600),
            "--heartbeat": (1, 3600), "--api-timeout": (0.1, 600),

@@ -125,6 +125,8 @@ missing (values.schema.json says the same). */}}
 {{- end }}
 - {{ printf "--poll-interval=%v" .Values.prometheus.pollInterval | quote }}
 - {{ printf "--lease-name=%s" (include "healer.leaseName" .) | quote }}
+- {{ printf "--kube-api-qps=%v" .Values.kubeApi.qps | quote }}
+- {{ printf "--kube-api-burst=%v" (int .Values.kubeApi.burst) | quote }}
 - {{ printf "--http-host=%s" .Values.http.host | quote }}
 - {{ printf "--http-port=%v" (int .Values.httpPort) | quote }}
 {{- if .Values.http.debugState }}
@@ -144,7 +146,8 @@ missing (values.schema.json says the same). */}}
 {{- end -}}
 
 {{/* What the policies in .Values.policies ask of the installation, as JSON:
-  secrets:     {namespace: [name, ...]}  the webhook hooks' HMAC Secrets (secretRef)
+  secrets:     {namespace: [name, ...]}  the webhook hooks' HMAC Secrets (secretRef; the
+                                         dead-node fencing webhook's too)
   configMaps:  {namespace: [name, ...]}  the Job hooks' templates (jobTemplate)
   webhooks:    true when any policy has a webhook hook (the ack callback is then passed)
   slurmSignal: ["file: policy", ...]     enabled slurm-signal checkpoints of policies that are
@@ -183,6 +186,11 @@ left to healer's own validation (the controller refuses it with file:line). */}}
 {{- $hooks := list -}}
 {{- if get $cp "enabled" -}}{{- $hooks = append $hooks $cp -}}{{- end -}}
 {{- $hooks = append $hooks $rp -}}
+{{- $dead := get $spec "deadNode" | default dict -}}
+{{- $fence := get $dead "fencing" | default dict -}}
+{{- if and (ne (toString (get $dead "enabled")) "false") (has "webhook" (get $fence "providers" | default list)) -}}
+{{- $hooks = append $hooks (dict "hook" "webhook" "secretRef" (get $fence "secretRef")) -}}
+{{- end -}}
 {{- range $h := $hooks -}}
 {{- $kind := toString (get $h "hook") -}}
 {{- if and (eq $kind "webhook") (get $h "secretRef") -}}
