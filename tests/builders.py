@@ -1,9 +1,26 @@
-"""Small builders for tests: policies, records, views and triggers with sensible defaults."""
+"""Small builders for tests, with sensible defaults: the core's policies, records, views and
+triggers (unit and component tests), and the policy files the daemon, flow and observability
+tests give a running daemon (one builder instead of policy YAML copied into each file).
+
+A daemon test says only what differs from the common case (a fleet whose spares carry
+``healer.io/role=spare`` and the test's own label, one act-mode RemediationPolicy over the test's
+GPU Nodes with the fatal-XID rule, a 1 s poll and a 10 min drain deadline)::
+
+    policy_yaml(tid, name=f"storm-{tid}", label=TEST_LABEL,
+                fleet={"guardrails": {"maxUnavailable": 2}},
+                steps=policy_steps(swap=True, repair_hook="none"))
+
+The documents go through ``yaml.safe_dump_all``, so a value is written with the type the test
+gave it (``"true"`` stays a string, ``5`` an integer) and no format string can break it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
+
+import yaml
 
 from healer.core import rules as cp
 from healer.core.actions import StepStatus
@@ -152,3 +169,89 @@ def slurm_trigger(drain: bool, busy: bool, nodename: str = "n1", at: float = T0)
 
 def trigger(kind: TriggerKind, nodename: str = "n1", at: float = T0, **kw: Any) -> Trigger:
     return Trigger(kind, nodename, at, **kw)
+
+
+# ------------------------------------------------------------- policy files for a daemon
+
+API_VERSION = "healer.io/v1alpha1"
+#: the label that scopes a daemon test's Nodes and spares to that test
+TEST_LABEL = "healer-test"
+
+FATAL_XID: dict[str, Any] = {"name": "fatal-xid", "severity": "failed",
+                             "xid": {"groups": ["fatal"]}}
+
+
+def policy_steps(*, swap: bool | None = None, repair_hook: str | None = None,
+          **extra: Any) -> dict[str, Any]:
+    """A policy's ``steps``: a 1 s poll and a 10 min drain deadline, plus ``extra`` blocks
+    (``checkpoint=…``, ``repair=…``); ``swap`` sets ``swap.enabled``; ``repair_hook`` sets
+    ``repair.hook``."""
+    out: dict[str, Any] = {"pollInterval": "1s"}
+    checkpoint = extra.pop("checkpoint", None)
+    if checkpoint is not None:
+        out["checkpoint"] = checkpoint
+    out["drain"] = {"deadline": "10m"}
+    if swap is not None:
+        out["swap"] = {"enabled": swap}
+    if repair_hook is not None:
+        out["repair"] = {"hook": repair_hook}
+    out.update(extra)
+    return out
+
+
+def fleet_guardrails(tid: str, *, label: str = TEST_LABEL,
+                     guardrails: Mapping[str, Any] | None = None,
+                     **spec: Any) -> dict[str, Any]:
+    """The FleetGuardrails document: spares are the test's Nodes labelled
+    ``healer.io/role=spare``; ``guardrails`` and further ``spec`` keys as given."""
+    body: dict[str, Any] = {
+        "spareSelector": {"matchLabels": {"healer.io/role": "spare", label: tid}}}
+    if guardrails:
+        body["guardrails"] = dict(guardrails)
+    body.update(spec)
+    return {"apiVersion": API_VERSION, "kind": "FleetGuardrails",
+            "metadata": {"name": "fleet"}, "spec": body}
+
+
+def remediation_policy(tid: str, *, name: str, label: str = TEST_LABEL,
+                       rules: Sequence[Mapping[str, Any]] = (FATAL_XID,),
+                       steps: Mapping[str, Any] | None = None,
+                       mode: str = "act", **spec: Any) -> dict[str, Any]:
+    """A RemediationPolicy over the test's GPU Nodes (``nvidia.com/gpu.present=true`` and the
+    test's label); further ``spec`` keys (``guardrails``, ``deadNode``, …) as given."""
+    body: dict[str, Any] = {
+        "mode": mode,
+        "nodeSelector": {"matchLabels": {"nvidia.com/gpu.present": "true", label: tid}},
+        "rules": [dict(r) for r in rules],
+    }
+    body.update(spec)
+    body["steps"] = dict(steps if steps is not None else policy_steps())
+    return {"apiVersion": API_VERSION, "kind": "RemediationPolicy",
+            "metadata": {"name": name}, "spec": body}
+
+
+def slurm_nodeset(name: str, *, cluster: str, slurm: Mapping[str, Any],
+                  node_selector: Mapping[str, str], **spec: Any) -> dict[str, Any]:
+    """A SlurmNodeSet: its Slurm cluster and driver, the Nodes it serves, further ``spec``
+    keys (``nodeSet``, ``spareSelector``, ``guardrails``) as given."""
+    body: dict[str, Any] = {"cluster": cluster, "slurm": dict(slurm),
+                            "nodeSelector": {"matchLabels": dict(node_selector)}}
+    body.update(spec)
+    return {"apiVersion": API_VERSION, "kind": "SlurmNodeSet", "metadata": {"name": name},
+            "spec": body}
+
+
+def yaml_documents(*documents: Mapping[str, Any]) -> str:
+    """The documents as one multi-document YAML file."""
+    return yaml.safe_dump_all([dict(d) for d in documents], sort_keys=False)
+
+
+def policy_yaml(tid: str, *, name: str, label: str = TEST_LABEL,
+                fleet: Mapping[str, Any] | None = None,
+                nodesets: Sequence[Mapping[str, Any]] = (),
+                **policy: Any) -> str:
+    """The usual policy file of a daemon test: the fleet's guardrails (``fleet``: the
+    FleetGuardrails spec keys besides the spare selector), any SlurmNodeSets, then one
+    RemediationPolicy (``policy``: :func:`remediation_policy`'s keyword arguments)."""
+    return yaml_documents(fleet_guardrails(tid, label=label, **dict(fleet or {})), *nodesets,
+                remediation_policy(tid, name=name, label=label, **policy))

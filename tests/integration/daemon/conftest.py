@@ -21,34 +21,12 @@ from healer.core.model import GpuRef, Signal, SignalKind
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.testing import FakeSlurm
+from tests.builders import policy_yaml
 from tests.integration.daemon_process import Daemon
 from tests.integration.waiting import wait_for
 
 DOMAIN = "accelerator.topograph.run/domain"
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, healer-test: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: fatal-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-"""
 
 
 @dataclass
@@ -145,7 +123,7 @@ async def fleet(kube_stack: KubeStack, kube_api: client.ApiClient,
     await wait_for(ready, timeout=60, description="kwok nodes Ready")
     pol = tmp_path / "policies"
     pol.mkdir()
-    (pol / "policy.yaml").write_text(POLICY.format(tid=tid))
+    (pol / "policy.yaml").write_text(policy_yaml(tid, name=f"fatal-{tid}"))
     slurm_path = tmp_path / "slurm.json"
     FakeSlurm(gpus, path=slurm_path)
     f = Fleet(kube_stack, kube_api, tid, tmp_path, gpus, spares, slurm_path,

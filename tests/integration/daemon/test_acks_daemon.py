@@ -22,48 +22,23 @@ from kubernetes_asyncio import client
 from healer.adapters.hooks import sign, verify
 from healer.core.vocabulary import CHECKPOINT_ACK
 from healer.obs.http import serve
+from tests.builders import policy_steps, policy_yaml
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for
 
 CKPT_KEY, REPAIR_KEY = "ckpt-" + secrets.token_hex(8), "repair-" + secrets.token_hex(8)
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, healer-test: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: hooks-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    checkpoint:
-      enabled: true
-      severities: [failed]
-      hook: webhook
-      url: {url}/checkpoint
-      allowInsecureHttp: true
-      secretRef: healer-system/ckpt-{tid}
-      deadline: 5m
-      onTimeout: escalate
-    drain: {{deadline: 10m}}
-    repair:
-      hook: webhook
-      url: {url}/repair
-      allowInsecureHttp: true
-      secretRef: healer-system/repair-{tid}
-"""
+
+
+def hooks_policy(tid: str, url: str) -> str:
+    """Checkpoint (for failed too) and repair through the test's webhook receiver at ``url``."""
+    return policy_yaml(tid, name=f"hooks-{tid}", steps=policy_steps(
+        checkpoint={"enabled": True, "severities": ["failed"], "hook": "webhook",
+                    "url": f"{url}/checkpoint", "allowInsecureHttp": True,
+                    "secretRef": f"healer-system/ckpt-{tid}", "deadline": "5m",
+                    "onTimeout": "escalate"},
+        repair={"hook": "webhook", "url": f"{url}/repair", "allowInsecureHttp": True,
+                "secretRef": f"healer-system/repair-{tid}"}))
 
 
 @pytest.fixture
@@ -100,7 +75,7 @@ async def test_signed_webhooks_and_acks_in_the_running_daemon(
         await core.create_namespaced_secret("healer-system", {  # type: ignore[arg-type]
             "metadata": {"name": name}, "data": {"hmac": base64.b64encode(key.encode()).decode()}})
     try:
-        (fleet.policies / "policy.yaml").write_text(POLICY.format(tid=fleet.tid, url=url))
+        (fleet.policies / "policy.yaml").write_text(hooks_policy(fleet.tid, url))
         d = fleet.start("--real-checkpoint-hooks")
         await fleet.ready(d)
         bad, other = fleet.gpus[0], fleet.gpus[1]
@@ -174,7 +149,7 @@ async def test_slow_and_oversized_clients_do_not_hold_the_daemons_ack_endpoint(
     daemon stays healthy."""
     url, _ = receiver
     marker = "slow-client-" + secrets.token_hex(4)
-    (fleet.policies / "policy.yaml").write_text(POLICY.format(tid=fleet.tid, url=url))
+    (fleet.policies / "policy.yaml").write_text(hooks_policy(fleet.tid, url))
     d = fleet.start()
     await fleet.ready(d)
     reader, writer = await asyncio.open_connection("127.0.0.1", d.port)

@@ -34,6 +34,7 @@ from healer_dev.sim.dcgm import (
     ThreadedDcgmFleet,
     make_node,
 )
+from tests.builders import FATAL_XID, policy_yaml
 from tests.integration.agent_client import lite_like
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for
@@ -41,34 +42,6 @@ from tests.integration.waiting import wait_for
 UUID = "GPU-7e57ab1e-0000-4000-8000-00000000c0de"
 SERIAL = "1652023000042"
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, healer-test: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: identity-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-    - name: agent
-      severity: failed
-      condition: {{type: GPUHealthy, status: ["False"], reason: "^Xid"}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-  guardrails:
-    retryBudget: {{perNode: 5, perGpuSerial: 1, window: 1d}}
-"""
 
 
 def _gpus(moved_index: int = 3) -> list[GpuInfo]:
@@ -133,9 +106,19 @@ async def _escalated(f: Fleet, node: str) -> None:
     assert f"GPU serial {SERIAL} failed 1 times" in notes[0], notes
 
 
+def identity_policy(tid: str) -> str:
+    """Fatal XIDs from DCGM and the agent's GPUHealthy=False, one incident per GPU serial."""
+    return policy_yaml(
+        tid, name=f"identity-{tid}",
+        rules=[FATAL_XID, {"name": "agent", "severity": "failed",
+                           "condition": {"type": "GPUHealthy", "status": ["False"],
+                                         "reason": "^Xid"}}],
+        guardrails={"retryBudget": {"perNode": 5, "perGpuSerial": 1, "window": "1d"}})
+
+
 @pytest.mark.timeout(240)
 async def test_agent_condition_serial_budget_follows_the_gpu(fleet: Fleet) -> None:
-    (fleet.policies / "policy.yaml").write_text(POLICY.format(tid=fleet.tid))
+    (fleet.policies / "policy.yaml").write_text(identity_policy(fleet.tid))
     d = fleet.start()
     await fleet.ready(d)
     first, second = fleet.gpus[0], fleet.gpus[2]
@@ -175,7 +158,7 @@ def dcgm(fleet: Fleet) -> Iterator[tuple[ThreadedDcgmFleet, LocalPrometheus]]:
 async def test_dcgm_serial_budget_follows_the_gpu_by_the_agents_identity(
         fleet: Fleet, dcgm: tuple[ThreadedDcgmFleet, LocalPrometheus]) -> None:
     sim, prom = dcgm
-    (fleet.policies / "policy.yaml").write_text(POLICY.format(tid=fleet.tid))
+    (fleet.policies / "policy.yaml").write_text(identity_policy(fleet.tid))
     first, second = fleet.gpus[0], fleet.gpus[2]
     # both nodes' agents are healthy; their blocks name GPU 3's UUID and serial
     for node in (first, second):

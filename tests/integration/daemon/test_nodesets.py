@@ -39,44 +39,24 @@ from healer.core.model import GpuRef, Signal, SignalKind
 from healer_dev.devstack.kube import KubeStack, fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.devstack.slurm import LocalSlurm
+from tests.builders import policy_steps, remediation_policy, slurm_nodeset, yaml_documents
 from tests.integration.daemon_process import Daemon
 from tests.integration.slurm_fixtures import running_slurm
 from tests.integration.waiting import wait_for
 
-POLICIES = """\
-apiVersion: healer.io/v1alpha1
-kind: SlurmNodeSet
-metadata: {{name: west}}
-spec:
-  cluster: west
-  slurm: {{driver: scontrol, slurmConf: "{west_conf}"}}
-  nodeSelector: {{matchLabels: {{healer-test: "{tid}", pool: west}}}}
-  guardrails: {{maxUnavailable: 1}}
----
-apiVersion: healer.io/v1alpha1
-kind: SlurmNodeSet
-metadata: {{name: east}}
-spec:
-  cluster: east
-  slurm: {{driver: scontrol, slurmConf: "{east_conf}"}}
-  nodeSelector: {{matchLabels: {{healer-test: "{tid}", pool: east}}}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: fatal-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-    swap: {{enabled: false}}
-"""
+
+def policies(tid: str, west_conf: str, east_conf: str) -> str:
+    """Two NodeSets (west at most 1 unavailable), each on its own Slurm cluster through
+    scontrol, and one policy over both, without swaps."""
+    return yaml_documents(
+        slurm_nodeset("west", cluster="west",
+                      slurm={"driver": "scontrol", "slurmConf": west_conf},
+                      node_selector={"healer-test": tid, "pool": "west"},
+                      guardrails={"maxUnavailable": 1}),
+        slurm_nodeset("east", cluster="east",
+                      slurm={"driver": "scontrol", "slurmConf": east_conf},
+                      node_selector={"healer-test": tid, "pool": "east"}),
+        remediation_policy(tid, name=f"fatal-{tid}", steps=policy_steps(swap=False)))
 
 SCOPE = re.compile(r'^healer_unavailable_nodes\{cause="([^"]+)",scope="nodeset:west"\} (\S+)$',
                    re.M)
@@ -151,8 +131,8 @@ async def world(kube_stack: KubeStack, kube_api: client.ApiClient, tmp_path: Pat
 
     await wait_for(ready, timeout=60, description="kwok nodes Ready")
     (tmp_path / "p").mkdir()
-    (tmp_path / "p" / "policies.yaml").write_text(POLICIES.format(
-        tid=tid, west_conf=west.conf, east_conf=east.conf))
+    (tmp_path / "p" / "policies.yaml").write_text(policies(
+        tid, str(west.conf), str(east.conf)))
     w = TwoClusters(kube_api, kube_stack, tid, tmp_path, west, east)
     try:
         yield w

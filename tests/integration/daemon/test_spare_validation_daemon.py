@@ -15,7 +15,8 @@ from kubernetes_asyncio import client
 from healer.core.spare_validation import SpareCheck, ValidationResult
 from healer.core.vocabulary import NODE_LABEL, SPARE_FAILED_LABEL, SPARE_VALIDATION
 from healer_dev.devstack.kube import KubeStack
-from tests.integration.daemon.conftest import POLICY, Fleet
+from tests.builders import policy_yaml
+from tests.integration.daemon.conftest import Fleet
 from tests.integration.daemon.test_rbac import _slurm_namespace, _token_kubeconfig, kubectl
 from tests.integration.hooks.test_spare_validation_real import (
     dcgm_message,
@@ -24,14 +25,9 @@ from tests.integration.hooks.test_spare_validation_real import (
 )
 from tests.integration.waiting import wait_for
 
-SPARE_VALIDATION_BLOCK = """\
-  spareValidation:
-    maxAge: 1h
-    interval: 10m
-    checks: [dcgm-diag, nccl-loopback]
-    ncclBusBandwidthGBps: {{"NVIDIA H100 80GB HBM3": 350, "NVIDIA H200": 300}}
-    deadline: 2m
-"""
+VALIDATION_SPEC = {"maxAge": "1h", "interval": "10m", "checks": ["dcgm-diag", "nccl-loopback"],
+                   "ncclBusBandwidthGBps": {"NVIDIA H100 80GB HBM3": 350, "NVIDIA H200": 300},
+                   "deadline": "2m"}
 
 
 @pytest.mark.timeout(240)
@@ -71,9 +67,8 @@ async def _scenario(fleet: Fleet) -> str:
         with contextlib.suppress(client.exceptions.ApiException):
             await core.delete_namespaced_config_map(cm["metadata"]["name"], "healer-system")
         await core.create_namespaced_config_map("healer-system", cm)  # type: ignore[arg-type]
-    policy = POLICY.format(tid=fleet.tid).replace(
-        "---\n", SPARE_VALIDATION_BLOCK.format() + "---\n", 1)
-    (fleet.policies / "policy.yaml").write_text(policy)
+    (fleet.policies / "policy.yaml").write_text(policy_yaml(
+        fleet.tid, name=f"fatal-{fleet.tid}", fleet={"spareValidation": VALIDATION_SPEC}))
     d = fleet.start()
     await fleet.ready(d)
     bad = fleet.gpus[1]

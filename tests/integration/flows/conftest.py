@@ -58,6 +58,7 @@ from healer_dev.devstack.operator import nodeset as nodeset_body
 from healer_dev.devstack.restd_log import RestdRequest
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from healer_dev.devstack.slurm import LocalSlurm
+from tests.builders import FATAL_XID, policy_steps, policy_yaml
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.recorders import NodeLog, PodLog, Recorders, SlurmLog
 from tests.integration.waiting import wait_for
@@ -97,45 +98,27 @@ for _ in $(seq 1 1500); do
 done
 """
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, {label}: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: flow-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", {label}: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-    - name: row-remap-failure
-      severity: failed
-      metric: {{field: DCGM_FI_DEV_ROW_REMAP_FAILURE, op: ">", threshold: 0}}
-    - name: row-remap-pending
-      severity: degrading
-      metric: {{field: DCGM_FI_DEV_ROW_REMAP_PENDING, op: ">", threshold: 0}}
-  steps:
-    pollInterval: 1s
-    checkpoint:
-      enabled: true
-      hook: slurm-signal
-      signal: USR1
-      deadline: 5m
-      onTimeout: continue
-      severities: [degrading]
-    drain: {{deadline: 10m}}
-    swap: {{enabled: true}}
-    repair: {{hook: none}}
-"""
 
+
+
+#: the flows' rules: fatal XIDs and row remapping, failed or degrading
+FLOW_RULES = (
+    FATAL_XID,
+    {"name": "row-remap-failure", "severity": "failed",
+     "metric": {"field": "DCGM_FI_DEV_ROW_REMAP_FAILURE", "op": ">", "threshold": 0}},
+    {"name": "row-remap-pending", "severity": "degrading",
+     "metric": {"field": "DCGM_FI_DEV_ROW_REMAP_PENDING", "op": ">", "threshold": 0}},
+)
+
+
+def flow_policy(tid: str) -> str:
+    """The flows' policy: a USR1 checkpoint for degrading nodes, swaps, no repair hook."""
+    return policy_yaml(tid, name=f"flow-{tid}", label=TEST_LABEL, rules=FLOW_RULES,
+                       steps=policy_steps(
+                           checkpoint={"enabled": True, "hook": "slurm-signal", "signal": "USR1",
+                                       "deadline": "5m", "onTimeout": "continue",
+                                       "severities": ["degrading"]},
+                           swap=True, repair_hook="none"))
 
 
 # ------------------------------------------------------------------------------- daemon
@@ -302,8 +285,7 @@ class Flow:
         self.ctld_offset = len(self.slurm.log())
         await self._wait_names_free(self.lay.gpus + self.lay.spares)
         self.policies.mkdir(parents=True, exist_ok=True)
-        (self.policies / "policy.yaml").write_text(POLICY.format(tid=self.tid,
-                                                                 label=TEST_LABEL))
+        (self.policies / "policy.yaml").write_text(flow_policy(self.tid))
         self.signals.touch()
         self.nodes_log = NodeLog(self.api, set(self.lay.gpus + self.lay.spares))
         self.pods_log = PodLog(self.api, self.namespace)

@@ -40,6 +40,7 @@ from healer.adapters.hooks import sign, verify
 from healer.adapters.slurm.parse import parse_kv_line
 from healer.obs.http import serve
 from healer_dev.devstack.kube import KubeStack
+from tests.builders import policy_steps, policy_yaml
 from tests.integration.flows.checks import print_timeline
 from tests.integration.flows.conftest import JOB, TEST_LABEL, TOPOLOGY, Flow, FlowFactory
 from tests.integration.waiting import wait_for
@@ -51,42 +52,6 @@ SHUTDOWN = "node.cloudprovider.kubernetes.io/shutdown"
 #: Leases every ~10 s, so this leaves room for two missed renewals on a loaded machine
 NODE_GRACE = 30.0
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, {label}: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: dead-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", {label}: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  deadNode:
-    deadAfter: 5s
-    signals: [notReady, slurmNotResponding]
-    fencing:
-      providers: [{providers}]
-      deadline: {deadline}
-{webhook}
-    massDeath:
-      window: 2m
-      maxShare: 50%
-      maxSharePerDomain: 25%
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-    swap: {{enabled: true}}
-    repair: {{hook: none}}
-"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -100,9 +65,18 @@ def short_node_grace(kube_stack: KubeStack) -> Iterator[None]:
         kube_stack.set_node_grace(None)
 
 
-def write_policy(f: Flow, providers: str, *, deadline: str = "10m", webhook: str = "") -> None:
-    (f.policies / "policy.yaml").write_text(POLICY.format(
-        tid=f.tid, label=TEST_LABEL, providers=providers, deadline=deadline, webhook=webhook))
+def write_policy(f: Flow, providers: list[str], *, deadline: str = "10m",
+                 webhook: dict[str, Any] | None = None) -> None:
+    """Dead after 5 s of NotReady and Slurm's NOT_RESPONDING, fenced by ``providers`` (with
+    the webhook's ``url`` and ``secretRef`` when one is a webhook) within ``deadline``; the
+    mass-death breaker at half the fleet or a quarter of a domain within 2 minutes."""
+    fencing: dict[str, Any] = {"providers": providers, "deadline": deadline, **(webhook or {})}
+    (f.policies / "policy.yaml").write_text(policy_yaml(
+        f.tid, name=f"dead-{f.tid}", label=TEST_LABEL,
+        deadNode={"deadAfter": "5s", "signals": ["notReady", "slurmNotResponding"],
+                  "fencing": fencing,
+                  "massDeath": {"window": "2m", "maxShare": "50%", "maxSharePerDomain": "25%"}},
+        steps=policy_steps(swap=True, repair_hook="none")))
 
 
 @dataclass
@@ -151,12 +125,12 @@ async def fencer() -> AsyncIterator[Fencer]:
         await runner.cleanup()
 
 
-async def webhook_policy(f: Flow, fencer: Fencer) -> str:
+async def webhook_policy(f: Flow, fencer: Fencer) -> dict[str, Any]:
     await f.core.create_namespaced_secret(f.namespace, {  # type: ignore[arg-type]
         "metadata": {"name": "fence-hmac"},
         "data": {"hmac": base64.b64encode(fencer.key).decode()}})  # text, as kubectl makes it
-    return (f"      url: {fencer.url}\n      allowInsecureHttp: true\n"
-            f"      secretRef: {f.namespace}/fence-hmac")
+    return {"url": fencer.url, "allowInsecureHttp": True,
+            "secretRef": f"{f.namespace}/fence-hmac"}
 
 
 def start(f: Flow) -> Any:
@@ -222,10 +196,11 @@ async def test_dead_node_is_fenced_then_replaced(flows: FlowFactory, fencer: Fen
     lay = f.lay
     bad = lay.gpus[1]  # nvl-a
     sn = await f.slurm_name_on(bad)
-    hook = ""
+    hook: dict[str, Any] | None = None
     if provider == "webhook":
         hook = await webhook_policy(f, fencer)
-    write_policy(f, provider if provider != "webhook" else "webhook, manual", webhook=hook)
+    write_policy(f, [provider] if provider != "webhook" else ["webhook", "manual"],
+                 webhook=hook)
     d = start(f)
     await f.ready(d)
     fencer.ack_url = f"http://127.0.0.1:{d.port}/v1/hooks/ack"
@@ -306,7 +281,7 @@ async def test_partitioned_alive_node_is_held_never_deleted(flows: FlowFactory,
     f = await flows(mode, "slinky")
     bad = f.lay.gpus[1]
     sn = await f.slurm_name_on(bad)
-    write_policy(f, "manual", deadline="10s")
+    write_policy(f, ["manual"], deadline="10s")
     d = start(f)
     await f.ready(d)
     before = await f.pod_of(sn)
@@ -364,7 +339,7 @@ async def test_half_a_domain_dying_is_not_a_node_fault(flows: FlowFactory, mode:
     for n in dying:  # if anything were admitted, the manual provider would fence at once
         await f.core.patch_node(n, {"metadata": {"annotations": {
             "healer.io/fenced": "pre-approved: would fence at once"}}})
-    write_policy(f, "manual")
+    write_policy(f, ["manual"])
     d = start(f)
     await f.ready(d)
     scope = f"dead-{f.tid}"
@@ -418,7 +393,7 @@ async def test_leader_failover_mid_fencing_sends_one_fence_call(flows: FlowFacto
     bad = f.lay.gpus[1]
     fencer.ack = False
     hook = await webhook_policy(f, fencer)
-    write_policy(f, "webhook", webhook=hook)
+    write_policy(f, ["webhook"], webhook=hook)
     a = f.start_daemon("--slurm-state-interval", "2", leader_election=True)
     await f.ready(a)
     await kill(f, bad)

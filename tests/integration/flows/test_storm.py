@@ -47,38 +47,12 @@ import pytest
 
 from healer.adapters.slurm.parse import parse_nodes
 from healer.core.unavailability import slurm_cause
+from tests.builders import policy_steps, policy_yaml
 from tests.integration.daemon_process import Daemon
 from tests.integration.flows.conftest import TEST_LABEL, Flow, FlowFactory
 from tests.integration.waiting import wait_for
 
 LIMIT = 2
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, {label}: "{tid}"}}
-  guardrails:
-    maxUnavailable: {limit}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: storm-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", {label}: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-    swap: {{enabled: true}}
-    repair: {{hook: none}}
-"""
 FLEET = re.compile(r'^healer_unavailable_nodes\{cause="([^"]+)",scope="fleet"\} (\S+)$', re.M)
 
 
@@ -139,8 +113,10 @@ def slurmd_pid(f: Flow, name: str) -> int:
 async def test_max_unavailable_holds_at_every_sample_counting_slurm(
         flows: FlowFactory, mode: str, driver: str) -> None:
     f = await flows(mode, driver)
-    (f.policies / "policy.yaml").write_text(POLICY.format(tid=f.tid, label=TEST_LABEL,
-                                                         limit=LIMIT))
+    (f.policies / "policy.yaml").write_text(policy_yaml(
+        f.tid, name=f"storm-{f.tid}", label=TEST_LABEL,
+        fleet={"guardrails": {"maxUnavailable": LIMIT}},
+        steps=policy_steps(swap=True, repair_hook="none")))
     gpus = f.lay.gpus
     sn = {g: await f.slurm_name_on(g) for g in gpus}
     drained, down = gpus[0], gpus[3]

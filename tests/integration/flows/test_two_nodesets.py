@@ -10,59 +10,36 @@ A's pods stay where they are); a fault on an A node then takes A's spare.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes_asyncio import client
 
 from healer_dev.devstack.operator import nodeset as nodeset_body
-from tests.integration.flows.conftest import CLUSTER, POOL, TEST_LABEL, FlowFactory
+from tests.builders import policy_steps, policy_yaml, slurm_nodeset
+from tests.integration.flows.conftest import CLUSTER, POOL, TEST_LABEL, Flow, FlowFactory
 
 SPARE_FOR = "healer-flow/spare-for"
 
-POLICIES = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, {label}: "{tid}"}}
----
-apiVersion: healer.io/v1alpha1
-kind: SlurmNodeSet
-metadata: {{name: a-{tid}}}
-spec:
-  cluster: slurm
-  slurm: {{driver: slinky, slurmConf: "{conf}"}}
-  nodeSet: {{namespace: {ns}, name: {a}}}
-  nodeSelector: {{matchLabels: {{{pool}: "{tid}"}}}}
-  spareSelector: {{matchLabels: {{healer.io/role: spare, {label}: "{tid}", {spare_for}: a}}}}
----
-apiVersion: healer.io/v1alpha1
-kind: SlurmNodeSet
-metadata: {{name: b-{tid}}}
-spec:
-  cluster: slurm
-  slurm: {{driver: slinky, slurmConf: "{conf}"}}
-  nodeSet: {{namespace: {ns}, name: {b}}}
-  nodeSelector: {{matchLabels: {{{pool}: "{tid}b"}}}}
-  spareSelector: {{matchLabels: {{healer.io/role: spare, {label}: "{tid}", {spare_for}: b}}}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: flow-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", {label}: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-    swap: {{enabled: true}}
-    repair: {{hook: none}}
-"""
+
+
+def two_nodesets_policy(f: Flow, *, a: str, b: str) -> str:
+    """NodeSets ``a`` (Nodes labelled POOL=tid) and ``b`` (POOL=tid+"b") on the one Slinky
+    Slurm cluster, each with its own spares (SPARE_FOR), and the flows' policy over both."""
+    tid = f.tid
+
+    def nodeset(name: str, which: str, pool: str) -> dict[str, Any]:
+        return slurm_nodeset(
+            f"{which}-{tid}", cluster=CLUSTER,
+            slurm={"driver": "slinky", "slurmConf": str(f.slurm.conf)},
+            node_selector={POOL: pool},
+            nodeSet={"namespace": f.namespace, "name": name},
+            spareSelector={"matchLabels": {"healer.io/role": "spare", TEST_LABEL: tid,
+                                           SPARE_FOR: which}})
+
+    return policy_yaml(tid, name=f"flow-{tid}", label=TEST_LABEL,
+                       nodesets=[nodeset(a, "a", tid), nodeset(b, "b", f"{tid}b")],
+                       steps=policy_steps(swap=True, repair_hook="none"))
 
 
 @pytest.mark.timeout(600)
@@ -86,9 +63,8 @@ async def test_each_nodeset_swaps_onto_its_own_spares(flows: FlowFactory) -> Non
             f.namespace, b_name, CLUSTER, replicas=2, node_selector={POOL: f"{tid}b"}, gpus=8,
             scaling_mode="StatefulSet"))
     await f.wait_pods_idle(b_nodes)
-    (f.policies / "policy.yaml").write_text(POLICIES.format(
-        label=TEST_LABEL, tid=tid, conf=f.slurm.conf, ns=f.namespace, a=f.nodeset, b=b_name,
-        pool=POOL, spare_for=SPARE_FOR))
+    (f.policies / "policy.yaml").write_text(two_nodesets_policy(
+        f, a=f.nodeset, b=b_name))
     a_pods = {n: await f.slurm_name_on(n) for n in lay.gpus}
     b_bad = b_nodes[0]
     b_slurm = await f.slurm_name_on(b_bad)

@@ -44,6 +44,7 @@ from healer.errors import ConfigError
 from healer_dev.devstack.kube import fake_node
 from healer_dev.devstack.prometheus import LocalPrometheus
 from healer_dev.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
+from tests.builders import policy_yaml
 from tests.integration.daemon.conftest import DOMAIN, Fleet
 from tests.integration.waiting import wait_for
 from tests.unit.test_dashboards import (
@@ -55,34 +56,9 @@ from tests.unit.test_dashboards import (
     variables,
 )
 
-POLICY = """\
-apiVersion: healer.io/v1alpha1
-kind: FleetGuardrails
-metadata: {{name: fleet}}
-spec:
-  spareSelector:
-    matchLabels: {{healer.io/role: spare, healer-test: "{tid}"}}
-  guardrails:
-    maxConcurrent: 3
-    maxUnavailable: 3
-    breaker: {{window: 10m, threshold: 4, cooldown: 30m}}
-    retryBudget: {{perNode: 3, perGpuSerial: 1, window: 7d}}
----
-apiVersion: healer.io/v1alpha1
-kind: RemediationPolicy
-metadata: {{name: fatal-{tid}}}
-spec:
-  mode: act
-  nodeSelector:
-    matchLabels: {{nvidia.com/gpu.present: "true", healer-test: "{tid}"}}
-  rules:
-    - name: fatal-xid
-      severity: failed
-      xid: {{groups: [fatal]}}
-  steps:
-    pollInterval: 1s
-    drain: {{deadline: 10m}}
-"""
+FLEET_GUARDRAILS = {"maxConcurrent": 3, "maxUnavailable": 3,
+                    "breaker": {"window": "10m", "threshold": 4, "cooldown": "30m"},
+                    "retryBudget": {"perNode": 3, "perGpuSerial": 1, "window": "7d"}}
 
 BROKEN_POLICY = """\
 apiVersion: healer.io/v1alpha1
@@ -160,7 +136,8 @@ async def test_every_dashboard_expression_has_data(fleet: Fleet, tmp_path: Path)
     await core.create_node(fake_node(extra, labels={  # type: ignore[arg-type]
         "nvidia.com/gpu.present": "true", "healer-test": fleet.tid, DOMAIN: "b"}))
     await asyncio.to_thread(_write, fleet.policies / "policy.yaml",
-                            POLICY.format(tid=fleet.tid))
+                            policy_yaml(fleet.tid, name=f"fatal-{fleet.tid}",
+                                        fleet={"guardrails": FLEET_GUARDRAILS}))
 
     async def extra_ready() -> bool:
         n = await core.read_node(extra)
