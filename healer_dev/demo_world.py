@@ -51,7 +51,8 @@ from healer.settings import (
     SlurmSettings,
     TelemetrySettings,
 )
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.devstack.operator import (
     DEFAULT_VERSION,
@@ -66,7 +67,8 @@ from healer_dev.devstack.slinky_stack import SlinkyStack
 from healer_dev.devstack.slurm import LocalSlurm
 from healer_dev.devstack.slurm_root import SlurmVersion
 from healer_dev.devstack.slurm_root import root_built as slurm_root_built
-from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
+from healer_dev.sim.dcgm import DcgmSim, make_node
+from healer_dev.sim.dcgm_server import DcgmFleet
 from healer_dev.sim.infiniband import InfinibandSim
 
 ROOT = Path(__file__).resolve().parent.parent

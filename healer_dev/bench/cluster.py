@@ -31,7 +31,8 @@ from kubernetes_asyncio import client, watch
 from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.errors import ConfigError
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.net import LOOPBACK, free_port
 
 from .policies import BENCH_LABEL

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from healer.errors import ConfigError
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmFleet, DcgmSim, make_node
+from healer_dev.sim.dcgm import DcgmSim, make_node
+from healer_dev.sim.dcgm_server import DcgmFleet
 
 from .cluster import BenchCluster, wait_until
 from .policies import write_default

@@ -32,17 +32,17 @@ import secrets
 import shutil
 import signal
 import ssl
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
 from healer.errors import ConfigError
 from healer_dev.devstack import binaries as bins
 from healer_dev.devstack.certs import PKI, CertificateAuthority, KeyPair, write_kubeconfig
+from healer_dev.devstack.children import ChildProcess, log_tail, stop_all
+from healer_dev.devstack.kwok import KWOK_ANNOTATION, KWOK_STAGES, fake_node
 from healer_dev.devstack.net import LOOPBACK, free_port
 
 T = TypeVar("T")
@@ -51,7 +51,6 @@ STATE_FILE = "state.json"
 STATE_VERSION = 1
 
 #: the annotation kwok selects its nodes by (``--manage-nodes-with-annotation-selector``)
-KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 SERVICE_CIDR = "10.96.0.0/24"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_IP = "10.240.0.1"
@@ -68,364 +67,7 @@ _STOP_TIERS = ((KWOK, SCHEDULER, CONTROLLER_MANAGER), (APISERVER,), (ETCD,))
 
 _PORT_TRIES = 4
 _POLL = 0.1
-_LOG_TAIL = 20
 _ADDR_IN_USE = re.compile(r"address already in use|bind: address|EADDRINUSE", re.IGNORECASE)
-
-
-#: kwok v0.8.0 has no built-in behaviour: with no Stage in its configuration it exits with
-#: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
-#: a managed Node becomes Ready once (conditions are not rewritten afterwards, so a test may
-#: add its own), a Pod bound to a managed Node runs and is Ready (a slurmd pod runs unready:
-#: :mod:`healer_dev.devstack.podruntime` makes it Ready once its real slurmd registered, as the
-#: container's readiness probe would), a Job's Pod succeeds (or
-#: fails, when labelled healer-test-outcome=fail; its container's termination message is the
-#: pod's annotation healer-test-message, if any), a Pod being deleted goes away. Node
-#: liveness comes from the Leases kwok renews.
-KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-node-up
-spec:
-  resourceRef: {apiGroup: v1, kind: Node}
-  selector:
-    matchExpressions:
-    - {key: '.status.phase', operator: NotIn, values: [Running]}
-  next:
-    statusTemplate: |
-      {{ $t := Now | Quote }}
-      phase: Running
-      conditions:
-      - {type: Ready, status: "True", reason: FakeKubelet, message: "kwok keeps this node alive",
-         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
-      - {type: MemoryPressure, status: "False", reason: FakeKubelet, message: "",
-         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
-      - {type: DiskPressure, status: "False", reason: FakeKubelet, message: "",
-         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
-      - {type: PIDPressure, status: "False", reason: FakeKubelet, message: "",
-         lastHeartbeatTime: {{ $t }}, lastTransitionTime: {{ $t }}}
-      addresses:
-      - {type: InternalIP, address: {{ NodeIP | Quote }}}
-      - {type: Hostname, address: {{ .metadata.name | Quote }}}
-      nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: fake,
-                 containerRuntimeVersion: fake, kernelVersion: fake, osImage: fake,
-                 kubeProxyVersion: fake, machineID: "", systemUUID: "", bootID: ""}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-pod-running
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: NotIn, values: [slurmd]}
-  next:
-    statusTemplate: |
-      {{ $t := Now | Quote }}
-      phase: Running
-      startTime: {{ $t }}
-      conditions:
-      - {type: Initialized, status: "True", lastTransitionTime: {{ $t }}}
-      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $t }}}
-      - {type: Ready, status: "True", lastTransitionTime: {{ $t }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, restartCount: 0,
-         started: true, state: {running: {startedAt: {{ $t }}}}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-slurmd-pod-started
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Pending]}
-    - {key: '.metadata.labels["app.kubernetes.io/name"]', operator: In, values: [slurmd]}
-  next:
-    statusTemplate: |
-      {{ $t := Now | Quote }}
-      phase: Running
-      startTime: {{ $t }}
-      conditions:
-      - {type: Initialized, status: "True", lastTransitionTime: {{ $t }}}
-      - {type: ContainersReady, status: "False", lastTransitionTime: {{ $t }}}
-      - {type: Ready, status: "False", lastTransitionTime: {{ $t }}}
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
-         started: true, state: {running: {startedAt: {{ $t }}}}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-job-pod-fails
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Running]}
-    - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
-    - {key: '.metadata.labels["healer-test-outcome"]', operator: In, values: [fail]}
-  next:
-    statusTemplate: |
-      {{ $t := Now | Quote }}
-      {{ $msg := "" }}
-      {{ with .metadata.annotations }}{{ with index . "healer-test-message" }}
-      {{ $msg = . }}
-      {{ end }}{{ end }}
-      phase: Failed
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
-         started: false, state: {terminated: {exitCode: 1, reason: Error,
-                                              startedAt: {{ $t }}, finishedAt: {{ $t }},
-           message: {{ $msg | Quote }}}}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-job-pod-succeeds
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: DoesNotExist}
-    - {key: '.status.phase', operator: In, values: [Running]}
-    - {key: '.metadata.ownerReferences.[].kind', operator: In, values: [Job]}
-    - {key: '.metadata.labels["healer-test-outcome"]', operator: NotIn, values: [fail]}
-  next:
-    statusTemplate: |
-      {{ $t := Now | Quote }}
-      {{ $msg := "" }}
-      {{ with .metadata.annotations }}{{ with index . "healer-test-message" }}
-      {{ $msg = . }}
-      {{ end }}{{ end }}
-      phase: Succeeded
-      containerStatuses:
-      {{ range .spec.containers }}
-      - {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: false, restartCount: 0,
-         started: false, state: {terminated: {exitCode: 0, reason: Completed,
-                                              startedAt: {{ $t }}, finishedAt: {{ $t }},
-           message: {{ $msg | Quote }}}}}
-      {{ end }}
----
-apiVersion: kwok.x-k8s.io/v1alpha1
-kind: Stage
-metadata:
-  name: healer-pod-gone
-spec:
-  resourceRef: {apiGroup: v1, kind: Pod}
-  selector:
-    matchExpressions:
-    - {key: '.metadata.deletionTimestamp', operator: Exists}
-  next:
-    delete: true
-"""
-
-
-def log_tail(path: Path, lines: int = _LOG_TAIL) -> str:
-    """The last ``lines`` lines of a log file ("" when it does not exist)."""
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
-
-
-def fake_node(
-    name: str,
-    *,
-    labels: Mapping[str, str] | None = None,
-    annotations: Mapping[str, str] | None = None,
-    taints: Sequence[Mapping[str, str]] = (),
-    capacity: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """The body of a Node that kwok will manage (keep Ready, run Pods bound to it)."""
-    cap = {"cpu": "32", "memory": "256Gi", "pods": "110", **(capacity or {})}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1], **(annotations or {})},
-            "labels": {
-                "type": "kwok",
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                **(labels or {}),
-            },
-        },
-        "spec": {"taints": [dict(t) for t in taints]},
-        "status": {"capacity": cap, "allocatable": dict(cap)},
-    }
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def process_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks) of a process, from /proc; None when it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[19])
-
-
-def process_alive(pid: int, start_time: int | None) -> bool:
-    """True while ``pid`` runs and is still the process we started (not a reused pid)."""
-    st = process_stat(pid)
-    if st is None:
-        if not Path("/proc/self/stat").exists():  # no procfs: fall back to kill(0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-            return True
-        return False
-    state, started = st
-    if state in ("Z", "X"):
-        return False
-    return start_time is None or started == start_time
-
-
-@dataclass
-class _Proc:
-    """One child process: how to start it, where it logs, and (once started) who it is."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    pid: int | None = None
-    start_time: int | None = None
-    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
-    log_offset: int = field(default=0, compare=False)
-
-    def spawn(self, cwd: Path, env: Mapping[str, str]) -> None:
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as out:
-            self.log_offset = out.tell()
-            out.write(f"---- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {self.name}\n".encode())
-            out.flush()
-            try:
-                self.popen = subprocess.Popen(
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    cwd=cwd,
-                    env=dict(env),
-                    start_new_session=True,
-                )
-            except OSError as e:
-                raise ConfigError(f"cannot start {self.name} ({self.argv[0]}): {e}") from e
-        self.pid = self.popen.pid
-        st = process_stat(self.pid)
-        self.start_time = st[1] if st else None
-
-    def output_since_spawn(self) -> str:
-        """What this run of the process logged (the log file is appended to across runs)."""
-        try:
-            with self.log.open("rb") as f:
-                f.seek(self.log_offset)
-                return f.read(1 << 20).decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def running(self) -> bool:
-        if self.pid is None:
-            return False
-        if self.popen is not None:
-            return self.popen.poll() is None
-        return process_alive(self.pid, self.start_time)
-
-    def exit_code(self) -> int | None:
-        return self.popen.poll() if self.popen is not None else None
-
-    def signal(self, sig: int) -> None:
-        """Send ``sig`` to the whole process group (the child is its session leader)."""
-        if self.pid is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-    def wait(self, deadline: float) -> bool:
-        """Wait until the process is gone or ``deadline`` (monotonic) passes; True when gone."""
-        if self.pid is None:
-            return True
-        if self.popen is not None:
-            try:
-                self.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return False
-            return True
-        while process_alive(self.pid, self.start_time):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
-
-    def forget(self) -> None:
-        self.pid = None
-        self.start_time = None
-        self.popen = None
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "pid": self.pid,
-            "start_time": self.start_time,
-            "argv": self.argv,
-            "log": str(self.log),
-        }
-
-    @classmethod
-    def from_state(cls, name: str, d: Mapping[str, Any]) -> _Proc:
-        return cls(
-            name=name,
-            argv=[str(a) for a in d["argv"]],
-            log=Path(d["log"]),
-            pid=d.get("pid"),
-            start_time=d.get("start_time"),
-        )
-
-
-def _stop_all(procs: Sequence[_Proc], timeout: float) -> list[str]:
-    """SIGTERM every process group, wait (shared deadline), SIGKILL what is left.
-
-    Returns the names that needed SIGKILL.
-    """
-    live = [p for p in procs if p.running()]
-    for p in live:
-        p.signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    killed = []
-    for p in live:
-        if not p.wait(deadline):
-            killed.append(p.name)
-            p.signal(signal.SIGKILL)
-            p.wait(time.monotonic() + 10)
-        # stragglers the leader may have left in its group
-        p.signal(signal.SIGKILL)
-    for p in procs:
-        p.forget()
-    return killed
 
 
 # --------------------------------------------------------------------------- REST
@@ -518,7 +160,7 @@ class KubeStack:
         self.stop_timeout = stop_timeout
         self._binaries = binaries
         self._pki = PKI(self._workdir / "pki")
-        self._procs: dict[str, _Proc] = {}
+        self._procs: dict[str, ChildProcess] = {}
         self.ports: dict[str, int] = {}
         self.timings: dict[str, float] = {}
         self._rest: _Rest | None = None
@@ -686,8 +328,8 @@ class KubeStack:
         self.timings["start"] = time.monotonic() - t0
         return self
 
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
-        proc = _Proc(name=name, argv=argv, log=self.logs(name))
+    def _spawn(self, name: str, argv: list[str]) -> ChildProcess:
+        proc = ChildProcess(name=name, argv=argv, log=self.logs(name))
         self._procs[name] = proc
         proc.spawn(self._workdir, self._child_env())
         return proc
@@ -715,7 +357,7 @@ class KubeStack:
                     raise
                 if not _ADDR_IN_USE.search(proc.output_since_spawn()):
                     raise
-                _stop_all([proc], 5)
+                stop_all([proc], 5)
                 with proc.log.open("ab") as f:
                     f.write(b"---- a port was taken; retrying with new ports\n")
                 if cleanup is not None:
@@ -941,7 +583,7 @@ class KubeStack:
         proc = self._procs.get(CONTROLLER_MANAGER)
         if proc is None or proc.pid is None:
             return
-        _stop_all([proc], self.stop_timeout)
+        stop_all([proc], self.stop_timeout)
         self._start_controller_manager(self.binaries)
         if (self._workdir / STATE_FILE).exists():
             self.write_state()
@@ -1045,7 +687,7 @@ class KubeStack:
             proc.wait(time.monotonic() + 10)
             proc.forget()
         else:
-            _stop_all([proc], self.stop_timeout)
+            stop_all([proc], self.stop_timeout)
         self._rest = None
 
     def start_apiserver(self) -> None:
@@ -1080,7 +722,7 @@ class KubeStack:
             for n in (KWOK, SCHEDULER, CONTROLLER_MANAGER)
             if restart_clients and n in self._procs and self._procs[n].pid is not None
         ]
-        _stop_all(clients, self.stop_timeout)
+        stop_all(clients, self.stop_timeout)
         self.kill_apiserver()
         self.start_apiserver()
         if clients:
@@ -1107,7 +749,7 @@ class KubeStack:
         # Clients first, then kube-apiserver while etcd is still there (without etcd its
         # shutdown hooks wait ~10 s on storage timeouts), then etcd.
         for tier in _STOP_TIERS:
-            _stop_all([self._procs[n] for n in tier if n in self._procs], self.stop_timeout)
+            stop_all([self._procs[n] for n in tier if n in self._procs], self.stop_timeout)
         self._rest = None
         state = self._workdir / STATE_FILE
         if state.exists():
@@ -1181,7 +823,7 @@ class KubeStack:
         )
         stack.ports = {str(k): int(v) for k, v in doc["ports"].items()}
         for name, d in doc["processes"].items():
-            stack._procs[name] = _Proc.from_state(name, d)
+            stack._procs[name] = ChildProcess.from_state(name, d)
         return stack
 
     # ---------------------------------------------------------------- misc

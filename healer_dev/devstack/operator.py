@@ -45,7 +45,8 @@ import yaml
 from healer.errors import ConfigError
 from healer_dev.devstack.binaries import cache_dir
 from healer_dev.devstack.certs import CertificateAuthority
-from healer_dev.devstack.kube import KubeStack, _Proc
+from healer_dev.devstack.children import ChildProcess
+from healer_dev.devstack.kube import KubeStack
 from healer_dev.devstack.net import LOOPBACK, free_port
 
 __all__ = ["DEFAULT_VERSION", "SUPPORTED_VERSIONS", "SlinkyOperator", "cluster_objects",
@@ -187,7 +188,7 @@ class SlinkyOperator:
         self.workdir = Path(workdir)
         self.start_timeout = start_timeout
         self.bin = operator_dir(version)
-        self._procs: list[_Proc] = []
+        self._procs: list[ChildProcess] = []
         self.webhook_port = 0
         self.timings: dict[str, float] = {}
 
@@ -296,8 +297,8 @@ class SlinkyOperator:
 
         self._wait(established, "the slurm-operator CRDs to be Established")
 
-    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> _Proc:
-        proc = _Proc(name=name, argv=argv, log=self.workdir / f"{name.split('-')[-1]}.log")
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> ChildProcess:
+        proc = ChildProcess(name=name, argv=argv, log=self.workdir / f"{name.split('-')[-1]}.log")
         self._procs.append(proc)
         proc.spawn(self.workdir, env)
         return proc
@@ -374,7 +375,7 @@ class SlinkyOperator:
         self._wait(healthy, "the slurm-operator manager to be ready (/readyz)")
         self._died(proc, fail=True)
 
-    def _died(self, proc: _Proc, *, fail: bool = False) -> bool:
+    def _died(self, proc: ChildProcess, *, fail: bool = False) -> bool:
         if proc.running():
             return False
         if fail:

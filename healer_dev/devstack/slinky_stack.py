@@ -40,7 +40,8 @@ from kubernetes_asyncio import client, config
 from healer.errors import ConfigError
 from healer_dev.devstack.binaries import cache_dir
 from healer_dev.devstack.dead_node import resume_heartbeat, stop_heartbeat
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.operator import (
     DEFAULT_VERSION,
     RESTD_PORT,

@@ -22,7 +22,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.errors import ConfigError
 from healer_dev.devstack import binaries
-from healer_dev.devstack.kube import KubeStack, fake_node, process_alive, process_stat
+from healer_dev.devstack.children import process_alive, process_stat
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.conftest import api_client_for
 from tests.integration.waiting import wait_for
 

@@ -18,17 +18,16 @@ from healer_dev.sim.dcgm import (
     CLOCKS_SW_THERMAL,
     CONTENT_TYPE,
     METRICS,
-    DcgmFleet,
     DcgmSim,
     Fault,
     FaultKind,
     M,
     NodeSpec,
-    ThreadedDcgmFleet,
     gpu_uuid,
     make_fleet,
     make_node,
 )
+from healer_dev.sim.dcgm_server import DcgmFleet, ThreadedDcgmFleet
 
 T0 = 1_700_000_000.0
 

@@ -26,7 +26,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client
 
-from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.net import free_port
 from tests.fakenvml.build import nvml_env
 from tests.integration.waiting import wait_for

@@ -18,7 +18,8 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.kube.store import ensure_crd
 from healer.core.model import GpuRef, Signal, SignalKind
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.testing import FakeSlurm
 from tests.builders import policy_yaml

@@ -25,15 +25,8 @@ from healer.agent.findings import EventKind, GpuEvent, GpuInfo, GpuReading, Thre
 from healer.agent.publish import ConditionWriter, build_condition
 from healer.policy.catalog import default_catalog
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import (
-    DcgmSim,
-    Fault,
-    FaultKind,
-    GpuSpec,
-    NodeSpec,
-    ThreadedDcgmFleet,
-    make_node,
-)
+from healer_dev.sim.dcgm import DcgmSim, Fault, FaultKind, GpuSpec, NodeSpec, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.builders import FATAL_XID, policy_yaml
 from tests.integration.agent_client import lite_like
 from tests.integration.daemon.conftest import Fleet

@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.conftest import api_client_for
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.daemon.test_daemon import _exactly_once, _finish

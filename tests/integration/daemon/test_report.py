@@ -29,7 +29,8 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.crd import from_object
 from healer.adapters.kube.store import CRStateStore, ensure_crd
 from healer.core.model import NodeRecord
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.waiting import wait_for
 from tests.unit.test_outcomes import ESCALATED, RECOVERED_LATE, REPLACED, T0, at

@@ -52,7 +52,8 @@ from healer.adapters.slurm.parse import parse_node_line
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.net import free_port
 from healer_dev.devstack.operator import nodeset as nodeset_body
 from healer_dev.devstack.restd_log import RestdRequest

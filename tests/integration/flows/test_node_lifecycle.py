@@ -14,7 +14,7 @@ import time
 import pytest
 
 from healer.core.intervals import HELD_RETRY
-from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.flows.checks import incident_of, print_timeline
 from tests.integration.flows.conftest import (
     DOMAIN,

@@ -17,7 +17,8 @@ from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.core.model import NodeView
 from healer.core.vocabulary import CHECKPOINT_SIGNALLED, REPAIR_INCIDENT, REPAIR_RESULT
 from healer.ports import HookResult, HookSpec, StepOutcome
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.slurm import LocalSlurm
 from healer_dev.testing import FakeNodes
 from tests.integration.slurm_fixtures import HOLD_SCRIPT, release

@@ -42,7 +42,8 @@ from healer.core.vocabulary import (
     SPARE_VALIDATION,
 )
 from healer.ports import PendingClaim
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]

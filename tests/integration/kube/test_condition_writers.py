@@ -20,7 +20,7 @@ from healer.core.gpu_identity import GpuIdentity, parse_entries, with_block
 from healer.core.model import GpuRef
 from healer.core.signals import condition_signals, identity_condition
 from healer.core.vocabulary import AGENT_FIELD_MANAGER, GPU_CONDITION
-from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.agent_client import lite_like
 
 A = GpuRef(2, "GPU-aaaa-1111", "1650000000002")

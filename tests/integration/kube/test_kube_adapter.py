@@ -34,7 +34,8 @@ from healer.core.phases import Phase
 from healer.core.rules import LabelSelector
 from healer.core.vocabulary import CLAIMED_BY, INCIDENT_ANNOTATION
 from healer.errors import ConflictError
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from tests.integration.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio

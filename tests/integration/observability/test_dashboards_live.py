@@ -41,9 +41,10 @@ from kubernetes_asyncio import client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.core.model import GpuRef, Signal, SignalKind
 from healer.errors import ConfigError
-from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
+from healer_dev.sim.dcgm import DcgmSim, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.builders import policy_yaml
 from tests.integration.daemon.conftest import DOMAIN, Fleet
 from tests.integration.waiting import wait_for

@@ -32,7 +32,8 @@ import yaml
 
 from healer.errors import ConfigError
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
+from healer_dev.sim.dcgm import DcgmSim, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.test_helm import Helm, helm
 from tests.integration.waiting import wait_for

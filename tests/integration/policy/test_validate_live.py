@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 
 POLICIES = """\
 apiVersion: healer.io/v1alpha1

@@ -25,7 +25,7 @@ from healer.adapters.slinky import SlinkyPods, pod_state
 from healer.adapters.slurm.parse import parse_node_line
 from healer.errors import NotFoundError
 from healer.ports import SlurmNodeState
-from healer_dev.devstack.kube import fake_node
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.operator import GROUP, VERSION, nodeset
 from healer_dev.devstack.slinky_stack import SlinkyStack
 from tests.integration.slinky_fixtures import unique_nodeset

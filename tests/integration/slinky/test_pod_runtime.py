@@ -28,7 +28,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from healer.adapters.slurm.parse import parse_node_line
 from healer.ports import SlurmNodeState
-from healer_dev.devstack.kube import KubeStack, fake_node
+from healer_dev.devstack.kube import KubeStack
+from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.podruntime import FINALIZER, POD_HOSTNAME_LABEL, PodRuntime, conf_features
 from healer_dev.devstack.slurm import LocalSlurm, SlurmVersion
 from tests.integration.slurm_fixtures import running_slurm

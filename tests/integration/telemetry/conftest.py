@@ -26,7 +26,8 @@ from healer.core.rules import PolicySet
 from healer.obs.http import serve
 from healer.policy.load import load_policy_set
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmSim, NodeSpec, ThreadedDcgmFleet, make_node
+from healer_dev.sim.dcgm import DcgmSim, NodeSpec, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 
 REPO = Path(__file__).resolve().parents[3]
 SCRAPE = 1.0  # seconds, Prometheus scrape interval

@@ -23,7 +23,8 @@ from healer.core.parts import PartRef
 from healer.core.rules import PolicySet
 from healer.policy.load import load_policy_set
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmSim, ThreadedDcgmFleet, make_node
+from healer_dev.sim.dcgm import DcgmSim, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from healer_dev.sim.infiniband import IbFault, IbFaultKind, InfinibandSim
 from tests.integration.telemetry.conftest import SCRAPE, Sink, make_source, running, verdict
 from tests.integration.waiting import wait_for

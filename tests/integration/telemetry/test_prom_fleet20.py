@@ -25,7 +25,8 @@ from healer.core.model import GpuRef, Signal, SignalKind
 from healer.core.rules import MetricRule, PolicySet
 from healer.obs.http import serve
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import DcgmSim, Fault, FaultKind, ThreadedDcgmFleet, gpu_uuid, make_node
+from healer_dev.sim.dcgm import DcgmSim, Fault, FaultKind, gpu_uuid, make_node
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.integration.telemetry.conftest import POLL, SCRAPE, make_source
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,8 @@ import pytest
 from healer.core.model import GpuRef, SignalKind
 from healer.core.rules import PolicySet
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
+from healer_dev.sim.dcgm import Fault, FaultKind, M, gpu_uuid
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.integration.telemetry.conftest import Sink, fresh, make_source, running, stale
 
 pytestmark = pytest.mark.integration

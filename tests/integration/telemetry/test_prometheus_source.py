@@ -38,7 +38,8 @@ from healer.obs.http import serve
 from healer.policy.load import load_policy_set
 from healer_dev.devstack.certs import CertificateAuthority
 from healer_dev.devstack.prometheus import LocalPrometheus
-from healer_dev.sim.dcgm import Fault, FaultKind, M, ThreadedDcgmFleet, gpu_uuid
+from healer_dev.sim.dcgm import Fault, FaultKind, M, gpu_uuid
+from healer_dev.sim.dcgm_server import ThreadedDcgmFleet
 from tests.integration.telemetry.conftest import (
     EMPTY_RESULT,
     FLEET,
