@@ -43,6 +43,7 @@ from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
@@ -265,31 +266,48 @@ class SlurmSide:
 
 def _slurm_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                 given: SlurmDriver | None) -> SlurmSide:
-    """The Slurm driver the settings name (``--slurm-driver``), or the caller's."""
+    """The Slurm driver the settings name (``--slurm-driver``, built by its entry in
+    :data:`_FACTORIES`), or the caller's."""
     operator = OperatorCapabilities(api)
     if given is not None:
         return SlurmSide(given, given, operator)
-    s = settings.slurm
-    if s.driver == "scontrol":
-        driver = _scontrol(settings)
-    elif s.driver == "slurmrestd":
-        if not s.slurmrestd_url or not s.token_secret:
-            raise ConfigError("--slurm-driver slurmrestd needs --slurmrestd-url and "
-                              "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]")
-        driver = _slurmrestd(settings, api)
-    elif s.driver == "slinky":
-        from healer.adapters.slinky import SlinkyDriver
+    settings.slurm.check_driver()
+    return _FACTORIES[settings.slurm.driver](settings, api, nodes, operator)
 
-        # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
-        jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
-            _scontrol(settings) if s.slurm_conf else None
-        return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
-                                      nodeset=s.nodeset, capabilities=operator),
-                         jobs, operator)
-    else:
-        raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
-                          "slurmrestd)")
+
+def _scontrol_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                   operator: OperatorCapabilities) -> SlurmSide:
+    driver = _scontrol(settings)
     return SlurmSide(driver, driver, operator)
+
+
+def _slurmrestd_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                     operator: OperatorCapabilities) -> SlurmSide:
+    driver = _slurmrestd(settings, api)
+    return SlurmSide(driver, driver, operator)
+
+
+def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                 operator: OperatorCapabilities) -> SlurmSide:
+    from healer.adapters.slinky import SlinkyDriver
+
+    s = settings.slurm
+    # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
+    jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
+        _scontrol(settings) if s.slurm_conf else None
+    return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
+                                  nodeset=s.nodeset, capabilities=operator),
+                     jobs, operator)
+
+
+#: Each driver's factory (the registry entry, :data:`healer.core.slurm_drivers.DRIVERS`, says
+#: what it can do and needs; this says how it is built).
+_FACTORIES: Mapping[SlurmDriverKind, Callable[
+    [Settings, client.ApiClient, KubeNodes, OperatorCapabilities], SlurmSide]] = {
+    SlurmDriverKind.SLINKY: _slinky_side,
+    SlurmDriverKind.SCONTROL: _scontrol_side,
+    SlurmDriverKind.SLURMRESTD: _slurmrestd_side,
+}
 
 
 def _scontrol(settings: Settings) -> SlurmDriver:
@@ -351,7 +369,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
                             nodeset=settings.slurm.nodeset)
         workload, labels_provider = sw, sw.node_selector
-        if settings.slurm.driver == "slinky" or settings.slurm.nodeset:
+        if settings.slurm.on_slinky:
             # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
             slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
     spare_selector = (nodeset.spare_selector if nodeset is not None else None) \
@@ -485,7 +503,7 @@ def _slurm_states(settings: Settings, api: client.ApiClient,
     from healer.adapters.slurm.states import slurm_states
 
     hosts = None
-    if settings.slurm.driver == "slinky" or settings.slurm.nodeset:  # Slurm name = the pod's
+    if settings.slurm.on_slinky:  # Slurm name = the pod's
         hosts = SlinkyPods(api, settings.slurm.nodeset_namespace).hosts
     return slurm_states(slurm, hosts)
 

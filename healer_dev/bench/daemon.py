@@ -31,6 +31,7 @@ from healer.app import Overrides, run
 from healer.core import actions as a
 from healer.core.machine import Trigger
 from healer.core.model import NodeRecord
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.ports import (
     HookResult,
@@ -206,7 +207,7 @@ def main() -> int:
                           install_crd=True, api_qps=args.kube_api_qps,
                           api_burst=args.kube_api_burst),
         leader=LeaderSettings(enabled=False),
-        slurm=SlurmSettings(driver="scontrol"),
+        slurm=SlurmSettings(driver=SlurmDriverKind.SCONTROL),
         telemetry=TelemetrySettings(prometheus_url=args.prometheus_url,
                                     poll_interval=args.poll_interval),
         http=HttpSettings(host="127.0.0.1", port=args.http_port))
