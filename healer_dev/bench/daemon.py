@@ -60,11 +60,13 @@ class MemorySlurm:
     def __init__(self) -> None:
         self.reasons: dict[str, str] = {}
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         self.reasons[node] = reason
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         reason = self.reasons.get(node, "")
         if reason.startswith(SLURM_REASON_PREFIX) and (not incident or incident in reason):
             del self.reasons[node]
