@@ -43,6 +43,7 @@ from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
@@ -76,7 +77,7 @@ from healer.runtime.loops import (
 from healer.runtime.node_events import NodeEvents
 from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated, switch_policies
 from healer.runtime.slurm_feed import SlurmFeed
-from healer.runtime.spare_validation import spare_validation, spare_validator
+from healer.runtime.spare_validation import spare_validation
 from healer.settings import Settings
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
     ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
-    validator = spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
+    validator = _spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
     spares.validation = validator  # claims validate through the loop's one validator
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
@@ -228,6 +229,16 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         await runner.cleanup()
 
 
+def _spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
+                     policies: Callable[[], PolicySet], clock: Clock) -> SpareValidator:
+    """The daemon's one spare validator; its check Jobs run in ``namespace`` (healer's own)."""
+    from healer.adapters.kube.check_jobs import KubeCheckJobs
+
+    return SpareValidator(ports.nodes, ports.events, ports.repair,
+                          KubeCheckJobs(api, namespace=namespace),
+                          settings=lambda: policies().fleet.spare_validation, clock=clock)
+
+
 def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
     def labels(node: str) -> Mapping[str, str] | None:
         view = ctl.view().nodes.get(node)
@@ -265,31 +276,48 @@ class SlurmSide:
 
 def _slurm_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                 given: SlurmDriver | None) -> SlurmSide:
-    """The Slurm driver the settings name (``--slurm-driver``), or the caller's."""
+    """The Slurm driver the settings name (``--slurm-driver``, built by its entry in
+    :data:`_FACTORIES`), or the caller's."""
     operator = OperatorCapabilities(api)
     if given is not None:
         return SlurmSide(given, given, operator)
-    s = settings.slurm
-    if s.driver == "scontrol":
-        driver = _scontrol(settings)
-    elif s.driver == "slurmrestd":
-        if not s.slurmrestd_url or not s.token_secret:
-            raise ConfigError("--slurm-driver slurmrestd needs --slurmrestd-url and "
-                              "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]")
-        driver = _slurmrestd(settings, api)
-    elif s.driver == "slinky":
-        from healer.adapters.slinky import SlinkyDriver
+    settings.slurm.check_driver()
+    return _FACTORIES[settings.slurm.driver](settings, api, nodes, operator)
 
-        # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
-        jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
-            _scontrol(settings) if s.slurm_conf else None
-        return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
-                                      nodeset=s.nodeset, capabilities=operator),
-                         jobs, operator)
-    else:
-        raise ConfigError(f"unknown Slurm driver {s.driver!r} (expected slinky, scontrol or "
-                          "slurmrestd)")
+
+def _scontrol_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                   operator: OperatorCapabilities) -> SlurmSide:
+    driver = _scontrol(settings)
     return SlurmSide(driver, driver, operator)
+
+
+def _slurmrestd_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                     operator: OperatorCapabilities) -> SlurmSide:
+    driver = _slurmrestd(settings, api)
+    return SlurmSide(driver, driver, operator)
+
+
+def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+                 operator: OperatorCapabilities) -> SlurmSide:
+    from healer.adapters.slinky import SlinkyDriver
+
+    s = settings.slurm
+    # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
+    jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
+        _scontrol(settings) if s.slurm_conf else None
+    return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
+                                  nodeset=s.nodeset, capabilities=operator),
+                     jobs, operator)
+
+
+#: Each driver's factory (the registry entry, :data:`healer.core.slurm_drivers.DRIVERS`, says
+#: what it can do and needs; this says how it is built).
+_FACTORIES: Mapping[SlurmDriverKind, Callable[
+    [Settings, client.ApiClient, KubeNodes, OperatorCapabilities], SlurmSide]] = {
+    SlurmDriverKind.SLINKY: _slinky_side,
+    SlurmDriverKind.SCONTROL: _scontrol_side,
+    SlurmDriverKind.SLURMRESTD: _slurmrestd_side,
+}
 
 
 def _scontrol(settings: Settings) -> SlurmDriver:
@@ -308,7 +336,7 @@ def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmDriver:
 
 
 def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side: SlurmSide,
-              keys: TopologyKeys, *, slinky_pods: bool) -> KubeTopology:
+              keys: TopologyKeys) -> KubeTopology:
     """The topology step: the annotation from labels or from topograph, verified against the
     slurmd pod (Slinky) and against Slurm where it reports a node's topology."""
     from healer.adapters.slinky import SlinkyPods
@@ -325,11 +353,11 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
     elif t.source != "labels":
         raise ConfigError(f"unknown topology source {t.source!r} (expected labels or "
                           "topograph)")
-    pods = SlinkyPods(api, settings.slurm.nodeset_namespace) if slinky_pods else None
+    # where there are no slurmd pods (bare Slurm), the placement is not checked
+    pods = SlinkyPods(api, settings.slurm.nodeset_namespace)
     # slurm-operator <v1.1 never copies the Node's topology annotation to the slurmd pod
     return KubeTopology(nodes, pods=pods, slurm=side.view, topograph=topograph,
-                        copies_topology=side.operator.copies_topology if slinky_pods else None,
-                        keys=keys)
+                        copies_topology=side.operator.copies_topology, keys=keys)
 
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
@@ -343,17 +371,18 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     keys = nodeset.topology if nodeset is not None else TOPOGRAPH
     workload = o.workload
     labels_provider = None
-    slurm_names: SlurmNames | None = None
     if workload is None:
-        from healer.adapters.slinky import SlinkyPods
         from healer.adapters.slinky_workload import SlinkyWorkload
 
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
                             nodeset=settings.slurm.nodeset)
         workload, labels_provider = sw, sw.node_selector
-        if settings.slurm.driver == "slinky" or settings.slurm.nodeset:
-            # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
-            slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
+    slurm_names: SlurmNames = same_name
+    if settings.slurm.on_slinky:
+        from healer.adapters.slinky import SlinkyPods
+
+        # on Slinky the Slurm node is the slurmd pod's name, whichever driver drains it
+        slurm_names = SlinkyPods(api, settings.slurm.nodeset_namespace).slurm_name_on
     spare_selector = (nodeset.spare_selector if nodeset is not None else None) \
         or policies.fleet.spare_selector
     spares = KubeSparePool(nodes, spare_selector, labels_provider=labels_provider,
@@ -373,12 +402,11 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
-                 topology=_topology(settings, api, nodes, side, keys,
-                                    slinky_pods=o.workload is None),
+                 topology=_topology(settings, api, nodes, side, keys),
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
                  fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
-                 slurm_names=slurm_names or same_name, topology_keys=keys), spares
+                 slurm_names=slurm_names, topology_keys=keys), spares
 
 
 def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
@@ -485,7 +513,7 @@ def _slurm_states(settings: Settings, api: client.ApiClient,
     from healer.adapters.slurm.states import slurm_states
 
     hosts = None
-    if settings.slurm.driver == "slinky" or settings.slurm.nodeset:  # Slurm name = the pod's
+    if settings.slurm.on_slinky:  # Slurm name = the pod's
         hosts = SlinkyPods(api, settings.slurm.nodeset_namespace).hosts
     return slurm_states(slurm, hosts)
 

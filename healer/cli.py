@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from healer import __version__, flags
+from healer.core.slurm_drivers import DRIVERS, SlurmDriverKind
 from healer.errors import ConfigError, HealerError, PolicyError
 from healer.settings import Settings
 
@@ -219,10 +220,11 @@ def add_run_flags(r: argparse.ArgumentParser) -> None:
     le.add_argument("--retry-period", type=flags.seconds(1, 600), default=2.0,
                     help="seconds between lease attempts (default 2)")
     sl = r.add_argument_group("Slurm")
-    sl.add_argument("--slurm-driver", choices=["slinky", "scontrol", "slurmrestd"],
-                    default=env("HEALER_SLURM_DRIVER", "slinky"),
+    sl.add_argument("--slurm-driver", choices=list(DRIVERS),
+                    default=env("HEALER_SLURM_DRIVER", SlurmDriverKind.SLINKY),
                     help="how healer drains and undrains ($HEALER_SLURM_DRIVER; default "
-                         "slinky: only Kubernetes RBAC, through the operator's cordon sync)")
+                         f"{SlurmDriverKind.SLINKY}): " + "; ".join(
+                             f"{k}: {d.summary}" for k, d in DRIVERS.items()))
     sl.add_argument("--slurmrestd-url", default=env("HEALER_SLURMRESTD_URL", ""), type=flags.url,
                     help="slurmrestd base URL, e.g. http://slurm-restapi.slurm:6820 "
                          "($HEALER_SLURMRESTD_URL); with the slinky driver it lists and "

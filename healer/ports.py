@@ -103,11 +103,15 @@ class SlurmDriver(Protocol):
     the caller asks again. ``incident`` is the remediation's id, as data: a driver that needs
     it (Slinky: the cordon's provenance) takes it from here, never from the reason's text.
     ``close`` releases the driver's connections (idempotent; nothing to do for scontrol).
+    ``host`` is the Kubernetes node the Slurm node ``node`` runs on, where the caller knows it
+    ("": unknown): a driver that acts through that Node (Slinky) then reads only its pods
+    instead of looking the Slurm name up among every slurmd pod.
     """
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool: ...
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool: ...
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain: ...
+    async def undrain(self, node: str, incident: str = "", *, host: str = "") -> Undrain: ...
 
     async def close(self) -> None: ...
 

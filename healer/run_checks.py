@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.errors import ConfigError
 from healer.settings import Settings
 
@@ -48,16 +49,15 @@ def _leader(s: Settings) -> None:
 
 def _slurm(s: Settings) -> None:
     sl = s.slurm
-    if sl.driver == "slurmrestd" and not (sl.slurmrestd_url and sl.token_secret):
-        raise ConfigError("--slurm-driver slurmrestd needs --slurmrestd-url and "
-                          "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]")
+    sl.check_driver()
     if bool(sl.slurmrestd_url) != bool(sl.token_secret):
         given, missing = (("--slurmrestd-url", "--slurmrestd-token-secret") if sl.slurmrestd_url
                           else ("--slurmrestd-token-secret", "--slurmrestd-url"))
         raise ConfigError(f"{given} without {missing}: slurmrestd is used only with both")
-    if sl.slurm_conf and sl.driver == "slurmrestd":
-        raise ConfigError("--slurm-conf is read by the scontrol driver (and by slinky for jobs "
-                          "without slurmrestd); --slurm-driver slurmrestd never reads it")
+    if sl.slurm_conf and sl.driver is SlurmDriverKind.SLURMRESTD:
+        raise ConfigError(f"--slurm-conf is read by the {SlurmDriverKind.SCONTROL} driver (and "
+                          f"by {SlurmDriverKind.SLINKY} for jobs without slurmrestd); "
+                          f"--slurm-driver {sl.driver} never reads it")
 
 
 def _topology(s: Settings) -> None:

@@ -12,6 +12,7 @@ import socket
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
+from healer.core.slurm_drivers import DRIVERS, SlurmDriverKind
 from healer.errors import ConfigError
 
 #: (setting, lowest, highest) for every number a Settings holds.
@@ -69,10 +70,16 @@ class LeaderSettings:
     retry_period: float = 2.0
 
 
+#: The flag that sets each Slurm setting a driver may need (its registry entry's ``needs``).
+SLURM_FLAGS = {"slurmrestd_url": "--slurmrestd-url",
+               "token_secret": "--slurmrestd-token-secret NAMESPACE/NAME[:KEY]",
+               "slurm_conf": "--slurm-conf FILE"}
+
+
 @dataclass(frozen=True)
 class SlurmSettings:
-    driver: str = "scontrol"
-    """slinky | scontrol | slurmrestd"""
+    driver: SlurmDriverKind = SlurmDriverKind.SCONTROL
+    """Which driver (:data:`healer.core.slurm_drivers.DRIVERS`); its name is accepted too."""
     slurmrestd_url: str = ""
     token_secret: str = ""
     """namespace/name[:key] of the Secret holding the slurmrestd JWT (Slinky's Token)."""
@@ -84,6 +91,25 @@ class SlurmSettings:
     state_interval: float = 10.0
     """Seconds between reads of every Slurm node's state for the guardrails (0: no Slurm
     feed; the guardrails then count only what Kubernetes shows)."""
+
+    def __post_init__(self) -> None:
+        try:  # a driver's name becomes its kind; anything else is refused here
+            object.__setattr__(self, "driver", SlurmDriverKind(self.driver))
+        except ValueError:
+            raise ConfigError(f"slurm.driver: expected one of {', '.join(DRIVERS)}, got "
+                              f"{self.driver!r}") from None
+
+    def check_driver(self) -> None:
+        """Raise ConfigError, naming the flags, when a setting the driver needs is not set."""
+        missing = [SLURM_FLAGS[f] for f in DRIVERS[self.driver].needs if not getattr(self, f)]
+        if missing:
+            raise ConfigError(f"--slurm-driver {self.driver} needs {' and '.join(missing)}")
+
+    @property
+    def on_slinky(self) -> bool:
+        """Whether the Slurm node is the slurmd pod's name (the slinky driver, or another
+        driver on a Slinky NodeSet), not the Kubernetes node's."""
+        return DRIVERS[self.driver].names_by_pod or bool(self.nodeset)
 
 
 @dataclass(frozen=True)

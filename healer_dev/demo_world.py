@@ -33,6 +33,7 @@ from healer.adapters.kube.client import make_api_client
 from healer.adapters.kube.crd import GROUP, PLURAL, VERSION
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.app import run as run_healer
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.vocabulary import (
     FENCED_ANNOTATION,
     ROLE_LABEL,
@@ -304,7 +305,8 @@ class DemoStack:
             kube=KubeSettings(kubeconfig=str(self.kube.kubeconfig), namespace="healer-system",
                               install_crd=True),
             leader=LeaderSettings(enabled=False),
-            slurm=SlurmSettings(driver="slinky", nodeset_namespace=NAMESPACE, nodeset=NODESET,
+            slurm=SlurmSettings(driver=SlurmDriverKind.SLINKY, nodeset_namespace=NAMESPACE,
+                                nodeset=NODESET,
                                 slurmrestd_url=f"http://127.0.0.1:{self.slinky.restd_port}",
                                 token_secret=f"{NAMESPACE}/{TOKEN_SECRET}:SLURM_JWT",
                                 state_interval=slurm_state_interval),

@@ -464,7 +464,8 @@ class FakeSlurm(Faulty):
         return list(self._state["log"])
 
     # the port
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         self._enter("drain", node)
         self._sync()
         n = self._state["nodes"][node]
@@ -478,7 +479,8 @@ class FakeSlurm(Faulty):
             self._save()
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         self._enter("undrain", node)
         self._sync()
         n = self._state["nodes"].get(node)

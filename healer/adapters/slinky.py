@@ -263,13 +263,29 @@ class SlinkyPods:
         self.core = client.CoreV1Api(api)
         self.namespace = namespace
 
-    async def pods(self, *, terminating: bool = False) -> list[dict[str, Any]]:
-        """The slurmd pods (with ``terminating``, those being deleted too)."""
-        raw = to_dict(self.api, await call(
-            f"list slurmd pods in {self.namespace}", lambda: self.core.list_namespaced_pod(
-                self.namespace, label_selector=SLURMD_SELECTOR)))
+    async def pods(self, *, terminating: bool = False, host: str = "") -> list[dict[str, Any]]:
+        """The slurmd pods (with ``terminating``, those being deleted too); with ``host``,
+        only those on that Node (the API server filters: one Node's pods, not the fleet's)."""
+        def read() -> Any:
+            if host:
+                return self.core.list_namespaced_pod(
+                    self.namespace, label_selector=SLURMD_SELECTOR,
+                    field_selector=f"spec.nodeName={host}")
+            return self.core.list_namespaced_pod(self.namespace, label_selector=SLURMD_SELECTOR)
+
+        where = f" on {host}" if host else ""
+        raw = to_dict(self.api, await call(f"list slurmd pods in {self.namespace}{where}", read))
         return [p for p in raw.get("items") or []
                 if terminating or not (p.get("metadata") or {}).get("deletionTimestamp")]
+
+    async def of(self, name: str, host: str = "") -> dict[str, Any]:
+        """The slurmd pod of Slurm node ``name``: read among ``host``'s pods when the caller
+        knows where it runs, else (or if it is not there) among every slurmd pod."""
+        if host:
+            for p in await self.pods(host=host):
+                if slurm_name(p) == name:
+                    return p
+        return await self.by_slurm_name(name)
 
     async def by_slurm_name(self, name: str) -> dict[str, Any]:
         for p in await self.pods():
@@ -286,7 +302,7 @@ class SlinkyPods:
     async def slurm_name_on(self, node: str) -> str:
         """The Slurm node name of the slurmd pod on ``node`` (one being deleted names it too:
         on a dead node the pod is Terminating until Kubernetes removes it)."""
-        live = [p for p in await self.pods(terminating=True)
+        live = [p for p in await self.pods(terminating=True, host=node)
                 if (p.get("spec") or {}).get("nodeName") == node]
         live.sort(key=lambda p: bool((p.get("metadata") or {}).get("deletionTimestamp")))
         if not live:
@@ -337,8 +353,11 @@ class SlinkyDriver:
             raise PermanentError(problem)
 
     async def state(self, node: str) -> SlurmNodeState:
+        return await self._state(node)
+
+    async def _state(self, node: str, host: str = "") -> SlurmNodeState:
         try:
-            mirrored = pod_state(await self.pods.by_slurm_name(node))
+            mirrored = pod_state(await self.pods.of(node, host))
         except NotFoundError as e:
             why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
             if why:
@@ -360,10 +379,11 @@ class SlinkyDriver:
             return mirrored
         return replace(fresh, reason=carried_reason(fresh.reason))
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         """Drain through the operator: healer's cordon reason on the Node first, then the
         cordon (its provenance names ``incident``; without one, the reason stands in)."""
-        pod = await self.pods.by_slurm_name(node)
+        pod = await self.pods.of(node, host)
         host = str((pod.get("spec") or {}).get("nodeName") or "")
         if not host:
             raise TransientError(f"slurmd pod of {node} is not scheduled")
@@ -387,11 +407,12 @@ class SlinkyDriver:
         # the operator drains on cordon; False: someone cordoned it in between (theirs)
         return await self.nodes.cordon(host, incident or reason, reason)
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         """Take healer's cordon reason and cordon off the slurmd pod's Node; the operator
         undrains on its next reconcile, so this says SETTLING until Slurm (read fresh, see
         :meth:`state`) shows no drain of healer's for ``incident``."""
-        pod = await self.pods.by_slurm_name(node)
+        pod = await self.pods.of(node, host)
         host = str((pod.get("spec") or {}).get("nodeName") or "")
         if host:
             k8s = await self.nodes.get(host)
@@ -400,7 +421,7 @@ class SlinkyDriver:
                 await self.nodes.patch_metadata(host, annotations={CORDON_REASON: None})
             if incident:
                 await self.nodes.uncordon(host, incident)
-        st = await self.state(node)
+        st = await self._state(node, host)
         if st.drained_by_healer(incident):
             return Undrain.SETTLING
         return Undrain.CLEARED if not st.drain else Undrain.NOT_OURS

@@ -52,6 +52,9 @@ __all__ = [
 T = TypeVar("T")
 
 DEFAULT_PORT = 49021
+#: topograph's engine that annotates Nodes for Slinky (an engine of topograph's, not a Slurm
+#: driver of healer's: :mod:`healer.core.slurm_drivers` names those)
+SLINKY_ENGINE = "slinky"
 #: How much of an error answer goes into a message.
 MAX_BODY = 500
 
@@ -84,7 +87,7 @@ def check_request(body: Mapping[str, Any], where: str = "the topograph request")
     if not isinstance(engine, Mapping):
         raise ConfigError(f"{where}: engine must be an object {{name, params}}")
     name = engine.get("name")
-    if name not in (None, "slinky"):
+    if name not in (None, SLINKY_ENGINE):
         raise ConfigError(f"{where}: engine {name!r} does not annotate Nodes; healer needs the "
                           "slinky engine with useDynamicNodes: true")
     params = engine.get("params")

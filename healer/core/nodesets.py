@@ -21,6 +21,7 @@ from enum import Enum
 
 from healer.core.limits import Guardrails
 from healer.core.selector import LabelSelector
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 
 __all__ = ["NodeSetRules", "NodeSets", "SlurmEndpoint", "Toleration", "TolerationOperator",
@@ -65,7 +66,7 @@ def untolerated(taints: Iterable[tuple[str, str, str]], tolerations: Sequence[To
 class SlurmEndpoint:
     """How healer reaches one Slurm cluster."""
 
-    driver: str = "slinky"  # slinky, scontrol, slurmrestd
+    driver: SlurmDriverKind = SlurmDriverKind.SLINKY
     slurmrestd_url: str = ""
     token_secret: str = ""  # NAMESPACE/NAME[:KEY]
     slurm_conf: str = ""

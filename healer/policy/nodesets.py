@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pydantic.alias_generators import to_camel
+
 from healer.core.nodesets import (
     NodeSetRules,
     SlurmEndpoint,
@@ -13,6 +15,7 @@ from healer.core.nodesets import (
     TolerationOperator,
     TopologyKeys,
 )
+from healer.core.slurm_drivers import spec_of
 from healer.errors import Problem
 from healer.policy import schema as s
 from healer.policy.compile import (
@@ -37,18 +40,16 @@ def compile_nodeset(doc: s.SlurmNodeSet, source: str = "") -> NodeSetRules:
     if spec.spare_selector is not None:
         spares = _spare_selector(spec.spare_selector, ("spec", "spareSelector"), issues)
     slurm = spec.slurm
-    if slurm.driver == "slurmrestd" and not (slurm.slurmrestd_url and slurm.token_secret):
-        issues.append(Issue(("spec", "slurm"), "the slurmrestd driver needs slurmrestdUrl and "
-                                               "tokenSecret"))
-    if slurm.driver == "scontrol" and not slurm.slurm_conf:
-        issues.append(Issue(("spec", "slurm", "slurmConf"),
-                            "the scontrol driver needs this cluster's slurm.conf (with several "
-                            "clusters, each has its own)"))
+    driver = spec_of(slurm.driver)
+    needs = [to_camel(f) for f in driver.needs_in_nodeset]
+    if any(not getattr(slurm, f) for f in driver.needs_in_nodeset):  # each cluster its own
+        where = ("spec", "slurm", *needs) if len(needs) == 1 else ("spec", "slurm")
+        issues.append(Issue(where, f"the {driver.kind} driver needs {' and '.join(needs)}"))
     if bool(slurm.slurmrestd_url) != bool(slurm.token_secret):
         issues.append(Issue(("spec", "slurm"), "expected slurmrestdUrl and tokenSecret "
                                                "together (slurmrestd needs its token)"))
-    if slurm.driver == "slinky" and spec.node_set is None:
-        issues.append(Issue(("spec", "nodeSet"), "the slinky driver needs the NodeSet "
+    if driver.names_by_pod and spec.node_set is None:
+        issues.append(Issue(("spec", "nodeSet"), f"the {driver.kind} driver needs the NodeSet "
                                                  "(namespace and name)"))
     tolerations = []
     for i, t in enumerate(spec.tolerations or ()):

@@ -21,6 +21,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from healer.core.slurm_drivers import DRIVERS, SlurmDriverKind
 from healer.core.topology import DOMAIN_LABEL, MAX_TIERS, TIER_PREFIX
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE
 from healer.policy.checks import (
@@ -460,8 +461,11 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 
 
 class SlurmEndpointSpec(Model):
-    driver: Literal["slinky", "scontrol", "slurmrestd"] = Field(
-        default="slinky", description="how healer drains and reads this cluster's Slurm nodes")
+    driver: Annotated[SlurmDriverKind, WithJsonSchema(  # inline, as every closed set here
+        {"type": "string", "enum": [str(k) for k in DRIVERS]})] = Field(
+        default=SlurmDriverKind.SLINKY,
+        description="how healer drains and reads this cluster's Slurm nodes: " + "; ".join(
+            f"{k}: {d.summary}" for k, d in DRIVERS.items()))
     slurmrestd_url: HttpUrl | None = Field(
         default=None, description="this cluster's slurmrestd (slurmrestd driver; on Slinky, "
         "for job listing and checkpoint signals)")

@@ -229,7 +229,7 @@ class Executor:
                 return _hook(await p.checkpoint.checkpoint(act.incident, act.node, sn, spec))
             case a.DrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.node)
-                owned = await p.slurm.drain(sn, act.reason, act.incident)
+                owned = await p.slurm.drain(sn, act.reason, act.incident, host=act.node)
                 return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
                                                      "owner": "healer" if owned else "other"})
             case a.RequeueJobs():
@@ -281,7 +281,7 @@ class Executor:
                                                         act.command, act.purpose))
             case a.UndrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.target)
-                undrain = await p.slurm.undrain(sn, act.incident)
+                undrain = await p.slurm.undrain(sn, act.incident, host=act.target)
                 if undrain is Undrain.SETTLING:
                     return Outcome(StepStatus.PENDING, f"{sn} still drained by healer")
                 return Outcome(StepStatus.DONE, "", {"slurmNode": sn, "undrain": undrain.value})

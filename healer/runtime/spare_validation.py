@@ -9,9 +9,9 @@ fleet's and each NodeSet's; cost follows the number of spares, never the fleet) 
 ``maxParallel`` runs at once), a repaired failed spare returned to the pool. The loop beats
 its own ``/healthz`` heartbeat (``spare-validation``).
 
-:func:`spare_validator` builds the one validator from the daemon's ports; the composition root
-hands it to every spare pool too (the fleet's and each NodeSet's), so a claim validates through
-the same object as the loop (one lock per spare, one run).
+The composition root (:mod:`healer.app`) builds the one validator and hands it to this loop and
+to every spare pool (the fleet's and each NodeSet's), so a claim validates through the same
+object as the loop (one lock per spare, one run).
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
-from kubernetes_asyncio import client
 
-from healer.adapters.kube.check_jobs import KubeCheckJobs
 from healer.adapters.spare_validation import SpareValidator
 from healer.core.model import NodeView
 from healer.core.modes import Mode
@@ -38,14 +36,6 @@ log = structlog.get_logger("healer.spare_validation")
 
 #: How often the spare pool is looked at (a run's Jobs are read, due spares started).
 SPARE_VALIDATION_EVERY = 30.0
-
-
-def spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
-                    policies: Callable[[], PolicySet], clock: Clock) -> SpareValidator:
-    """The daemon's one spare validator; its check Jobs run in ``namespace`` (healer's own)."""
-    return SpareValidator(ports.nodes, ports.events, ports.repair,
-                          KubeCheckJobs(api, namespace=namespace),
-                          settings=lambda: policies().fleet.spare_validation, clock=clock)
 
 
 def spare_validation(health: Health, validator: SpareValidator, ports: Ports,

@@ -31,6 +31,7 @@ from healer.app import Overrides, run
 from healer.core import actions as a
 from healer.core.machine import Trigger
 from healer.core.model import NodeRecord
+from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.ports import (
     HookResult,
@@ -59,11 +60,13 @@ class MemorySlurm:
     def __init__(self) -> None:
         self.reasons: dict[str, str] = {}
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         self.reasons[node] = reason
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         reason = self.reasons.get(node, "")
         if reason.startswith(SLURM_REASON_PREFIX) and (not incident or incident in reason):
             del self.reasons[node]
@@ -206,7 +209,7 @@ def main() -> int:
                           install_crd=True, api_qps=args.kube_api_qps,
                           api_burst=args.kube_api_burst),
         leader=LeaderSettings(enabled=False),
-        slurm=SlurmSettings(driver="scontrol"),
+        slurm=SlurmSettings(driver=SlurmDriverKind.SCONTROL),
         telemetry=TelemetrySettings(prometheus_url=args.prometheus_url,
                                     poll_interval=args.poll_interval),
         http=HttpSettings(host="127.0.0.1", port=args.http_port))

@@ -118,9 +118,9 @@ async def test_intent_is_persisted_before_every_action() -> None:
         order.append(f"save:{','.join(open_)}")
         return out
 
-    async def drain(node: str, reason: str, *incident: str) -> bool:
+    async def drain(node: str, reason: str, *incident: str, host: str = "") -> bool:
         order.append("drain")
-        return bool(await real_drain(node, reason, *incident))
+        return bool(await real_drain(node, reason, *incident, host=host))
 
     h.store.save = save  # type: ignore[method-assign]
     slurm.drain = drain  # type: ignore[attr-defined]

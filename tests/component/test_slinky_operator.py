@@ -398,7 +398,8 @@ class _DrainThrough:
     def __init__(self, fake: FakeSlurm, driver: SlinkyDriver) -> None:
         self.fake, self.driver = fake, driver
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         return await self.driver.drain("worker-0", reason, incident)
 
     def __getattr__(self, name: str) -> Any:

@@ -150,7 +150,8 @@ class ScontrolDriver:
                              "-O", SQUEUE_FIELDS])
         return [j for j in parse_squeue(r.stdout) if node in j.nodes]
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         if not reason.startswith(SLURM_REASON_PREFIX):
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "
                                  f"{reason!r}")
@@ -184,7 +185,8 @@ class ScontrolDriver:
         await self._run(["scontrol", "delete", f"nodename={_node_name(node)}"])
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         st = await self.state(node)
         if not st.drained_by_healer(incident):
             return Undrain.NOT_OURS

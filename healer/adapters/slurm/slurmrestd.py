@@ -311,7 +311,8 @@ class SlurmrestdDriver:
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def drain(self, node: str, reason: str, incident: str = "") -> bool:
+    async def drain(self, node: str, reason: str, incident: str = "", *,
+                    host: str = "") -> bool:
         if not reason.startswith(SLURM_REASON_PREFIX):
             raise PermanentError(f"drain reason must start with {SLURM_REASON_PREFIX!r}: "
                                  f"{reason!r}")
@@ -348,7 +349,8 @@ class SlurmrestdDriver:
         await self._request("DELETE", api.node + _quote(node), write=True)
         return True
 
-    async def undrain(self, node: str, incident: str = "") -> Undrain:
+    async def undrain(self, node: str, incident: str = "", *,
+                      host: str = "") -> Undrain:
         api = await self._writable_api("undrain a node")
         st = await self.state(node)
         if not st.drained_by_healer(incident):
