@@ -260,13 +260,41 @@ class Incident:
         )
 
 
-class LedgerOutcome(enum.Enum):
-    """How a ledger step ended."""
+class StepOutcome(enum.StrEnum):
+    """How a step went: what an adapter answers (:class:`healer.ports.HookResult`), what the
+    executor reports to the state machine (a ``STEP`` trigger), and how a ledger entry ended
+    (:class:`StepRecord`). One type for all three; the values are the wire forms (the
+    ``status`` label of ``healer_actions_total``, a ledger entry's ``outcome``)."""
 
-    OK = "ok"
-    FAILED = "failed"
-    TIMEOUT = "timeout"
-    SKIPPED = "skipped"
+    DONE = "done"  # finished successfully
+    PENDING = "pending"  # started, not finished yet: poll again later
+    RETRY = "retry"  # a transient failure: try again (counts against the attempt budget)
+    FAILED = "failed"  # a permanent failure
+    UNAVAILABLE = "unavailable"  # nothing to act with (no spare that fits)
+    TIMEOUT = "timeout"  # a ledger entry whose deadline passed
+    SKIPPED = "skipped"  # a ledger entry closed without running (superseded)
+
+    @property
+    def ledger_word(self) -> str:
+        """How a ledger entry (``status.ledger[].outcome``, the ``outcome`` label of
+        ``healer_step_duration_seconds``) writes this outcome: ``ok`` for DONE, as ledgers
+        were always written, else the value."""
+        return _LEDGER_OK if self is StepOutcome.DONE else self.value
+
+    @classmethod
+    def from_ledger(cls, word: str) -> StepOutcome:
+        """The outcome a ledger entry's ``outcome`` names; ValueError for any other word."""
+        words = {o.ledger_word: o for o in LEDGER_OUTCOMES}
+        if word not in words:
+            raise ValueError(f"{word!r} is not a ledger outcome (expected one of "
+                             f"{', '.join(sorted(words))})")
+        return words[word]
+
+
+_LEDGER_OK = "ok"
+#: The outcomes a finished ledger entry may have.
+LEDGER_OUTCOMES = frozenset({StepOutcome.DONE, StepOutcome.FAILED, StepOutcome.TIMEOUT,
+                             StepOutcome.SKIPPED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +305,14 @@ class StepRecord:
     started_at: float
     attempts: int = 1
     finished_at: float | None = None
-    outcome: LedgerOutcome | None = None
+    outcome: StepOutcome | None = None
     error: str = ""
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and (not isinstance(self.outcome, StepOutcome)
+                                         or self.outcome not in LEDGER_OUTCOMES):
+            raise ValueError(f"{self.outcome!r} does not end a ledger step")
 
     @property
     def done(self) -> bool:
@@ -291,7 +324,7 @@ class StepRecord:
         if self.finished_at is not None:
             d["finishedAt"] = self.finished_at
         if self.outcome is not None:
-            d["outcome"] = self.outcome.value
+            d["outcome"] = self.outcome.ledger_word
         if self.error:
             d["error"] = self.error
         if self.detail:
@@ -307,20 +340,49 @@ class StepRecord:
             started_at=float(d["startedAt"]),
             attempts=int(d.get("attempts", 1)),
             finished_at=None if fin is None else float(fin),
-            outcome=None if out is None else LedgerOutcome(out),
+            outcome=None if out is None else StepOutcome.from_ledger(str(out)),
             error=str(d.get("error", "")),
             detail=str(d.get("detail", "")),
         )
+
+
+class Guardrail(enum.StrEnum):
+    """What held a disruptive step back. The value is the wire form (``status.blocked`` of a
+    NodeRemediation, the ``guardrail`` label of ``healer_guardrail_blocks_total``, the Event
+    reason ``blocked-<value>``)."""
+
+    PAUSE = "pause"
+    RETRY_BUDGET_NODE = "retry-budget-node"
+    RETRY_BUDGET_GPU = "retry-budget-gpu"
+    MASS_DEATH = "mass-death"
+    BREAKER = "breaker"
+    MAX_CONCURRENT = "max-concurrent"
+    SLURM_UNKNOWN = "slurm-unknown"
+    MAX_UNAVAILABLE = "max-unavailable"
+    FAILURE_DOMAIN = "failure-domain"
+    OBSERVE_ONLY = "observe-only"  # the policy's mode, not a limit
+    UNCONFIRMED = "unconfirmed"  # the latest verdict is no longer degrading/failed
+
+    @property
+    def counts_capacity(self) -> bool:
+        """A limit on the capacity out of service: it may let go when any node comes back."""
+        return self in (Guardrail.MAX_UNAVAILABLE, Guardrail.FAILURE_DOMAIN,
+                        Guardrail.SLURM_UNKNOWN)
 
 
 @dataclass(frozen=True, slots=True)
 class GuardrailBlock:
     """Which guardrail stopped a disruptive step, with the numbers that made it say no."""
 
-    guardrail: str
+    guardrail: Guardrail
     message: str
     current: float = 0
     limit: float = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.guardrail, Guardrail):
+            raise TypeError(f"GuardrailBlock.guardrail must be a Guardrail, not "
+                            f"{self.guardrail!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"guardrail": self.guardrail, "message": self.message,
@@ -328,7 +390,7 @@ class GuardrailBlock:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GuardrailBlock:
-        return cls(guardrail=str(d["guardrail"]), message=str(d["message"]),
+        return cls(guardrail=Guardrail(str(d["guardrail"])), message=str(d["message"]),
                    current=float(d.get("current", 0)), limit=float(d.get("limit", 0)))
 
 
@@ -546,7 +608,7 @@ class NodeRecord:
 
     def step_ok(self, name: str) -> bool:
         s = self.step(name)
-        return s is not None and s.outcome is LedgerOutcome.OK
+        return s is not None and s.outcome is StepOutcome.DONE
 
     def with_step(self, entry: StepRecord) -> NodeRecord:
         """Replace the latest entry of the same step if it is still open, else append."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import replace
 
-from healer.core.actions import EmitEvent, StepStatus
+from healer.core.actions import EmitEvent
 from healer.core.budget import BudgetView
 from healer.core.health import Verdict
 from healer.core.intervals import GUARDRAIL_RECHECK, HELD_RETRY, PAUSED_RECHECK
@@ -24,8 +24,8 @@ from healer.core.model import (
     HISTORY_LIMIT,
     EventRecord,
     HealthState,
-    LedgerOutcome,
     NodeRecord,
+    StepOutcome,
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
@@ -147,9 +147,10 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     r = trigger.result
     if trigger.kind is TriggerKind.STEP and r is not None:
         s = record.step(r.step)
-        if s is not None and not s.done and r.status is not StepStatus.PENDING:
-            outcome = {StepStatus.DONE: LedgerOutcome.OK, StepStatus.FAILED: LedgerOutcome.FAILED,
-                       StepStatus.UNAVAILABLE: LedgerOutcome.FAILED}.get(r.status)
+        if s is not None and not s.done and r.status is not StepOutcome.PENDING:
+            # the ledger records "no spare that fits" as failed; RETRY leaves the step open
+            outcome = {StepOutcome.DONE: StepOutcome.DONE, StepOutcome.FAILED: StepOutcome.FAILED,
+                       StepOutcome.UNAVAILABLE: StepOutcome.FAILED}.get(r.status)
             if outcome is not None:
                 record = record.with_step(replace(s, finished_at=now, outcome=outcome,
                                                   error=r.error, detail=_detail(r)))
@@ -173,7 +174,7 @@ def _note_hold(ctx: Ctx, before: NodeRecord) -> None:
     someone else drained, docs/adr/0006) gets a Warning Event saying why, once per reason (the
     reason itself is kept on the open step, where ``status.reason`` shows it)."""
     r = ctx.trigger.result
-    if r is None or r.status is not StepStatus.PENDING or not r.get("held") or not r.error:
+    if r is None or r.status is not StepOutcome.PENDING or not r.get("held") or not r.error:
         return
     s = before.step(r.step)
     if s is None or s.done or s.error == r.error:
