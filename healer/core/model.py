@@ -291,6 +291,24 @@ class StepOutcome(enum.StrEnum):
         return words[word]
 
 
+class StepKey(enum.StrEnum):
+    """The keys of a step's reported data that the state machine reads (the data may carry
+    others, which only go into the ledger entry's ``detail``)."""
+
+    SLURM_NODE = "slurmNode"  # the Slurm node the step acted on (it becomes the record's)
+    SPARE = "spare"  # the claimed spare
+    HELD = "held"  # a PENDING step waits on someone else (e.g. their drain)
+    CARRIED = "carried"  # the reason a move carried over to the replacement (ADR 0016)
+    OWNER = "owner"  # whose the change was: healer or other
+    JOBS = "jobs"  # the jobs on a dead node, comma-separated
+    PROVIDER = "provider"  # how a dead node was fenced (a FenceProvider value)
+    BY = "by"  # who or what fenced it
+    MATCH = "match"  # how near the claimed spare is (a placement level)
+    NODE_DOMAIN = "nodeDomain"  # the node's NVLink domain
+    SPARE_DOMAIN = "spareDomain"  # the spare's
+    SWITCH = "switch"  # the switch they share
+
+
 _LEDGER_OK = "ok"
 #: The outcomes a finished ledger entry may have.
 LEDGER_OUTCOMES = frozenset({StepOutcome.DONE, StepOutcome.FAILED, StepOutcome.TIMEOUT,

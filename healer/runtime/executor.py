@@ -19,7 +19,7 @@ import structlog
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core import actions as a
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
-from healer.core.model import FenceProvider, NodeRecord, StepOutcome
+from healer.core.model import FenceProvider, NodeRecord, StepKey, StepOutcome
 from healer.core.rules import Mode
 from healer.core.topology import TOPOGRAPH, TopologyKeys, placement, placement_data
 from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
@@ -106,9 +106,9 @@ async def _lost_jobs(p: Ports, act: a.LostJobs) -> Outcome:
         text = ",".join(f"{j.id}:{j.state}" for j in jobs) or "none"
     except HealerError as e:
         text = f"unknown ({e})"[:250]
-    data = {"jobs": text}
+    data: dict[str, str] = {StepKey.JOBS: text}
     if sn:
-        data["slurmNode"] = sn
+        data[StepKey.SLURM_NODE] = sn
     return Outcome(StepOutcome.DONE, "", data)
 
 
@@ -208,7 +208,7 @@ class Executor:
     async def _dry(self, act: a.Action) -> Outcome:
         data: dict[str, str] = {}
         if isinstance(act, a.ClaimSpare):
-            data["spare"] = "(dry-run spare)"
+            data[StepKey.SPARE] = "(dry-run spare)"
         if isinstance(act, a.Fence):
             data.update(provider=FenceProvider.MANUAL.value, by="(dry run: would wait for "
                         f"{', '.join(act.providers) or 'a provider'})")
@@ -227,15 +227,16 @@ class Executor:
             case a.DrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 owned = await p.slurm.drain(sn, act.reason, act.incident)
-                return Outcome(StepOutcome.DONE, "", {"slurmNode": sn,
+                return Outcome(StepOutcome.DONE, "", {StepKey.SLURM_NODE: sn,
                                                      "owner": "healer" if owned else "other"})
             case a.RequeueJobs():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 ids = await p.slurm.requeue_jobs(sn)
-                return Outcome(StepOutcome.DONE, "", {"jobs": ",".join(map(str, ids))})
+                return Outcome(StepOutcome.DONE, "", {StepKey.JOBS: ",".join(map(str, ids))})
             case a.Cordon():
                 owned = await p.nodes.cordon(act.node, act.incident, act.reason)
-                return Outcome(StepOutcome.DONE, "", {"owner": "healer" if owned else "other"})
+                return Outcome(StepOutcome.DONE, "",
+                               {StepKey.OWNER: "healer" if owned else "other"})
             case a.ClaimSpare():
                 spare = await p.spares.claim(act.node, act.incident,
                                              same_domain=act.same_domain,
@@ -244,7 +245,7 @@ class Executor:
                     return Outcome(StepOutcome.UNAVAILABLE, await _no_spare(p, act))
                 if isinstance(spare, PendingClaim):  # the spare is being validated first
                     return Outcome(StepOutcome.PENDING, spare.detail)
-                data = {"spare": spare}
+                data: dict[str, str] = {StepKey.SPARE: spare}
                 with contextlib.suppress(HealerError):  # the claim stands; only the report
                     data.update(placement_data(placement(await p.nodes.get(act.node),
                                                          await p.nodes.get(spare),
@@ -263,13 +264,14 @@ class Executor:
                 out = _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
                                                                act.spare))
                 if out.status is StepOutcome.DONE and act.carry:
-                    sn = act.slurm_node or dict(out.data or {}).get("slurmNode", "")
+                    sn = act.slurm_node or dict(out.data or {}).get(StepKey.SLURM_NODE, "")
                     if not isinstance(p.slurm, SlurmHold):
                         raise PermanentError("swap.foreignReason carryOver needs a Slurm driver "
                                              "that sets a reason (scontrol or slurmrestd, or "
                                              "the slinky driver with one as its job backend)")
                     await p.slurm.hold(sn, act.carry)
-                    out = Outcome(StepOutcome.DONE, "", {**(out.data or {}), "carried": act.carry})
+                    out = Outcome(StepOutcome.DONE, "",
+                                  {**(out.data or {}), StepKey.CARRIED: act.carry})
                 return out
             case a.AnnotateTopology():
                 return _hook(await p.topology.annotate(act.incident, act.target, act.slurm_node))
@@ -281,7 +283,8 @@ class Executor:
                 undrain = await p.slurm.undrain(sn, act.incident)
                 if undrain is Undrain.SETTLING:
                     return Outcome(StepOutcome.PENDING, f"{sn} still drained by healer")
-                return Outcome(StepOutcome.DONE, "", {"slurmNode": sn, "undrain": undrain.value})
+                return Outcome(StepOutcome.DONE, "",
+                               {StepKey.SLURM_NODE: sn, "undrain": undrain.value})
             case a.Uncordon():
                 done = await p.nodes.uncordon(act.node, act.incident)
                 return Outcome(StepOutcome.DONE, "", {"uncordoned": str(done).lower()})
@@ -311,7 +314,7 @@ class Executor:
                 return _hook(await p.fencing.fence(act.incident, act.node, fence))
             case a.TaintOutOfService():
                 ours = await p.nodes.taint_out_of_service(act.node, act.incident)
-                return Outcome(StepOutcome.DONE, "", {"owner": "healer" if ours else "other"})
+                return Outcome(StepOutcome.DONE, "", {StepKey.OWNER: "healer" if ours else "other"})
             case a.ClearOutOfService():
                 return await _clear_out_of_service(p, act)
         raise PermanentError(f"no executor for {type(act).__name__}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from healer.core import actions as a
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
-from healer.core.model import NodeCondition, NodeView, StepOutcome, Taint
+from healer.core.model import NodeCondition, NodeView, StepKey, StepOutcome, Taint
 from healer.core.topology import (
     DOMAIN_LABEL,
     placement,
@@ -226,7 +226,7 @@ class SimWorld:
                     j.ends_at = min(j.ends_at, now + j.checkpoint_time)
         if not self.jobs_on(sn, now + self.lat.api):
             return self._ok(slurmNode=sn, jobs=str(len(jobs)))
-        return StepOutcome.PENDING, "", {"slurmNode": sn, "waiting": str(len(jobs))}
+        return StepOutcome.PENDING, "", {StepKey.SLURM_NODE: sn, "waiting": str(len(jobs))}
 
     def _do_DrainSlurm(self, act: a.DrainSlurm, now: float) -> Result:
         sn = self.slurm_name(act.node) or act.slurm_node
@@ -314,7 +314,7 @@ class SimWorld:
             # as the Slinky workload move (docs/adr/0006): moving would delete their drain
             return (StepOutcome.PENDING, f"Slurm node {sn} is drained by someone else (reason "
                     f"{s.reason!r}): healer holds until the owner clears it",
-                    {"held": "foreign-drain"})
+                    {StepKey.HELD: "foreign-drain"})
         spare = self.nodes[act.spare]
         spare.spare = False
         spare.labels.pop(ROLE_LABEL, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,9 +21,11 @@ from healer.core.model import (
     LEDGER_OUTCOMES,
     Guardrail,
     GuardrailBlock,
+    StepKey,
     StepOutcome,
     StepRecord,
 )
+from healer.core.topology import placement_of
 from healer.ports import HookResult
 from healer.ports import StepOutcome as PortsStepOutcome
 
@@ -50,6 +53,13 @@ def test_closed_sets_are_typed_as_their_enum(cls: type, field: str,
                                              expected: type[enum.Enum]) -> None:
     hints = typing.get_type_hints(cls)
     assert _enum_in(hints[field]) is expected, f"{cls.__name__}.{field}: {hints[field]}"
+
+
+def test_the_machine_reads_step_data_by_a_closed_set_of_keys() -> None:
+    assert typing.get_type_hints(StepResult.get)["key"] is StepKey
+    assert typing.get_type_hints(placement_of)["get"] == Callable[[StepKey], str]
+    r = StepResult("claim-spare", StepOutcome.DONE, data=(("spare", "s1"), ("extra", "x")))
+    assert r.get(StepKey.SPARE) == "s1"  # the wire keys are the enum's values
 
 
 def test_one_step_outcome_type() -> None:

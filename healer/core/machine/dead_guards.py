@@ -17,7 +17,7 @@ from healer.core.machine.guards import (
     swapped,
     validation_enabled,
 )
-from healer.core.model import FenceProvider, HealthState, StepOutcome
+from healer.core.model import FenceProvider, HealthState, StepKey, StepOutcome
 from healer.core.vocabulary import StepName
 
 
@@ -87,7 +87,7 @@ _FENCED = result_is(StepName.FENCE, StepOutcome.DONE)
 
 def _fenced_deleted(ctx: Ctx) -> bool:
     r = ctx.result
-    return _FENCED(ctx) and r is not None and r.get("provider") == \
+    return _FENCED(ctx) and r is not None and r.get(StepKey.PROVIDER) == \
         FenceProvider.NODE_DELETED.value
 
 

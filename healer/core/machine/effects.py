@@ -46,6 +46,7 @@ from healer.core.model import (
     Incident,
     NodeRecord,
     Severity,
+    StepKey,
     StepOutcome,
 )
 from healer.core.phases import Phase
@@ -349,7 +350,7 @@ def record_spare(ctx: Ctx) -> None:
     r = ctx.result
     assert r is not None
     placed = placement_of(r.get)
-    ctx.record = replace(ctx.rec, spare=r.get("spare"), spare_placement=placed)
+    ctx.record = replace(ctx.rec, spare=r.get(StepKey.SPARE), spare_placement=placed)
     rec = ctx.rec
     where = f" ({placed.describe(rec.node, rec.spare)})" if placed is not None else ""
     ctx.event("spare", "SpareClaimed", f"spare {rec.spare} claimed to replace {rec.node}{where}")

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 
 from healer.core.health import Verdict
-from healer.core.model import StepOutcome
+from healer.core.model import StepKey, StepOutcome
 
 
 class TriggerKind(enum.Enum):
@@ -31,7 +31,7 @@ class StepResult:
     error: str = ""
     data: tuple[tuple[str, str], ...] = ()
 
-    def get(self, key: str, default: str = "") -> str:
+    def get(self, key: StepKey, default: str = "") -> str:
         for k, v in self.data:
             if k == key:
                 return v
