@@ -98,6 +98,37 @@ class GpuRef:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmFinding:
+    """What Slurm says is wrong with one node: its states (each with the time it was first
+    seen, in ``slurm_signals.SLURM_STATES`` order) and the owner's reason (user and time when
+    Slurm says). :mod:`healer.core.slurm_signals` makes it; it travels on its SLURM signal."""
+
+    states: tuple[tuple[str, float], ...]
+    reason: str = ""
+    reason_since: float = 0.0
+    user: str = ""
+    reason_time: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s for s, _ in self.states)
+
+    @property
+    def since(self) -> float:
+        return min(t for _, t in self.states)
+
+    def describe(self) -> str:
+        """``Slurm DOWN+DRAIN: "NHC: GPU 3 ECC" (by root at 2026-11-25T22:11:14)``."""
+        text = f"Slurm {'+'.join(self.names)}"
+        if not self.reason:
+            return text + " (no reason given)"
+        text += f': "{self.reason}"'
+        who = " ".join(x for x in (f"by {self.user}" if self.user else "",
+                                   f"at {self.reason_time}" if self.reason_time else "") if x)
+        return f"{text} ({who})" if who else text
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     """One observation about a node from one source.
 
@@ -117,6 +148,9 @@ class Signal:
     gpu: GpuRef | None = None
     detail: tuple[tuple[str, str], ...] = ()
     part: PartRef | None = None
+    finding: SlurmFinding | None = field(default=None, compare=False, repr=False)
+    """A SLURM signal's finding, typed, as the Slurm feed made it (not on the wire: ``detail``
+    carries it there); None on every other signal and on one read back from the wire."""
 
     def get(self, name: str, default: str = "") -> str:
         for k, v in self.detail:

@@ -21,10 +21,13 @@ from healer.core.model import (
     LEDGER_OUTCOMES,
     Guardrail,
     GuardrailBlock,
+    Signal,
+    SlurmFinding,
     StepKey,
     StepOutcome,
     StepRecord,
 )
+from healer.core.slurm_signals import finding_of, finding_signal
 from healer.core.topology import placement_of
 from healer.ports import HookResult
 from healer.ports import StepOutcome as PortsStepOutcome
@@ -127,3 +130,15 @@ def test_only_finished_outcomes_are_ledger_outcomes() -> None:
 def test_a_bad_value_raises(cls: type[enum.Enum]) -> None:
     with pytest.raises(ValueError, match="no-such-value"):
         cls("no-such-value")
+
+
+def test_a_slurm_finding_travels_typed_and_is_not_parsed_back() -> None:
+    found = SlurmFinding((("DOWN", 5.0), ("DRAIN", 7.0)), "NHC: GPU 3, ECC=1", 7.0, "root", "t")
+    signal = finding_signal("n1", found, 9.0)
+    assert signal.finding is found
+    assert finding_of(signal) is found  # the same object: no round trip through the text
+    # on the wire only the detail travels; a signal read back from it is parsed, once
+    wire = Signal.from_dict("n1", signal.to_dict())
+    assert wire.finding is None
+    assert finding_of(wire) == found
+    assert wire == signal
