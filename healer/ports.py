@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from healer.core.model import FenceProvider, NodeRecord, NodeView, Signal
+
+# an adapter answers with the core's one step-outcome type; adapters import it from here
+from healer.core.model import StepOutcome as StepOutcome
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 
 # ---------------------------------------------------------------------------------------------
@@ -289,12 +292,6 @@ class HookSpec:
     url: str = ""
     secret_ref: str = ""  # namespace/name[:key] of the HMAC secret (webhook)
     job_template: str = ""  # namespace/name of the ConfigMap holding the Job (job)
-
-
-class StepOutcome(enum.Enum):
-    DONE = "done"
-    PENDING = "pending"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)

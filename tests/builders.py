@@ -23,7 +23,6 @@ from typing import Any
 import yaml
 
 from healer.core import rules as cp
-from healer.core.actions import StepStatus
 from healer.core.budget import BudgetView
 from healer.core.capacity import FleetIndex, open_remediation
 from healer.core.health import RuleMatch, Verdict
@@ -39,12 +38,12 @@ from healer.core.model import (
     GpuRef,
     HealthState,
     Incident,
-    LedgerOutcome,
     NodeCondition,
     NodeRecord,
     NodeView,
     PastIncident,
     Severity,
+    StepOutcome,
     StepRecord,
 )
 from healer.core.phases import Phase
@@ -107,7 +106,7 @@ def open_step(name: str, at: float = T0, attempts: int = 1) -> StepRecord:
 
 
 def done_step(name: str, at: float = T0, detail: str = "") -> StepRecord:
-    return StepRecord(name, at, 1, at + 1, LedgerOutcome.OK, "", detail)
+    return StepRecord(name, at, 1, at + 1, StepOutcome.DONE, "", detail)
 
 
 def view(ps: cp.PolicySet | None = None, nodes: list[NodeView] | None = None,
@@ -157,7 +156,7 @@ def v_trigger(state: HealthState, nodename: str = "n1", at: float = T0, **kw: An
     return Trigger(TriggerKind.VERDICT, nodename, at, verdict=verdict(state, nodename, at, **kw))
 
 
-def s_trigger(step: str, status: StepStatus, nodename: str = "n1", at: float = T0,
+def s_trigger(step: str, status: StepOutcome, nodename: str = "n1", at: float = T0,
               error: str = "", **data: str) -> Trigger:
     return Trigger(TriggerKind.STEP, nodename, at,
                    result=StepResult(step, status, error, tuple(sorted(data.items()))))

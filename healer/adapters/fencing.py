@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.hooks import WebhookHook
-from healer.core.model import FenceProvider
+from healer.core.model import FenceProvider, StepKey
 from healer.core.timefmt import rfc3339
 from healer.core.vocabulary import (
     CLOUD_SHUTDOWN_TAINT,
@@ -39,7 +39,8 @@ __all__ = ["KubeFencing"]
 
 
 def _done(provider: FenceProvider, by: str) -> HookResult:
-    return HookResult(StepOutcome.DONE, "", {"provider": provider.value, "by": by[:250]})
+    return HookResult(StepOutcome.DONE, "",
+                      {StepKey.PROVIDER: provider.value, StepKey.BY: by[:250]})
 
 
 class KubeFencing:

@@ -35,6 +35,7 @@ from healer.adapters.slinky import (
     pod_state,
     slurm_name,
 )
+from healer.core.model import StepKey
 from healer.core.vocabulary import (
     CLAIM_LABEL,
     CLAIMED_BY,
@@ -106,7 +107,7 @@ class SlinkyWorkload:
                 await self._open(spare, incident)
                 return HookResult(StepOutcome.PENDING,
                                   f"waiting for the operator to start a slurmd pod on {spare}")
-            return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_name(pod),
+            return HookResult(StepOutcome.DONE, "", {StepKey.SLURM_NODE: slurm_name(pod),
                                                      "mode": mode})
         if await self.host_network():
             # hostNetwork: the Slurm node is named after the Node, so the recreated pod is a
@@ -114,7 +115,7 @@ class SlinkyWorkload:
             moved = await self.pods.on_node(spare)
             if moved is not None:
                 await self._forget_reason(source, incident)
-                return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_name(moved),
+                return HookResult(StepOutcome.DONE, "", {StepKey.SLURM_NODE: slurm_name(moved),
                                                          "mode": mode, "hostNetwork": "true"})
         try:
             pod = await self.pods.by_slurm_name(slurm_node)
@@ -155,7 +156,7 @@ class SlinkyWorkload:
                 await self._open(spare, incident)
             return HookResult(StepOutcome.PENDING, f"slurmd pod of {slurm_node} is not "
                                                    f"scheduled yet; {spare} is open for it",
-                              {"carried": carried} if carried else {})
+                              {StepKey.CARRIED: carried} if carried else {})
         if host != source:
             # the operator recreated it elsewhere (scale-in, a rolling update, someone deleted
             # it): our spare gets nothing, so it is closed again (it must not catch the next
@@ -190,7 +191,8 @@ class SlinkyWorkload:
                 return HookResult(StepOutcome.PENDING, "a PodDisruptionBudget blocks the "
                                                        "eviction for now")
         return HookResult(StepOutcome.PENDING, f"evicted {meta['name']}; waiting for it on "
-                                               f"{spare}", {"carried": carried} if carried else {})
+                                               f"{spare}",
+                          {StepKey.CARRIED: carried} if carried else {})
 
     def _hold(self, incident: str, slurm_node: str, reason: str) -> HookResult:
         """A drain or DOWN someone else owns: evicting would run the pod's preStop, which
@@ -203,7 +205,7 @@ class SlinkyWorkload:
         return HookResult(StepOutcome.PENDING,
                           f"Slurm node {slurm_node} is drained or down by someone else (reason "
                           f"{reason!r}); moving its slurmd would lose that, so healer holds "
-                          "until the owner clears it", {"held": "foreign-drain"})
+                          "until the owner clears it", {StepKey.HELD: "foreign-drain"})
 
     async def _delete_dead_record(self, slurm_node: str,
                                   st: SlurmNodeState) -> HookResult | None:
@@ -237,7 +239,7 @@ class SlinkyWorkload:
                           "keeps its address and the replacement would not be reached; healer "
                           f"cannot delete it ({why}): run `scontrol delete "
                           f"nodename={slurm_node}` to let the swap go on",
-                          {"held": "slurm-record"})
+                          {StepKey.HELD: "slurm-record"})
 
     @staticmethod
     def _dead_pod(pod: dict[str, Any], source: str) -> HookResult:
@@ -254,7 +256,7 @@ class SlinkyWorkload:
                               f"slurmd pod {name} on dead node {source} tolerates "
                               f"{OUT_OF_SERVICE_TAINT}: Kubernetes will not remove it, and "
                               "healer evicts nothing from a dead node; delete the pod (with its "
-                              "grace period) to let the swap go on", {"held": "tolerates"})
+                              "grace period) to let the swap go on", {StepKey.HELD: "tolerates"})
         return HookResult(StepOutcome.PENDING,
                           f"slurmd pod {name} on dead node {source}: waiting for "
                           "kube-controller-manager to remove it (out-of-service taint)")
@@ -332,4 +334,4 @@ class SlinkyWorkload:
         if not pod_ready(pod) or not st.registered or st.down:
             return HookResult(StepOutcome.PENDING, f"{slurm_node} on {spare} not Ready, not "
                                                    "registered or still DOWN in Slurm")
-        return HookResult(StepOutcome.DONE, "", {"slurmNode": slurm_node})
+        return HookResult(StepOutcome.DONE, "", {StepKey.SLURM_NODE: slurm_node})

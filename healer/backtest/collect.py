@@ -29,7 +29,7 @@ from healer.backtest.world import BacktestWorld
 from healer.core.budget import BudgetView, breaker_status, population
 from healer.core.fleet import past_incident
 from healer.core.machine import Decision, Trigger
-from healer.core.model import HealthState, LedgerOutcome, NodeRecord, NodeView
+from healer.core.model import HealthState, NodeRecord, NodeView, StepOutcome
 from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.rules import Mode, Policy, PolicySet
 from healer.core.topology import match_level
@@ -126,13 +126,13 @@ class Collector:
 
 def _steps(rec: NodeRecord) -> tuple[StepEntry, ...]:
     return tuple(StepEntry(s.step, s.started_at, s.finished_at,
-                           s.outcome.value if s.outcome is not None else "open", s.detail,
+                           s.outcome.ledger_word if s.outcome is not None else "open", s.detail,
                            s.error) for s in rec.ledger)
 
 
 def _ok_at(rec: NodeRecord, *names: str) -> float | None:
     times = [s.finished_at for s in rec.ledger
-             if s.step in names and s.outcome is LedgerOutcome.OK and s.finished_at is not None]
+             if s.step in names and s.outcome is StepOutcome.DONE and s.finished_at is not None]
     return min(times) if times else None
 
 
@@ -147,7 +147,7 @@ def _incident_report(inc: _Incident, world: BacktestWorld, end: float) -> Incide
     out_until = None
     if out_since is not None:
         back = [s.finished_at for s in rec.ledger if s.step in _GIVE_BACK_STEPS
-                and s.outcome is LedgerOutcome.OK and s.finished_at is not None
+                and s.outcome is StepOutcome.DONE and s.finished_at is not None
                 and s.finished_at >= out_since]
         out_until = min(back) if back else None
     spare_match = ""
@@ -213,7 +213,7 @@ def build_report(verdict_log: VerdictLog, world: BacktestWorld, collector: Colle
         mine = sorted(by_node.get(name, []), key=lambda i: (i.opened_at, i.id))
         disruptions = sorted(
             (Disruption(s.finished_at, s.step, i.id) for i in mine for s in i.steps
-             if s.step in _DISRUPTIVE_STEPS and s.outcome == LedgerOutcome.OK.value
+             if s.step in _DISRUPTIVE_STEPS and s.outcome == StepOutcome.DONE.ledger_word
              and s.finished_at is not None), key=lambda d: (d.at, d.action))
         node_reports.append(NodeReport(name, selecting, name in telemetry, tuple(mine),
                                        tuple(disruptions),

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from healer.core import actions as a
-from healer.core.actions import StepStatus
 from healer.core.machine import Trigger, TriggerKind
-from healer.core.model import Taint
+from healer.core.model import StepOutcome, Taint
 from healer.core.topology import DOMAIN_LABEL, TIER_PREFIX
 from healer.core.vocabulary import ROLE_LABEL, SPARE_ROLE, SPARE_TAINT, TAINT_EFFECT, TAINT_VALUE
 from healer.sim.world import (
@@ -70,7 +69,7 @@ class BacktestWorld(SimWorld):
                 self.nodes[spare.name] = spare
                 self.touch(spare.name)
         res = super()._do_ClaimSpare(act, now)
-        if not mine and res[0] is StepStatus.DONE:
+        if not mine and res[0] is StepOutcome.DONE:
             self.pool_changes.append((now, 1, act.incident))
         return res
 

@@ -3,8 +3,9 @@
 Every action names its incident and its ledger step; ``key`` (incident id + step) is the
 idempotency key: running an action twice with the same key has the effect of running it once.
 The executor reports the outcome of a ledgered action back as a ``STEP`` trigger carrying a
-:class:`StepStatus`. Waiting actions (a checkpoint ack, a drain, a replacement becoming ready) are
-polled: the machine re-issues the same action with the same key until it reports ``DONE``.
+:class:`~healer.core.model.StepOutcome`. Waiting actions (a checkpoint ack, a drain, a
+replacement becoming ready) are polled: the machine re-issues the same action with the same key
+until it reports ``DONE``.
 """
 
 from __future__ import annotations
@@ -14,14 +15,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from healer.core.vocabulary import StepName
-
-
-class StepStatus(enum.Enum):
-    DONE = "done"  # finished successfully
-    PENDING = "pending"  # started, not finished yet: poll again later
-    RETRY = "retry"  # a transient failure: try again (counts against the attempt budget)
-    FAILED = "failed"  # a permanent failure
-    UNAVAILABLE = "unavailable"  # nothing to act with (no spare that fits)
 
 
 class Impact(enum.Enum):

@@ -40,6 +40,7 @@ answers each in O(1) from incrementally kept counts.
 
 from __future__ import annotations
 
+import enum
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from healer.core.intervals import GUARDRAIL_RECHECK, PAUSED_RECHECK
-from healer.core.model import GuardrailBlock, NodeView, OpenRemediation, PastIncident
+from healer.core.model import Guardrail, GuardrailBlock, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Breaker, Guardrails, MassDeath, Policy, PolicySet
 from healer.core.timefmt import rfc3339
@@ -123,6 +124,14 @@ class GuardrailFacts(Protocol):
         """At least every incident naming GPU ``serial``."""
 
 
+class SlurmView(enum.StrEnum):
+    """The state of the Slurm feed, as the guardrails see it (and ``/debug/state`` says)."""
+
+    OFF = "off"  # no feed: only Kubernetes is counted
+    OK = "ok"  # Slurm's node states are read
+    UNKNOWN = "unknown"  # they cannot be read: limits that count Slurm say no
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetView:
     """What the guardrails see of the fleet when a step runs.
@@ -140,9 +149,8 @@ class BudgetView:
     index: GuardrailFacts = field(kw_only=True, compare=False, repr=False)
     slurm: Mapping[str, str] = field(default_factory=dict)
     """Node → why Slurm will not start jobs there (:func:`slurm_cause`); absent: it will."""
-    slurm_view: str = "off"
-    """The Slurm feed: ``off`` (none: only Kubernetes is counted), ``ok`` or ``unknown``
-    (cannot be read: limits that count Slurm say no)."""
+    slurm_view: SlurmView = SlurmView.OFF
+    """The Slurm feed's state."""
 
     def is_paused(self, node: str) -> bool:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
@@ -152,7 +160,7 @@ class BudgetView:
 
     @property
     def slurm_unknown(self) -> bool:
-        return self.slurm_view == "unknown"
+        return self.slurm_view is SlurmView.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +271,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
     maxUnavailable and the failure-domain limits never do.
     """
     if view.is_paused(node):
-        return Admission(False, GuardrailBlock("pause", "remediation is paused"), False,
+        return Admission(False, GuardrailBlock(Guardrail.PAUSE, "remediation is paused"), False,
                          PAUSED_RECHECK)
     facts = view.facts()
 
@@ -275,7 +283,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
         on_node = sum(1 for i in facts.incidents_on_node(node) if i.node == node and recent(i))
         if on_node >= budget.per_node:
             return Admission(False, GuardrailBlock(
-                "retry-budget-node",
+                Guardrail.RETRY_BUDGET_NODE,
                 f"node {node} had {on_node} incidents in the last "
                 f"{budget.window / 86400:g}d (budget {budget.per_node})",
                 on_node, budget.per_node), escalate=True)
@@ -286,7 +294,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
                     if serial in i.serials and recent(i))
             if n >= budget.per_gpu_serial:
                 return Admission(False, GuardrailBlock(
-                    "retry-budget-gpu",
+                    Guardrail.RETRY_BUDGET_GPU,
                     f"GPU serial {serial} failed {n} times in the last "
                     f"{budget.window / 86400:g}d (budget {budget.per_gpu_serial})",
                     n, budget.per_gpu_serial), escalate=True)
@@ -303,7 +311,8 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             found = mass_death(policy.dead.mass_death, facts, pol, view.nodes.get(node), now)
             if found is not None:
                 return Admission(False, GuardrailBlock(
-                    "mass-death", f"{scope} breaker tripped: {found.describe()}: suspect the "
+                    Guardrail.MASS_DEATH,
+                    f"{scope} breaker tripped: {found.describe()}: suspect the "
                     "control plane or the network, not the nodes; nothing is fenced or swapped "
                     "here until they answer again (and one window more)", found.count, found.limit),
                     recheck_after=GUARDRAIL_RECHECK)
@@ -315,7 +324,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             if st.tripped:
                 until = st.until if st.until is not None else now
                 return Admission(False, GuardrailBlock(
-                    "breaker",
+                    Guardrail.BREAKER,
                     f"{scope} breaker tripped: {st.count} nodes went bad within "
                     f"{g.breaker.window:g}s (threshold {st.threshold}); it closes at "
                     f"{rfc3339(until)} unless more fail", st.count, st.threshold),
@@ -326,12 +335,12 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             active = facts.active(pol, node)
             if active + 1 > g.max_concurrent:
                 return Admission(False, GuardrailBlock(
-                    "max-concurrent",
+                    Guardrail.MAX_CONCURRENT,
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
                     active, g.max_concurrent), recheck_after=GUARDRAIL_RECHECK)
         if view.slurm_unknown and (g.max_unavailable is not None or g.failure_domains):
             return Admission(False, GuardrailBlock(
-                "slurm-unknown",
+                Guardrail.SLURM_UNKNOWN,
                 f"{scope}: Slurm's node states cannot be read, so its maxUnavailable and "
                 "failure-domain limits cannot be checked; nothing is taken out until they "
                 "can"), recheck_after=GUARDRAIL_RECHECK)
@@ -343,7 +352,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             after = down + itself
             if after > limit:
                 return Admission(False, GuardrailBlock(
-                    "max-unavailable",
+                    Guardrail.MAX_UNAVAILABLE,
                     f"{scope}: {down} of {size} nodes unavailable{describe(facts.causes(pol))}"
                     f"; taking {node} makes {after}, limit {g.max_unavailable} = {limit}",
                     after, limit), recheck_after=GUARDRAIL_RECHECK)
@@ -355,7 +364,7 @@ def check_admission(node: str, serials: tuple[str, ...], policy: Policy, view: B
             after = facts.domain_unavailable(pol, fd.key, value) + itself
             if after > fd.max_unavailable:
                 return Admission(False, GuardrailBlock(
-                    "failure-domain",
+                    Guardrail.FAILURE_DOMAIN,
                     f"{scope}: {fd.key}={value} would have {after} nodes unavailable, "
                     f"limit {fd.max_unavailable}", after, fd.max_unavailable),
                     recheck_after=GUARDRAIL_RECHECK)
@@ -451,7 +460,7 @@ class GuardrailUsage:
     """The unavailable nodes by cause (only causes with nodes)."""
     replaced: int = 0
     """Nodes in Repair whose spare serves in their place (not in the population)."""
-    slurm: str = "off"
+    slurm: SlurmView = SlurmView.OFF
     """The Slurm feed: off, ok or unknown (see :class:`BudgetView`)."""
     mass_death: MassDeathFinding | None = None
     """A policy's mass-death breaker, tripped (None: closed, or no dead-node handling)."""

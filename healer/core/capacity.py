@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
 
-from healer.core.budget import BudgetView, Scope
+from healer.core.budget import BudgetView, Scope, SlurmView
 from healer.core.machine import counts_as_active, record_out_of_service, releases
 from healer.core.model import NodeRecord, NodeView, OpenRemediation, PastIncident
 from healer.core.nodesets import NodeSetRules
@@ -48,9 +48,6 @@ from healer.core.scope_counts import (
 )
 from healer.core.unavailability import claims_in_flight, replaced, unavailable_cause
 from healer.core.vocabulary import PAUSE_ANNOTATION
-
-#: States of the Slurm feed (:meth:`FleetIndex.set_slurm_view`).
-SLURM_VIEWS = ("off", "ok", "unknown")
 
 
 def _keys(own: tuple[str, ...], extra: tuple[str, ...]) -> tuple[str, ...]:
@@ -96,7 +93,7 @@ class FleetIndex:
         self._open_ro: Mapping[str, OpenRemediation] = MappingProxyType(self._open)
         self._slurm: dict[str, str] = {}  # node -> Slurm cause (only nodes that have one)
         self._slurm_ro: Mapping[str, str] = MappingProxyType(self._slurm)
-        self._slurm_view = "off"
+        self._slurm_view = SlurmView.OFF
         self._claimed: dict[str, dict[str, None]] = {}  # spare -> nodes claiming it, in flight
         self._not_ready: dict[str, float] = {}  # node -> since when Ready is not True
         #: node -> since when Ready is True; entries older than every mass-death window are
@@ -135,7 +132,7 @@ class FleetIndex:
         return self._slurm_ro
 
     @property
-    def slurm_view(self) -> str:
+    def slurm_view(self) -> SlurmView:
         return self._slurm_view
 
     def view(self, *, paused: bool = False) -> BudgetView:
@@ -279,10 +276,8 @@ class FleetIndex:
             return
         self._place(node)
 
-    def set_slurm_view(self, state: str) -> None:
+    def set_slurm_view(self, state: SlurmView) -> None:
         """The Slurm feed is ``off`` (none), ``ok`` or ``unknown`` (cannot be read)."""
-        if state not in SLURM_VIEWS:
-            raise ValueError(f"Slurm view must be one of {SLURM_VIEWS}, not {state!r}")
         self._slurm_view = state
 
     def adopt_slurm(self, other: FleetIndex) -> None:

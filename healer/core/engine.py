@@ -39,7 +39,7 @@ from healer.core.machine import (
     releases,
     step,
 )
-from healer.core.model import HealthState, NodeRecord, NodeView, Signal, SignalKind
+from healer.core.model import Guardrail, HealthState, NodeRecord, NodeView, Signal, SignalKind
 from healer.core.phases import PENDING_ADMISSION, Phase
 from healer.core.rules import Policy, PolicySet
 from healer.core.signals import NodeSignals, RuleIndex
@@ -79,7 +79,7 @@ def observe_held(rec: NodeRecord) -> bool:
     """An incident held back only because its policy observes: only a new verdict or a policy
     change can move it."""
     return rec.phase in PENDING_ADMISSION and rec.blocked is not None \
-        and rec.blocked.guardrail == "observe-only"
+        and rec.blocked.guardrail is Guardrail.OBSERVE_ONLY
 
 
 class Engine:

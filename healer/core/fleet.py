@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from healer.core.budget import BudgetView
+from healer.core.budget import BudgetView, SlurmView
 from healer.core.capacity import FleetIndex
 from healer.core.capacity import open_remediation as open_remediation
 from healer.core.capacity import past_incident as past_incident
@@ -23,7 +23,8 @@ def budget_view(policies: PolicySet, nodes: Mapping[str, NodeView],
                 open_records: Iterable[NodeRecord], history: Iterable[NodeRecord],
                 *, paused: bool = False,
                 paused_nodes: frozenset[str] = frozenset(),
-                slurm: Mapping[str, str] | None = None, slurm_view: str = "off") -> BudgetView:
+                slurm: Mapping[str, str] | None = None,
+                slurm_view: SlurmView = SlurmView.OFF) -> BudgetView:
     """What the guardrails see: ``open_records`` (one per node, not released) and ``history``
     (every record kept, open or closed, for the breaker and the retry budgets). Suspicions are
     not incidents and count for nothing. Only ``paused_nodes`` are paused node by node.

@@ -98,6 +98,37 @@ class GpuRef:
 
 
 @dataclass(frozen=True, slots=True)
+class SlurmFinding:
+    """What Slurm says is wrong with one node: its states (each with the time it was first
+    seen, in ``slurm_signals.SLURM_STATES`` order) and the owner's reason (user and time when
+    Slurm says). :mod:`healer.core.slurm_signals` makes it; it travels on its SLURM signal."""
+
+    states: tuple[tuple[str, float], ...]
+    reason: str = ""
+    reason_since: float = 0.0
+    user: str = ""
+    reason_time: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s for s, _ in self.states)
+
+    @property
+    def since(self) -> float:
+        return min(t for _, t in self.states)
+
+    def describe(self) -> str:
+        """``Slurm DOWN+DRAIN: "NHC: GPU 3 ECC" (by root at 2026-11-25T22:11:14)``."""
+        text = f"Slurm {'+'.join(self.names)}"
+        if not self.reason:
+            return text + " (no reason given)"
+        text += f': "{self.reason}"'
+        who = " ".join(x for x in (f"by {self.user}" if self.user else "",
+                                   f"at {self.reason_time}" if self.reason_time else "") if x)
+        return f"{text} ({who})" if who else text
+
+
+@dataclass(frozen=True, slots=True)
 class Signal:
     """One observation about a node from one source.
 
@@ -117,6 +148,9 @@ class Signal:
     gpu: GpuRef | None = None
     detail: tuple[tuple[str, str], ...] = ()
     part: PartRef | None = None
+    finding: SlurmFinding | None = field(default=None, compare=False, repr=False)
+    """A SLURM signal's finding, typed, as the Slurm feed made it (not on the wire: ``detail``
+    carries it there); None on every other signal and on one read back from the wire."""
 
     def get(self, name: str, default: str = "") -> str:
         for k, v in self.detail:
@@ -260,13 +294,59 @@ class Incident:
         )
 
 
-class LedgerOutcome(enum.Enum):
-    """How a ledger step ended."""
+class StepOutcome(enum.StrEnum):
+    """How a step went: what an adapter answers (:class:`healer.ports.HookResult`), what the
+    executor reports to the state machine (a ``STEP`` trigger), and how a ledger entry ended
+    (:class:`StepRecord`). One type for all three; the values are the wire forms (the
+    ``status`` label of ``healer_actions_total``, a ledger entry's ``outcome``)."""
 
-    OK = "ok"
-    FAILED = "failed"
-    TIMEOUT = "timeout"
-    SKIPPED = "skipped"
+    DONE = "done"  # finished successfully
+    PENDING = "pending"  # started, not finished yet: poll again later
+    RETRY = "retry"  # a transient failure: try again (counts against the attempt budget)
+    FAILED = "failed"  # a permanent failure
+    UNAVAILABLE = "unavailable"  # nothing to act with (no spare that fits)
+    TIMEOUT = "timeout"  # a ledger entry whose deadline passed
+    SKIPPED = "skipped"  # a ledger entry closed without running (superseded)
+
+    @property
+    def ledger_word(self) -> str:
+        """How a ledger entry (``status.ledger[].outcome``, the ``outcome`` label of
+        ``healer_step_duration_seconds``) writes this outcome: ``ok`` for DONE, as ledgers
+        were always written, else the value."""
+        return _LEDGER_OK if self is StepOutcome.DONE else self.value
+
+    @classmethod
+    def from_ledger(cls, word: str) -> StepOutcome:
+        """The outcome a ledger entry's ``outcome`` names; ValueError for any other word."""
+        words = {o.ledger_word: o for o in LEDGER_OUTCOMES}
+        if word not in words:
+            raise ValueError(f"{word!r} is not a ledger outcome (expected one of "
+                             f"{', '.join(sorted(words))})")
+        return words[word]
+
+
+class StepKey(enum.StrEnum):
+    """The keys of a step's reported data that the state machine reads (the data may carry
+    others, which only go into the ledger entry's ``detail``)."""
+
+    SLURM_NODE = "slurmNode"  # the Slurm node the step acted on (it becomes the record's)
+    SPARE = "spare"  # the claimed spare
+    HELD = "held"  # a PENDING step waits on someone else (e.g. their drain)
+    CARRIED = "carried"  # the reason a move carried over to the replacement (ADR 0016)
+    OWNER = "owner"  # whose the change was: healer or other
+    JOBS = "jobs"  # the jobs on a dead node, comma-separated
+    PROVIDER = "provider"  # how a dead node was fenced (a FenceProvider value)
+    BY = "by"  # who or what fenced it
+    MATCH = "match"  # how near the claimed spare is (a placement level)
+    NODE_DOMAIN = "nodeDomain"  # the node's NVLink domain
+    SPARE_DOMAIN = "spareDomain"  # the spare's
+    SWITCH = "switch"  # the switch they share
+
+
+_LEDGER_OK = "ok"
+#: The outcomes a finished ledger entry may have.
+LEDGER_OUTCOMES = frozenset({StepOutcome.DONE, StepOutcome.FAILED, StepOutcome.TIMEOUT,
+                             StepOutcome.SKIPPED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,9 +357,14 @@ class StepRecord:
     started_at: float
     attempts: int = 1
     finished_at: float | None = None
-    outcome: LedgerOutcome | None = None
+    outcome: StepOutcome | None = None
     error: str = ""
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and (not isinstance(self.outcome, StepOutcome)
+                                         or self.outcome not in LEDGER_OUTCOMES):
+            raise ValueError(f"{self.outcome!r} does not end a ledger step")
 
     @property
     def done(self) -> bool:
@@ -291,7 +376,7 @@ class StepRecord:
         if self.finished_at is not None:
             d["finishedAt"] = self.finished_at
         if self.outcome is not None:
-            d["outcome"] = self.outcome.value
+            d["outcome"] = self.outcome.ledger_word
         if self.error:
             d["error"] = self.error
         if self.detail:
@@ -307,20 +392,49 @@ class StepRecord:
             started_at=float(d["startedAt"]),
             attempts=int(d.get("attempts", 1)),
             finished_at=None if fin is None else float(fin),
-            outcome=None if out is None else LedgerOutcome(out),
+            outcome=None if out is None else StepOutcome.from_ledger(str(out)),
             error=str(d.get("error", "")),
             detail=str(d.get("detail", "")),
         )
+
+
+class Guardrail(enum.StrEnum):
+    """What held a disruptive step back. The value is the wire form (``status.blocked`` of a
+    NodeRemediation, the ``guardrail`` label of ``healer_guardrail_blocks_total``, the Event
+    reason ``blocked-<value>``)."""
+
+    PAUSE = "pause"
+    RETRY_BUDGET_NODE = "retry-budget-node"
+    RETRY_BUDGET_GPU = "retry-budget-gpu"
+    MASS_DEATH = "mass-death"
+    BREAKER = "breaker"
+    MAX_CONCURRENT = "max-concurrent"
+    SLURM_UNKNOWN = "slurm-unknown"
+    MAX_UNAVAILABLE = "max-unavailable"
+    FAILURE_DOMAIN = "failure-domain"
+    OBSERVE_ONLY = "observe-only"  # the policy's mode, not a limit
+    UNCONFIRMED = "unconfirmed"  # the latest verdict is no longer degrading/failed
+
+    @property
+    def counts_capacity(self) -> bool:
+        """A limit on the capacity out of service: it may let go when any node comes back."""
+        return self in (Guardrail.MAX_UNAVAILABLE, Guardrail.FAILURE_DOMAIN,
+                        Guardrail.SLURM_UNKNOWN)
 
 
 @dataclass(frozen=True, slots=True)
 class GuardrailBlock:
     """Which guardrail stopped a disruptive step, with the numbers that made it say no."""
 
-    guardrail: str
+    guardrail: Guardrail
     message: str
     current: float = 0
     limit: float = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.guardrail, Guardrail):
+            raise TypeError(f"GuardrailBlock.guardrail must be a Guardrail, not "
+                            f"{self.guardrail!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"guardrail": self.guardrail, "message": self.message,
@@ -328,7 +442,7 @@ class GuardrailBlock:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GuardrailBlock:
-        return cls(guardrail=str(d["guardrail"]), message=str(d["message"]),
+        return cls(guardrail=Guardrail(str(d["guardrail"])), message=str(d["message"]),
                    current=float(d.get("current", 0)), limit=float(d.get("limit", 0)))
 
 
@@ -546,7 +660,7 @@ class NodeRecord:
 
     def step_ok(self, name: str) -> bool:
         s = self.step(name)
-        return s is not None and s.outcome is LedgerOutcome.OK
+        return s is not None and s.outcome is StepOutcome.DONE
 
     def with_step(self, entry: StepRecord) -> NodeRecord:
         """Replace the latest entry of the same step if it is still open, else append."""

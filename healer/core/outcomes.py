@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from healer.core.machine.effects import NO_FAULT_DETAIL
-from healer.core.model import LedgerOutcome, NodeRecord, NodeView, SignalKind
+from healer.core.model import NodeRecord, NodeView, SignalKind, StepOutcome
 from healer.core.modes import Mode
 from healer.core.phases import TERMINAL, Phase
 from healer.core.vocabulary import StepName
@@ -145,7 +145,7 @@ def confirmed(record: NodeRecord) -> bool:
 
 def _first_ok_finish(record: NodeRecord, step: str) -> float | None:
     times = [s.finished_at for s in record.ledger
-             if s.step == step and s.outcome is LedgerOutcome.OK and s.finished_at is not None]
+             if s.step == step and s.outcome is StepOutcome.DONE and s.finished_at is not None]
     return min(times) if times else None
 
 
@@ -181,7 +181,7 @@ def _took_out(record: NodeRecord) -> float | None:
     if record.mode is not Mode.ACT:
         return None
     starts = [s.started_at for s in record.ledger if s.step in (StepName.DRAIN, StepName.CORDON)
-              and s.outcome is LedgerOutcome.OK]
+              and s.outcome is StepOutcome.DONE]
     return min(starts) if starts else None
 
 
@@ -209,7 +209,7 @@ def incident_outcome(record: NodeRecord, now: float,
     first = first_sign(record)
     detect = None if first is None else max(inc.opened_at - first, 0.0)
     steps = tuple(StepTime(s.step, max(s.finished_at - s.started_at, 0.0),
-                           (s.outcome or LedgerOutcome.OK).value)
+                           (s.outcome or StepOutcome.DONE).ledger_word)
                   for s in record.ledger if s.finished_at is not None)
     acted = record.mode is Mode.ACT
     back = _first_ok_finish(record, StepName.UNDRAIN) if acted else None

@@ -29,9 +29,9 @@ Pure: no I/O, no clock (``now`` is passed in).
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 
 from healer.core.model import Signal, SignalKind
+from healer.core.model import SlurmFinding as SlurmFinding  # its home is the model
 from healer.core.text import bounded as _bounded
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 
@@ -91,36 +91,6 @@ def out_states(base: str, flags: AbstractSet[str], reason: str) -> frozenset[str
     return frozenset(out)
 
 
-@dataclass(frozen=True, slots=True)
-class SlurmFinding:
-    """What Slurm says is wrong with one node: its states (each with the time it was first
-    seen, in :data:`SLURM_STATES` order) and the owner's reason (user and time when Slurm says)."""
-
-    states: tuple[tuple[str, float], ...]
-    reason: str = ""
-    reason_since: float = 0.0
-    user: str = ""
-    reason_time: str = ""
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(s for s, _ in self.states)
-
-    @property
-    def since(self) -> float:
-        return min(t for _, t in self.states)
-
-    def describe(self) -> str:
-        """``Slurm DOWN+DRAIN: "NHC: GPU 3 ECC" (by root at 2026-11-25T22:11:14)``."""
-        text = f"Slurm {'+'.join(self.names)}"
-        if not self.reason:
-            return text + " (no reason given)"
-        text += f': "{self.reason}"'
-        who = " ".join(x for x in (f"by {self.user}" if self.user else "",
-                                   f"at {self.reason_time}" if self.reason_time else "") if x)
-        return f"{text} ({who})" if who else text
-
-
 def next_finding(previous: SlurmFinding | None, *, base: str, flags: AbstractSet[str],
                  reason: str = "", user: str = "", reason_time: str = "",
                  now: float) -> SlurmFinding | None:
@@ -150,12 +120,16 @@ def finding_signal(node: str, finding: SlurmFinding | None, now: float) -> Signa
               "reasonTime": finding.reason_time}
     detail.update({f"since.{s}": repr(t) for s, t in finding.states})
     return Signal(node, SOURCE, SignalKind.SLURM, KEY, finding.since, now, None,
-                  Signal.details(**detail))
+                  Signal.details(**detail), finding=finding)
 
 
 def finding_of(signal: Signal) -> SlurmFinding | None:
-    """The finding a SLURM signal carries (None: nothing, or a signal this module did not
-    write: unknown states and unreadable times are left out)."""
+    """The finding a SLURM signal carries (None: nothing). A signal made by
+    :func:`finding_signal` carries it typed (``Signal.finding``) and is read as it is; only a
+    signal read back from the wire (a record's evidence, a recorded scenario) is parsed from
+    its detail, where unknown states and unreadable times are left out."""
+    if signal.finding is not None:
+        return signal.finding
     names = [s for s in signal.get("states").split(",") if s in SLURM_STATES]
     states = tuple((s, t) for s in names if (t := _time(signal.get(f"since.{s}"))) is not None)
     if not states:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from healer.core.model import NodeView, Placement
+from healer.core.model import NodeView, Placement, StepKey
 
 DOMAIN_LABEL = "accelerator.topograph.run/domain"
 TIER_PREFIX = "fabric.topograph.run/tier-"
@@ -93,16 +93,17 @@ def placement(bad: NodeView, spare: NodeView, keys: TopologyKeys = TOPOGRAPH) ->
 
 def placement_data(p: Placement) -> dict[str, str]:
     """``p`` as a claim's step-result data (:func:`placement_of` reads it back)."""
-    return {"match": p.level, "nodeDomain": p.node_domain, "spareDomain": p.spare_domain,
-            "switch": p.switch}
+    return {StepKey.MATCH: p.level, StepKey.NODE_DOMAIN: p.node_domain,
+            StepKey.SPARE_DOMAIN: p.spare_domain, StepKey.SWITCH: p.switch}
 
 
-def placement_of(get: Callable[[str], str]) -> Placement | None:
+def placement_of(get: Callable[[StepKey], str]) -> Placement | None:
     """The placement a claim reported (``get`` reads its step-result data), if it did."""
-    level = get("match")
+    level = get(StepKey.MATCH)
     if not level:
         return None
-    return Placement(level, get("nodeDomain"), get("spareDomain"), get("switch"))
+    return Placement(level, get(StepKey.NODE_DOMAIN), get(StepKey.SPARE_DOMAIN),
+                     get(StepKey.SWITCH))
 
 
 def slinky_topology_spec(node: NodeView, topology: str = "default",

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from healer.core.budget import usage
 from healer.core.machine import Decision, Trigger, TriggerKind, phase_deadline
-from healer.core.model import LedgerOutcome, NodeRecord
+from healer.core.model import NodeRecord, StepOutcome
 from healer.core.outcomes import Closing, FoundNothing, incident_outcome, node_gpus
 from healer.core.phases import ACTIVE, TERMINAL, Phase
 from healer.core.unavailability import CAUSES
@@ -413,7 +413,7 @@ class Metrics:
             new = after.step(trigger.result.step)
             if (old is not None and not old.done and new is not None and new.done
                     and new.finished_at is not None):
-                outcome = new.outcome.value if new.outcome is not None else LedgerOutcome.OK.value
+                outcome = (new.outcome or StepOutcome.DONE).ledger_word
                 self.step_duration.labels(new.step, outcome).observe(
                     new.finished_at - new.started_at)
 

@@ -38,7 +38,7 @@ from typing import Any
 import structlog
 
 from healer.core.actions import EmitEvent, ObserveSlurm
-from healer.core.budget import BudgetView, usage
+from healer.core.budget import BudgetView, SlurmView, usage
 from healer.core.engine import Engine, takes_capacity
 from healer.core.health import Verdict, stale_conditions
 from healer.core.machine import (
@@ -64,9 +64,6 @@ log = structlog.get_logger("healer.controller")
 
 #: On taking the lead, the Events of remediations closed this recently are written again.
 RECENTLY_CLOSED = 3600.0
-#: Guardrails that capacity given back (Slurm undrained a node) may lift.
-CAPACITY_GUARDRAILS = frozenset({"max-unavailable", "failure-domain", "slurm-unknown"})
-
 
 @dataclass(frozen=True, slots=True)
 class Evaluate:
@@ -245,7 +242,7 @@ class Controller:
 
     def expect_slurm(self) -> None:
         """A Slurm feed runs: until its first read, Slurm's view is unknown (fail safe)."""
-        self.engine.fleet.set_slurm_view("unknown")
+        self.engine.fleet.set_slurm_view(SlurmView.UNKNOWN)
 
     def on_slurm_states(self, changes: Mapping[str, str], *, known: bool) -> None:
         """The Slurm feed's news: ``changes`` (node → Slurm cause, "" = none any more), and
@@ -256,14 +253,14 @@ class Controller:
         for node, cause in changes.items():
             freed = freed or (not cause and node in fleet.slurm)
             fleet.set_slurm(node, cause)
-        fleet.set_slurm_view("ok" if known else "unknown")
+        fleet.set_slurm_view(SlurmView.OK if known else SlurmView.UNKNOWN)
         if was != fleet.slurm_view:
             log.info("Slurm view", state=fleet.slurm_view, was=was)
-        if freed or (known and was == "unknown"):
+        if freed or (known and was is SlurmView.UNKNOWN):
             now = self.clock.now()
             for node, rec in self.engine.records.items():
                 if rec.phase in PENDING_ADMISSION and rec.blocked is not None and \
-                        rec.blocked.guardrail in CAPACITY_GUARDRAILS:
+                        rec.blocked.guardrail.counts_capacity:
                     self._submit(node, Trigger(TriggerKind.TICK, node, now))
 
     def _held_for(self, spare: NodeView) -> list[str]:

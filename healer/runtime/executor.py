@@ -18,9 +18,8 @@ import structlog
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.core import actions as a
-from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
-from healer.core.model import FenceProvider, NodeRecord
+from healer.core.model import FenceProvider, NodeRecord, StepKey, StepOutcome
 from healer.core.rules import Mode
 from healer.core.topology import TOPOGRAPH, TopologyKeys, placement, placement_data
 from healer.core.vocabulary import ESCALATED_LABEL, ESCALATION_ANNOTATION
@@ -41,7 +40,6 @@ from healer.ports import (
     SlurmHold,
     SlurmJobHistory,
     SparePool,
-    StepOutcome,
     Topology,
     Undrain,
     Validator,
@@ -76,15 +74,14 @@ class Ports:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    status: StepStatus
+    status: StepOutcome
     error: str = ""
     data: Mapping[str, str] | None = None
 
 
 def _hook(r: HookResult) -> Outcome:
-    status = {StepOutcome.DONE: StepStatus.DONE, StepOutcome.PENDING: StepStatus.PENDING,
-              StepOutcome.FAILED: StepStatus.FAILED}[r.outcome]
-    return Outcome(status, r.detail if status is not StepStatus.DONE else "", dict(r.data))
+    return Outcome(r.outcome, r.detail if r.outcome is not StepOutcome.DONE else "",
+                   dict(r.data))
 
 
 async def _no_spare(p: Ports, act: a.ClaimSpare) -> str:
@@ -109,10 +106,10 @@ async def _lost_jobs(p: Ports, act: a.LostJobs) -> Outcome:
         text = ",".join(f"{j.id}:{j.state}" for j in jobs) or "none"
     except HealerError as e:
         text = f"unknown ({e})"[:250]
-    data = {"jobs": text}
+    data: dict[str, str] = {StepKey.JOBS: text}
     if sn:
-        data["slurmNode"] = sn
-    return Outcome(StepStatus.DONE, "", data)
+        data[StepKey.SLURM_NODE] = sn
+    return Outcome(StepOutcome.DONE, "", data)
 
 
 async def _clear_out_of_service(p: Ports, act: a.ClearOutOfService) -> Outcome:
@@ -121,12 +118,12 @@ async def _clear_out_of_service(p: Ports, act: a.ClearOutOfService) -> Outcome:
     try:
         view = await p.nodes.get(act.node)
     except NotFoundError:
-        return Outcome(StepStatus.DONE, "", {"cleared": "false", "why": "the Node is gone"})
+        return Outcome(StepOutcome.DONE, "", {"cleared": "false", "why": "the Node is gone"})
     if not view.ready:
-        return Outcome(StepStatus.PENDING, f"{act.node} is not Ready yet: the out-of-service "
+        return Outcome(StepOutcome.PENDING, f"{act.node} is not Ready yet: the out-of-service "
                                            "taint stays until its kubelet is back")
     cleared = await p.nodes.clear_out_of_service(act.node, act.incident)
-    return Outcome(StepStatus.DONE, "", {"cleared": str(cleared).lower()})
+    return Outcome(StepOutcome.DONE, "", {"cleared": str(cleared).lower()})
 
 
 class ActionRunner(Protocol):
@@ -166,16 +163,16 @@ class Executor:
             else:
                 out = await self._run(action, record)
         except TransientError as e:
-            out = Outcome(StepStatus.RETRY, str(e))
+            out = Outcome(StepOutcome.RETRY, str(e))
         except HealerError as e:
-            out = Outcome(StepStatus.FAILED, str(e))
+            out = Outcome(StepOutcome.FAILED, str(e))
         except Exception as e:  # a bug in an adapter: fail the step, keep the daemon alive
             log.exception("action crashed", action=action.key)
-            out = Outcome(StepStatus.FAILED, f"{type(e).__name__}: {e}")
+            out = Outcome(StepOutcome.FAILED, f"{type(e).__name__}: {e}")
         what = f"step {action.ledger_name} on {node}"
-        if out.status is StepStatus.RETRY:  # logged once until the step gets through
+        if out.status is StepOutcome.RETRY:  # logged once until the step gets through
             self._retrying.failed(what, out.error)
-        elif out.status is StepStatus.FAILED:  # not a recovery: the failure is logged instead
+        elif out.status is StepOutcome.FAILED:  # not a recovery: the failure is logged instead
             self._retrying.down.pop(what, None)
             log.warning("step failed", node=node, incident=action.incident,
                         step=action.ledger_name, error=out.error)
@@ -211,14 +208,14 @@ class Executor:
     async def _dry(self, act: a.Action) -> Outcome:
         data: dict[str, str] = {}
         if isinstance(act, a.ClaimSpare):
-            data["spare"] = "(dry-run spare)"
+            data[StepKey.SPARE] = "(dry-run spare)"
         if isinstance(act, a.Fence):
             data.update(provider=FenceProvider.MANUAL.value, by="(dry run: would wait for "
                         f"{', '.join(act.providers) or 'a provider'})")
         await self.p.events.emit(key=f"{act.key}/dry-run", node=act.node, reason="DryRun",
                                  note=f"would {act.describe()}", action=act.step,
                                  remediation=act.incident)
-        return Outcome(StepStatus.DONE, "", data)
+        return Outcome(StepOutcome.DONE, "", data)
 
     async def _run(self, act: a.Action, record: NodeRecord | None) -> Outcome:
         p = self.route(act.node)
@@ -230,29 +227,30 @@ class Executor:
             case a.DrainSlurm():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 owned = await p.slurm.drain(sn, act.reason, act.incident, host=act.node)
-                return Outcome(StepStatus.DONE, "", {"slurmNode": sn,
+                return Outcome(StepOutcome.DONE, "", {StepKey.SLURM_NODE: sn,
                                                      "owner": "healer" if owned else "other"})
             case a.RequeueJobs():
                 sn = act.slurm_node or await p.slurm_names(act.node)
                 ids = await p.slurm.requeue_jobs(sn)
-                return Outcome(StepStatus.DONE, "", {"jobs": ",".join(map(str, ids))})
+                return Outcome(StepOutcome.DONE, "", {StepKey.JOBS: ",".join(map(str, ids))})
             case a.Cordon():
                 owned = await p.nodes.cordon(act.node, act.incident, act.reason)
-                return Outcome(StepStatus.DONE, "", {"owner": "healer" if owned else "other"})
+                return Outcome(StepOutcome.DONE, "",
+                               {StepKey.OWNER: "healer" if owned else "other"})
             case a.ClaimSpare():
                 spare = await p.spares.claim(act.node, act.incident,
                                              same_domain=act.same_domain,
                                              labels=dict(act.labels) if act.labels else None)
                 if spare is None:
-                    return Outcome(StepStatus.UNAVAILABLE, await _no_spare(p, act))
+                    return Outcome(StepOutcome.UNAVAILABLE, await _no_spare(p, act))
                 if isinstance(spare, PendingClaim):  # the spare is being validated first
-                    return Outcome(StepStatus.PENDING, spare.detail)
-                data = {"spare": spare}
+                    return Outcome(StepOutcome.PENDING, spare.detail)
+                data: dict[str, str] = {StepKey.SPARE: spare}
                 with contextlib.suppress(HealerError):  # the claim stands; only the report
                     data.update(placement_data(placement(await p.nodes.get(act.node),
                                                          await p.nodes.get(spare),
                                                          p.topology_keys)))
-                return Outcome(StepStatus.DONE, "", data)
+                return Outcome(StepOutcome.DONE, "", data)
             case a.MoveWorkload():
                 try:
                     sn = act.slurm_node or await p.slurm_names(act.node)
@@ -265,14 +263,15 @@ class Executor:
             case a.AwaitReplacement():
                 out = _hook(await p.workload.replacement_ready(act.incident, act.slurm_node,
                                                                act.spare))
-                if out.status is StepStatus.DONE and act.carry:
-                    sn = act.slurm_node or dict(out.data or {}).get("slurmNode", "")
+                if out.status is StepOutcome.DONE and act.carry:
+                    sn = act.slurm_node or dict(out.data or {}).get(StepKey.SLURM_NODE, "")
                     if not isinstance(p.slurm, SlurmHold):
                         raise PermanentError("swap.foreignReason carryOver needs a Slurm driver "
                                              "that sets a reason (scontrol or slurmrestd, or "
                                              "the slinky driver with one as its job backend)")
                     await p.slurm.hold(sn, act.carry)
-                    out = Outcome(StepStatus.DONE, "", {**(out.data or {}), "carried": act.carry})
+                    out = Outcome(StepOutcome.DONE, "",
+                                  {**(out.data or {}), StepKey.CARRIED: act.carry})
                 return out
             case a.AnnotateTopology():
                 return _hook(await p.topology.annotate(act.incident, act.target, act.slurm_node))
@@ -283,29 +282,30 @@ class Executor:
                 sn = act.slurm_node or await p.slurm_names(act.target)
                 undrain = await p.slurm.undrain(sn, act.incident, host=act.target)
                 if undrain is Undrain.SETTLING:
-                    return Outcome(StepStatus.PENDING, f"{sn} still drained by healer")
-                return Outcome(StepStatus.DONE, "", {"slurmNode": sn, "undrain": undrain.value})
+                    return Outcome(StepOutcome.PENDING, f"{sn} still drained by healer")
+                return Outcome(StepOutcome.DONE, "",
+                               {StepKey.SLURM_NODE: sn, "undrain": undrain.value})
             case a.Uncordon():
                 done = await p.nodes.uncordon(act.node, act.incident)
-                return Outcome(StepStatus.DONE, "", {"uncordoned": str(done).lower()})
+                return Outcome(StepOutcome.DONE, "", {"uncordoned": str(done).lower()})
             case a.ReleaseSpare():
                 if act.spare:
                     await p.spares.release(act.spare, act.incident)
-                return Outcome(StepStatus.DONE)
+                return Outcome(StepOutcome.DONE)
             case a.MarkRepair():
                 spec = HookSpec(act.hook, url=act.url, secret_ref=act.secret_ref,
                                 job_template=act.job_template)
                 return _hook(await p.repair.hand_off(act.incident, act.node, spec))
             case a.ReturnToPool():
                 await p.spares.return_to_pool(act.node, act.incident)
-                return Outcome(StepStatus.DONE)
+                return Outcome(StepOutcome.DONE)
             case a.Escalate():
                 try:
                     await p.nodes.patch_metadata(act.node, labels={ESCALATED_LABEL: "true"},
                                                  annotations={ESCALATION_ANNOTATION: act.reason})
                 except NotFoundError:  # the Node is gone: nothing to mark
-                    return Outcome(StepStatus.DONE, "", {"node": "gone"})
-                return Outcome(StepStatus.DONE)
+                    return Outcome(StepOutcome.DONE, "", {"node": "gone"})
+                return Outcome(StepOutcome.DONE)
             case a.LostJobs():
                 return await _lost_jobs(p, act)
             case a.Fence():
@@ -314,7 +314,7 @@ class Executor:
                 return _hook(await p.fencing.fence(act.incident, act.node, fence))
             case a.TaintOutOfService():
                 ours = await p.nodes.taint_out_of_service(act.node, act.incident)
-                return Outcome(StepStatus.DONE, "", {"owner": "healer" if ours else "other"})
+                return Outcome(StepOutcome.DONE, "", {StepKey.OWNER: "healer" if ours else "other"})
             case a.ClearOutOfService():
                 return await _clear_out_of_service(p, act)
         raise PermanentError(f"no executor for {type(act).__name__}")

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from healer.core import actions as a
-from healer.core.actions import StepStatus
 from healer.core.machine import SlurmObservation, StepResult, Trigger, TriggerKind
-from healer.core.model import NodeCondition, NodeView, Taint
+from healer.core.model import NodeCondition, NodeView, StepKey, StepOutcome, Taint
 from healer.core.topology import (
     DOMAIN_LABEL,
     placement,
@@ -42,7 +41,7 @@ from healer.core.vocabulary import (
     TAINT_VALUE,
 )
 
-Result = tuple[StepStatus, str, dict[str, str]]
+Result = tuple[StepOutcome, str, dict[str, str]]
 
 
 @dataclass
@@ -214,7 +213,7 @@ class SimWorld:
         return out
 
     def _ok(self, **data: str) -> Result:
-        return StepStatus.DONE, "", dict(data)
+        return StepOutcome.DONE, "", dict(data)
 
     def _do_Checkpoint(self, act: a.Checkpoint, now: float) -> Result:
         sn = act.slurm_node or self.slurm_name(act.node)
@@ -227,13 +226,13 @@ class SimWorld:
                     j.ends_at = min(j.ends_at, now + j.checkpoint_time)
         if not self.jobs_on(sn, now + self.lat.api):
             return self._ok(slurmNode=sn, jobs=str(len(jobs)))
-        return StepStatus.PENDING, "", {"slurmNode": sn, "waiting": str(len(jobs))}
+        return StepOutcome.PENDING, "", {StepKey.SLURM_NODE: sn, "waiting": str(len(jobs))}
 
     def _do_DrainSlurm(self, act: a.DrainSlurm, now: float) -> Result:
         sn = self.slurm_name(act.node) or act.slurm_node
         s = self.slurm.get(sn)
         if s is None:
-            return StepStatus.FAILED, f"no Slurm node runs on {act.node}", {}
+            return StepOutcome.FAILED, f"no Slurm node runs on {act.node}", {}
         owner = "healer"
         if s.drain and not s.reason.startswith(SLURM_REASON_PREFIX):
             owner = "other"  # someone else drained it first: keep their reason
@@ -276,9 +275,9 @@ class SimWorld:
         ranked = (same_domain_spares if act.same_domain else rank_spares)(bad, free)
         if not ranked:
             if act.same_domain:
-                return (StepStatus.UNAVAILABLE, "no free spare in NVLink domain "
+                return (StepOutcome.UNAVAILABLE, "no free spare in NVLink domain "
                         f"{bad.labels.get(DOMAIN_LABEL) or '(none)'} (requireSameDomain)", {})
-            return StepStatus.UNAVAILABLE, "no free spare in the pool", {}
+            return StepOutcome.UNAVAILABLE, "no free spare in the pool", {}
         best = self.nodes[ranked[0].name]
         best.claimed_by = act.incident
         self._claims[act.incident] = best.name
@@ -308,14 +307,14 @@ class SimWorld:
         sn = act.slurm_node or self.slurm_name(act.node)
         s = self.slurm.get(sn)
         if s is None or s.host != act.node:
-            return StepStatus.FAILED, f"Slurm node {sn!r} is not on {act.node}", {}
+            return StepOutcome.FAILED, f"Slurm node {sn!r} is not on {act.node}", {}
         if self.busy(sn, now):
-            return StepStatus.PENDING, "Slurm reports the node busy: not moving it", {}
+            return StepOutcome.PENDING, "Slurm reports the node busy: not moving it", {}
         if s.drain and s.reason and not s.reason.startswith(SLURM_REASON_PREFIX):
             # as the Slinky workload move (docs/adr/0006): moving would delete their drain
-            return (StepStatus.PENDING, f"Slurm node {sn} is drained by someone else (reason "
+            return (StepOutcome.PENDING, f"Slurm node {sn} is drained by someone else (reason "
                     f"{s.reason!r}): healer holds until the owner clears it",
-                    {"held": "foreign-drain"})
+                    {StepKey.HELD: "foreign-drain"})
         spare = self.nodes[act.spare]
         spare.spare = False
         spare.labels.pop(ROLE_LABEL, None)
@@ -329,10 +328,10 @@ class SimWorld:
     def _do_AwaitReplacement(self, act: a.AwaitReplacement, now: float) -> Result:
         s = self.slurm.get(act.slurm_node)
         if s is None or s.host != act.spare:
-            return StepStatus.FAILED, "the Slurm node is not on the spare", {}
+            return StepOutcome.FAILED, "the Slurm node is not on the spare", {}
         if now >= s.registered_at:
             return self._ok()
-        return StepStatus.PENDING, "", {}
+        return StepOutcome.PENDING, "", {}
 
     def _do_AnnotateTopology(self, act: a.AnnotateTopology, now: float) -> Result:
         n = self.nodes[act.target]
@@ -344,9 +343,9 @@ class SimWorld:
         key = f"{act.incident}/{act.purpose}"
         started = self._validation_started.setdefault(key, now)
         if now - started < self.lat.validation:
-            return StepStatus.PENDING, "", {}
+            return StepOutcome.PENDING, "", {}
         if act.target in self.failing_validation:
-            return StepStatus.FAILED, "dcgmi diag failed", {}
+            return StepOutcome.FAILED, "dcgmi diag failed", {}
         return self._ok()
 
     def _do_UndrainSlurm(self, act: a.UndrainSlurm, now: float) -> Result:
@@ -408,7 +407,7 @@ class SimWorld:
         by = n.annotations.get(FENCED_ANNOTATION)
         if by and "manual" in act.providers:
             return self._ok(provider="manual", by=by)
-        return StepStatus.PENDING, "no fencing provider said so yet", {}
+        return StepOutcome.PENDING, "no fencing provider said so yet", {}
 
     def _do_TaintOutOfService(self, act: a.TaintOutOfService, now: float) -> Result:
         n = self.nodes[act.node]
@@ -420,7 +419,7 @@ class SimWorld:
     def _do_ClearOutOfService(self, act: a.ClearOutOfService, now: float) -> Result:
         n = self.nodes[act.node]
         if not n.ready:
-            return StepStatus.PENDING, f"{act.node} is not Ready yet", {}
+            return StepOutcome.PENDING, f"{act.node} is not Ready yet", {}
         n.taints = [t for t in n.taints if t.key != OUT_OF_SERVICE_TAINT]
         return self._ok(cleared="true")
 

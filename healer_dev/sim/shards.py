@@ -19,7 +19,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 from healer.core.machine import Decision, Trigger, counts_as_active, record_out_of_service
-from healer.core.model import GpuRef, Signal, SignalKind, Taint
+from healer.core.model import GpuRef, Guardrail, Signal, SignalKind, Taint
 from healer.core.phases import Phase
 from healer.core.rules import Breaker, Guardrails, PolicySet, Quantity
 from healer.core.topology import DOMAIN_LABEL
@@ -133,7 +133,7 @@ def _run(policies: PolicySet, nodes: list[SimNode], faults: list[Fault],
         policies_seen.add(rec.policy)
         if rec.spare and rec.phase is Phase.REPAIR:
             replaced.setdefault(rec.node, now)
-        if rec.blocked is not None and rec.blocked.guardrail == "breaker":
+        if rec.blocked is not None and rec.blocked.guardrail is Guardrail.BREAKER:
             breaker_blocks.append(now)
         for now_set, held, slot in ((out_now, record_out_of_service(rec), 1),
                                     (active_now, counts_as_active(rec), 2)):

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from healer.adapters.slinky import SLURMD_SELECTOR, SlinkyDriver
 from healer.core import actions as a
-from healer.core.actions import StepStatus
+from healer.core.model import StepOutcome
 from healer.runtime.executor import Executor, Ports
 from healer_dev.testing import fake_ports
 from tests.builders import node
@@ -79,7 +79,7 @@ async def test_a_slinky_drain_reads_only_the_drained_nodes_pods() -> None:
     ex, pods = _executor()
     [t] = await ex.run(a.DrainSlurm("inc-1", "n7", reason="healer: XID 79"), None)
     assert t.result is not None
-    assert t.result.status is StepStatus.DONE, t.result
+    assert t.result.status is StepOutcome.DONE, t.result
     assert dict(t.result.data)["slurmNode"] == "gpu-7"
     assert pods.lists == [("spec.nodeName=n7", 1), ("spec.nodeName=n7", 1)]
     assert (await ex.p.nodes.get("n7")).unschedulable  # the cordon the operator drains on
@@ -103,6 +103,6 @@ async def test_a_slurm_name_not_on_the_given_node_is_found_among_every_pod() -> 
     [t] = await ex.run(a.DrainSlurm("inc-1", "n7", slurm_node="gpu-8",
                                     reason="healer: XID 79"), None)
     assert t.result is not None
-    assert t.result.status is StepStatus.DONE, t.result
+    assert t.result.status is StepOutcome.DONE, t.result
     assert pods.lists == [("spec.nodeName=n7", 1), ("", FLEET)]
     assert (await ex.p.nodes.get("n8")).unschedulable

@@ -151,7 +151,7 @@ def crash_hooks(crash_log: Path | None) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def after_write(record: NodeRecord) -> None:
-        steps = ",".join(f"{s.step}:{s.outcome.value if s.outcome else 'open'}"
+        steps = ",".join(f"{s.step}:{s.outcome.ledger_word if s.outcome else 'open'}"
                          for s in record.ledger)
         crash_once(f"write {record.phase.value} {steps}")
 

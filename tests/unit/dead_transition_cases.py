@@ -9,10 +9,10 @@ from dataclasses import replace
 from typing import Any
 
 from healer.core import rules as cp
-from healer.core.actions import EmitEvent, StepStatus
+from healer.core.actions import EmitEvent
 from healer.core.budget import BudgetView, PastIncident
 from healer.core.machine import SlurmObservation, TriggerKind
-from healer.core.model import FenceProvider, HealthState, NodeCondition, NodeRecord
+from healer.core.model import FenceProvider, HealthState, NodeCondition, NodeRecord, StepOutcome
 from healer.core.phases import Phase
 from healer.core.vocabulary import StepName
 from tests.builders import (
@@ -33,7 +33,7 @@ from tests.builders import (
 )
 from tests.unit.transition_case import Case
 
-P, K, S, H = Phase, TriggerKind, StepStatus, HealthState
+P, K, S, H = Phase, TriggerKind, StepOutcome, HealthState
 LATE = T0 + 10 * 86400
 
 NO_SWAP = cp.Steps(swap=cp.SwapStep(enabled=False))

@@ -10,6 +10,7 @@ import pytest
 from healer.core import rules as cp
 from healer.core.budget import (
     BudgetView,
+    SlurmView,
     breaker_status,
     breaker_threshold,
     check_admission,
@@ -355,7 +356,7 @@ def slurm_view(pol: cp.Policy, slurm: dict[str, str], *, nodes: list[NodeView] |
                records: list[NodeRecord] | None = None, state: str = "ok") -> BudgetView:
     ns = nodes if nodes is not None else [node(f"n{i}") for i in range(1, 11)]
     return budget_view(policies(pol), {n.name: n for n in ns}, records or [], records or [],
-                       slurm=slurm, slurm_view=state)
+                       slurm=slurm, slurm_view=SlurmView(state))
 
 
 @pytest.mark.parametrize(("slurm", "allowed", "said"), [

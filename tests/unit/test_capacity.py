@@ -23,6 +23,7 @@ from healer.core.budget import (
     Admission,
     BreakerStatus,
     GuardrailUsage,
+    SlurmView,
     breaker_status,
     check_admission,
     population,
@@ -34,6 +35,7 @@ from healer.core.fleet import budget_view
 from healer.core.machine import releases
 from healer.core.model import (
     GpuRef,
+    Guardrail,
     GuardrailBlock,
     HealthState,
     NodeCondition,
@@ -64,7 +66,7 @@ class OracleView:
     paused: bool
     paused_nodes: frozenset[str]
     slurm: Mapping[str, str]
-    slurm_view: str
+    slurm_view: SlurmView
 
     def is_paused(self, node: str) -> bool:
         return self.paused or self.policies.fleet.paused or node in self.paused_nodes
@@ -178,7 +180,8 @@ def o_replaced(view: OracleView, pol: cp.Policy | NodeSetRules | None) -> int:
 def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: OracleView,
             now: float, incident: str = "", opened_at: float | None = None) -> Admission:
     if view.is_paused(node):
-        return Admission(False, GuardrailBlock("pause", "remediation is paused"), False, 60.0)
+        return Admission(False, GuardrailBlock(Guardrail.PAUSE, "remediation is paused"), False,
+                         60.0)
     budget = policy.guardrails.retry_budget or view.policies.fleet.guardrails.retry_budget
     if budget is not None:
         past = [i for i in view.incidents
@@ -186,7 +189,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
         on_node = sum(1 for i in past if i.node == node)
         if on_node >= budget.per_node:
             return Admission(False, GuardrailBlock(
-                "retry-budget-node",
+                Guardrail.RETRY_BUDGET_NODE,
                 f"node {node} had {on_node} incidents in the last "
                 f"{budget.window / 86400:g}d (budget {budget.per_node})",
                 on_node, budget.per_node), escalate=True)
@@ -196,7 +199,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
             n = sum(1 for i in past if serial in i.serials)
             if n >= budget.per_gpu_serial:
                 return Admission(False, GuardrailBlock(
-                    "retry-budget-gpu",
+                    Guardrail.RETRY_BUDGET_GPU,
                     f"GPU serial {serial} failed {n} times in the last "
                     f"{budget.window / 86400:g}d (budget {budget.per_gpu_serial})",
                     n, budget.per_gpu_serial), escalate=True)
@@ -215,7 +218,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
             if br.tripped:
                 until = br.until if br.until is not None else now
                 return Admission(False, GuardrailBlock(
-                    "breaker",
+                    Guardrail.BREAKER,
                     f"{scope} breaker tripped: {br.count} nodes went bad within "
                     f"{g.breaker.window:g}s (threshold {br.threshold}); it closes at "
                     f"{rfc3339(until)} unless more fail", br.count, br.threshold),
@@ -225,13 +228,13 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
                          if r.node != node and r.active and o_tagged(view, pol, r.node, r.policy))
             if active + 1 > g.max_concurrent:
                 return Admission(False, GuardrailBlock(
-                    "max-concurrent",
+                    Guardrail.MAX_CONCURRENT,
                     f"{scope}: {active} remediations in flight, limit {g.max_concurrent}",
                     active, g.max_concurrent), recheck_after=30.0)
         if view.slurm_view == "unknown" and (g.max_unavailable is not None
                                              or g.failure_domains):
             return Admission(False, GuardrailBlock(
-                "slurm-unknown",
+                Guardrail.SLURM_UNKNOWN,
                 f"{scope}: Slurm's node states cannot be read, so its maxUnavailable and "
                 "failure-domain limits cannot be checked; nothing is taken out until they "
                 "can"), recheck_after=30.0)
@@ -243,7 +246,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
                 causes = o_causes(down)
                 said = ", ".join(f"{causes[c]} {c}" for c in CAUSES if c in causes)
                 return Admission(False, GuardrailBlock(
-                    "max-unavailable",
+                    Guardrail.MAX_UNAVAILABLE,
                     f"{scope}: {len(down)} of {len(members)} nodes unavailable"
                     f"{f' ({said})' if said else ''}; taking {node} "
                     f"makes {after}, limit {g.max_unavailable} = {limit}", after, limit),
@@ -257,7 +260,7 @@ def o_check(node: str, serials: tuple[str, ...], policy: cp.Policy, view: Oracle
             after = len(set(o_unavailable(view, same)) | {node})
             if after > fd.max_unavailable:
                 return Admission(False, GuardrailBlock(
-                    "failure-domain",
+                    Guardrail.FAILURE_DOMAIN,
                     f"{scope}: {fd.key}={value} would have {after} nodes unavailable, "
                     f"limit {fd.max_unavailable}", after, fd.max_unavailable),
                     recheck_after=30.0)
@@ -299,7 +302,7 @@ class Fleet:
     open: dict[str, NodeRecord] = field(default_factory=dict)  # node -> open record
     history: dict[str, NodeRecord] = field(default_factory=dict)  # incident id -> record
     slurm: dict[str, str] = field(default_factory=dict)  # node -> Slurm cause
-    slurm_view: str = "off"
+    slurm_view: SlurmView = SlurmView.OFF
 
     def apply(self, index: FleetIndex, op: tuple[Any, ...]) -> None:
         kind = op[0]
@@ -354,8 +357,8 @@ class Fleet:
                 self.slurm.pop(op[1], None)
             index.set_slurm(op[1], op[2])
         elif kind == "slurm-view":
-            self.slurm_view = op[1]
-            index.set_slurm_view(op[1])
+            self.slurm_view = SlurmView(op[1])
+            index.set_slurm_view(self.slurm_view)
 
     def oracle(self, paused: bool) -> OracleView:
         paused_nodes = frozenset(n for n, v in self.nodes.items()
@@ -678,12 +681,12 @@ def test_slurm_changes_reach_every_count_of_the_index() -> None:
     block = check_admission("n1", (), pol, index.view(), T0).block
     assert block is not None
     assert "(1 slurm-not-responding)" in block.message
-    index.set_slurm_view("unknown")
+    index.set_slurm_view(SlurmView.UNKNOWN)
     block = check_admission("n1", (), pol, index.view(), T0).block
     assert block is not None
     assert block.guardrail == "slurm-unknown"
-    with pytest.raises(ValueError, match="Slurm view"):
-        index.set_slurm_view("maybe")
+    with pytest.raises(ValueError, match="maybe"):
+        SlurmView("maybe")
 
 
 def test_a_new_leader_keeps_slurms_view() -> None:
@@ -692,7 +695,7 @@ def test_a_new_leader_keeps_slurms_view() -> None:
     engine = Engine(FLEET_POLICIES)
     engine.set_node(NodeView("n1", {"pool": "a"}))
     engine.fleet.set_slurm("n1", "slurm-drain")
-    engine.fleet.set_slurm_view("ok")
+    engine.fleet.set_slurm_view(SlurmView.OK)
     engine.load([record(Phase.DRAINING, nodename="n2", policy_name="a")], keep_closed_since=0)
     assert engine.fleet.slurm == {"n1": "slurm-drain"}
     assert engine.fleet.slurm_view == "ok"

@@ -19,7 +19,7 @@ from healer.core import rules as cp
 from healer.core.engine import Engine
 from healer.core.health import Verdict, evaluate
 from healer.core.machine import Decision
-from healer.core.model import GpuRef, GuardrailBlock, HealthState, Signal, SignalKind
+from healer.core.model import GpuRef, Guardrail, GuardrailBlock, HealthState, Signal, SignalKind
 from healer.core.phases import Phase
 from healer.core.signals import NodeSignals, RuleIndex
 from tests.builders import T0, node, policy, record
@@ -141,7 +141,8 @@ def test_only_new_information_wakes_a_node() -> None:
 
 def test_an_observe_held_incident_does_not_tick() -> None:
     e = _engine(cp.Mode.OBSERVE)
-    rec = record(Phase.FAILED, blocked=GuardrailBlock("observe-only", "the policy observes"))
+    rec = record(Phase.FAILED,
+                 blocked=GuardrailBlock(Guardrail.OBSERVE_ONLY, "the policy observes"))
     assert e.next_tick("n1", Decision(rec, recheck_after=60.0), T0) is None
     moving = replace(rec, blocked=None)
     assert e.next_tick("n1", Decision(moving, recheck_after=60.0), T0) == T0 + 60.0
@@ -158,10 +159,10 @@ def test_a_stale_node_wakes_on_its_next_heartbeat() -> None:
 
 def test_only_decisions_that_take_capacity_are_written_under_the_fleet_lock() -> None:
     from healer.core.engine import takes_capacity
-    from healer.core.model import LedgerOutcome, StepRecord
+    from healer.core.model import StepOutcome, StepRecord
 
     failed = record(Phase.FAILED)
-    drain = StepRecord("drain", T0, finished_at=T0 + 1, outcome=LedgerOutcome.OK)
+    drain = StepRecord("drain", T0, finished_at=T0 + 1, outcome=StepOutcome.DONE)
     draining = record(Phase.DRAINING, ledger=(drain,))
     cordoned = record(Phase.CORDONED, ledger=(drain,))
     done = record(Phase.DONE)

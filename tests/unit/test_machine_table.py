@@ -6,7 +6,7 @@ from collections import defaultdict, deque
 
 from healer.adapters.kube.crd import reason_of
 from healer.core import rules as cp
-from healer.core.actions import ClaimSpare, EmitEvent, StepStatus
+from healer.core.actions import ClaimSpare, EmitEvent
 from healer.core.machine import (
     IGNORED,
     TRANSITIONS,
@@ -16,7 +16,7 @@ from healer.core.machine import (
     step,
 )
 from healer.core.machine.guards import ALWAYS
-from healer.core.model import NodeRecord, Placement
+from healer.core.model import NodeRecord, Placement, StepOutcome
 from healer.core.phases import TERMINAL, Phase
 from tests.builders import T0, done_step, open_step, policies, policy, record, s_trigger, view
 
@@ -114,7 +114,7 @@ def test_swapping_is_entered_only_before_any_swap() -> None:
 def _claimed(placed: dict[str, str], steps: cp.Steps | None = None) -> Decision:
     rec = record(Phase.CORDONED, ledger=(open_step("claim-spare"),))
     v = view(policies(policy(steps=steps)))
-    return step(rec, s_trigger("claim-spare", StepStatus.DONE, spare="s1", **placed), T0 + 5, v)
+    return step(rec, s_trigger("claim-spare", StepOutcome.DONE, spare="s1", **placed), T0 + 5, v)
 
 
 def _events(d: Decision) -> dict[str, EmitEvent]:
@@ -161,12 +161,12 @@ def test_require_same_domain_reaches_the_claim_and_holds_for_capacity() -> None:
     steps = cp.Steps(swap=cp.SwapStep(require_same_domain=True))
     rec = record(Phase.CORDONED, ledger=(open_step("cordon"),))
     v = view(policies(policy(steps=steps)))
-    d = step(rec, s_trigger("cordon", StepStatus.DONE), T0 + 1, v)
+    d = step(rec, s_trigger("cordon", StepOutcome.DONE), T0 + 1, v)
     claims = [a for a in d.actions if isinstance(a, ClaimSpare)]
     assert claims
     assert claims[0].same_domain
     why = "no free warm spare in NVLink domain nvl-a (swap.requireSameDomain)"
-    d2 = step(d.record, s_trigger("claim-spare", StepStatus.UNAVAILABLE, error=why), T0 + 2, v)
+    d2 = step(d.record, s_trigger("claim-spare", StepOutcome.UNAVAILABLE, error=why), T0 + 2, v)
     assert d2.phase is Phase.HELD_FOR_CAPACITY
     assert d2.record is not None
     assert why in _events(d2)["HeldForCapacity"].note
@@ -176,7 +176,7 @@ def test_require_same_domain_reaches_the_claim_and_holds_for_capacity() -> None:
 
 def test_default_claim_takes_any_domain() -> None:
     rec = record(Phase.CORDONED, ledger=(open_step("cordon"),))
-    d = step(rec, s_trigger("cordon", StepStatus.DONE), T0 + 1, view())
+    d = step(rec, s_trigger("cordon", StepOutcome.DONE), T0 + 1, view())
     claims = [a for a in d.actions if isinstance(a, ClaimSpare)]
     assert claims
     assert not claims[0].same_domain
@@ -188,10 +188,10 @@ def test_a_failed_read_of_slurm_while_draining_waits_for_the_next_poll() -> None
     deadline bounds the wait); a failed step still escalates."""
     v = view(policies(policy()))
     rec = record(Phase.DRAINING, ledger=(done_step("drain"),))
-    d = step(rec, s_trigger("observe-slurm", StepStatus.RETRY, error="connection refused"),
+    d = step(rec, s_trigger("observe-slurm", StepOutcome.RETRY, error="connection refused"),
              T0 + 5, v)
     assert d.record is None or d.record.phase is Phase.DRAINING, d.transitions
     assert not d.transitions
-    d2 = step(rec, s_trigger("observe-slurm", StepStatus.FAILED, error="scaled in"), T0 + 6, v)
+    d2 = step(rec, s_trigger("observe-slurm", StepOutcome.FAILED, error="scaled in"), T0 + 6, v)
     assert d2.record is not None
     assert d2.record.phase is Phase.ESCALATED

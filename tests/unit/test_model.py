@@ -9,16 +9,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healer.core.model import (
+    LEDGER_OUTCOMES,
     RECORD_FORMAT_VERSION,
     GpuRef,
+    Guardrail,
     GuardrailBlock,
     HealthState,
     Incident,
-    LedgerOutcome,
     NodeRecord,
     Severity,
     Signal,
     SignalKind,
+    StepOutcome,
     StepRecord,
     TransitionRecord,
 )
@@ -40,9 +42,10 @@ incidents = st.builds(Incident, id=names, node=st.just("n"), opened_at=times,
                       gpus=st.lists(gpus, max_size=3).map(tuple), summary=text,
                       evidence=st.lists(signals, max_size=3).map(tuple))
 steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers(1, 9),
-                  finished_at=st.none() | times, outcome=st.none() | st.sampled_from(LedgerOutcome),
+                  finished_at=st.none() | times,
+                  outcome=st.none() | st.sampled_from(sorted(LEDGER_OUTCOMES)),
                   error=text, detail=text)
-blocks = st.builds(GuardrailBlock, guardrail=names, message=text,
+blocks = st.builds(GuardrailBlock, guardrail=st.sampled_from(Guardrail), message=text,
                    current=st.integers(0, 100).map(float), limit=st.integers(0, 100).map(float))
 history = st.builds(TransitionRecord, at=times, source=st.sampled_from([p.value for p in Phase]),
                     target=st.sampled_from([p.value for p in Phase]), trigger=text)
@@ -80,7 +83,7 @@ def test_with_step_replaces_open_entry_and_appends_after_finish() -> None:
     rec = rec.with_step(StepRecord("drain", 1.0, attempts=2))
     assert len(rec.ledger) == 1
     assert rec.ledger[0].attempts == 2
-    rec = rec.with_step(StepRecord("drain", 1.0, 2, 2.0, LedgerOutcome.OK))
+    rec = rec.with_step(StepRecord("drain", 1.0, 2, 2.0, StepOutcome.DONE))
     rec = rec.with_step(StepRecord("drain", 3.0))
     assert [s.done for s in rec.ledger] == [True, False]
 

@@ -15,10 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from healer.core.model import (
-    LedgerOutcome,
     NodeRecord,
     Signal,
     SignalKind,
+    StepOutcome,
     StepRecord,
     TransitionRecord,
 )
@@ -42,7 +42,7 @@ HOUR = 3600.0
 
 
 def ok(step: str, start: float, end: float) -> StepRecord:
-    return StepRecord(step, T0 + start, 1, T0 + end, LedgerOutcome.OK)
+    return StepRecord(step, T0 + start, 1, T0 + end, StepOutcome.DONE)
 
 
 def suspected(at: float) -> tuple[TransitionRecord, ...]:
@@ -74,16 +74,16 @@ NO_FAULT = replace(REPAIRED, ledger=tuple(
 RECOVERED_EARLY = closed(Phase.DONE, 40, "recovered")
 RECOVERED_LATE = closed(Phase.DONE, 55, "recovered", ledger=(
     ok(StepName.DRAIN, 1, 2), StepRecord(StepName.CORDON, T0 + 3, 1, T0 + 30,
-                                         LedgerOutcome.SKIPPED, "superseded: recovered"),
+                                         StepOutcome.SKIPPED, "superseded: recovered"),
     ok(StepName.UNDO_DRAIN, 30, 50), ok(StepName.UNCORDON, 30, 55)))
 ESCALATED = closed(Phase.ESCALATED, 300, "jobs still running", ledger=(
     ok(StepName.DRAIN, 1, 2), StepRecord(StepName.ESCALATE, T0 + 300, 1, T0 + 301,
-                                         LedgerOutcome.OK)))
+                                         StepOutcome.DONE)))
 CANCELLED_UNDONE = closed(Phase.CANCELLED, 200, "cancelled", ledger=(
     ok(StepName.DRAIN, 0, 1), ok(StepName.UNDO_DRAIN, 200, 250), ok(StepName.UNCORDON, 200, 260)))
 HELD = record(Phase.HELD_FOR_CAPACITY, phase_since=T0 + 100, ledger=(
     ok(StepName.DRAIN, 1, 2), ok(StepName.CORDON, 100, 101),
-    StepRecord(StepName.CLAIM_SPARE, T0 + 101, 3, T0 + 102, LedgerOutcome.FAILED, "none")))
+    StepRecord(StepName.CLAIM_SPARE, T0 + 101, 3, T0 + 102, StepOutcome.FAILED, "none")))
 DRY_RUN = replace(REPLACED, mode=Mode.DRY_RUN)
 CONDITION = replace(RECOVERED_EARLY, incident=replace(RECOVERED_EARLY.incident, evidence=(
     Signal("n1", "k8s", SignalKind.CONDITION, "GPUHealthy", T0 - 500, T0 - 5),)))

@@ -15,7 +15,7 @@ import pytest
 from healer import status as status_cmd
 from healer.adapters.kube.crd import reason_of, to_object
 from healer.adapters.kube.events import KubeEvents
-from healer.core.model import LedgerOutcome, StepRecord
+from healer.core.model import StepOutcome, StepRecord
 from healer.core.phases import Phase
 from healer.core.text import bounded, printable
 from healer_dev.testing import ManualClock
@@ -46,7 +46,7 @@ def test_printable_and_bounded_leave_no_control_character(evil: str) -> None:
 @pytest.mark.parametrize("evil", EVIL)
 def test_a_noderemediation_object_holds_no_control_character(evil: str) -> None:
     rec = record(Phase.DRAINING, ledger=(StepRecord("checkpoint", 1.0, 2, 2.0,
-                                                    LedgerOutcome.FAILED, f"webhook: {evil}"),),
+                                                    StepOutcome.FAILED, f"webhook: {evil}"),),
                  outcome=evil)
     rec = replace(rec, incident=replace(rec.incident, summary=f"NHC: {evil}"))
     obj = to_object(rec, "n1-x")

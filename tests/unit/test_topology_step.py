@@ -22,8 +22,8 @@ from healer.adapters.topograph import (
     check_request,
     load_request,
 )
-from healer.core.actions import ClaimSpare, StepStatus
-from healer.core.model import NodeView, Placement
+from healer.core.actions import ClaimSpare
+from healer.core.model import NodeView, Placement, StepOutcome
 from healer.core.topology import (
     placement,
     placement_data,
@@ -33,7 +33,7 @@ from healer.core.topology import (
 )
 from healer.errors import ConfigError, NotFoundError, PermanentError, TransientError
 from healer.obs.http import serve
-from healer.ports import SlurmNodeState, StepOutcome
+from healer.ports import SlurmNodeState
 from healer.runtime.executor import Executor, Ports
 from healer_dev.testing import FakeNodes, fake_ports
 
@@ -457,7 +457,7 @@ async def test_claim_reports_a_spare_from_another_domain() -> None:
                        _gpu("spare-b", "nvl-b", "leaf2", spare=True)])
     (t,) = await ex.run(ClaimSpare("inc-1", "node-02"), None)
     assert t.result is not None
-    assert t.result.status is StepStatus.DONE
+    assert t.result.status is StepOutcome.DONE
     assert dict(t.result.data) == {"spare": "spare-b", "match": "tier-1", "nodeDomain": "nvl-a",
                                    "spareDomain": "nvl-b", "switch": "spine1"}
 
@@ -467,7 +467,7 @@ async def test_require_same_domain_leaves_the_other_domain_alone() -> None:
                            _gpu("spare-b", "nvl-b", "leaf1", spare=True)])
     (t,) = await ex.run(ClaimSpare("inc-1", "node-02", same_domain=True), None)
     assert t.result is not None
-    assert t.result.status is StepStatus.UNAVAILABLE
+    assert t.result.status is StepOutcome.UNAVAILABLE
     assert "NVLink domain nvl-a" in t.result.error
     assert "requireSameDomain" in t.result.error
     # nothing was claimed: the other domain's spare is still in the pool
@@ -477,6 +477,6 @@ async def test_require_same_domain_leaves_the_other_domain_alone() -> None:
     fakes["nodes"].add(_gpu("spare-a", "nvl-a", "leaf5", spare=True))
     (t,) = await ex.run(ClaimSpare("inc-1", "node-02", same_domain=True), None)
     assert t.result is not None
-    assert t.result.status is StepStatus.DONE
+    assert t.result.status is StepOutcome.DONE
     assert t.result.get("spare") == "spare-a"
     assert t.result.get("match") == "domain"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from healer.core import rules as cp
-from healer.core.actions import EmitEvent, StepStatus
+from healer.core.actions import EmitEvent
 from healer.core.budget import BudgetView
 from healer.core.machine import (
     TRANSITIONS,
@@ -24,7 +24,7 @@ from healer.core.machine import (
     stepping,
 )
 from healer.core.machine.context import Ctx
-from healer.core.model import HealthState, PastIncident, Severity
+from healer.core.model import HealthState, PastIncident, Severity, StepOutcome
 from healer.core.phases import Phase
 from tests.builders import (
     T0,
@@ -43,7 +43,7 @@ from tests.builders import (
 from tests.unit.dead_transition_cases import DEAD_CASES
 from tests.unit.transition_case import Case, policy_view
 
-P, K, S, H = Phase, TriggerKind, StepStatus, HealthState
+P, K, S, H = Phase, TriggerKind, StepOutcome, HealthState
 LATE = T0 + 10 * 86400  # past every deadline
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from healer.core.actions import Action, EmitEvent
 from healer.core.budget import Admission, BudgetView, check_admission
 from healer.core.machine.triggers import StepResult, Trigger
-from healer.core.model import LedgerOutcome, NodeRecord, StepRecord
+from healer.core.model import NodeRecord, StepOutcome, StepRecord
 from healer.core.rules import Policy, Steps
 
 
@@ -82,7 +82,7 @@ class Ctx:
         """Mark every open step as skipped: the flow moved on without it."""
         for s in self.open_steps():
             self.record = self.rec.with_step(replace(
-                s, finished_at=self.now, outcome=LedgerOutcome.SKIPPED, error=why))
+                s, finished_at=self.now, outcome=StepOutcome.SKIPPED, error=why))
 
     def admission_block_reason(self) -> str:
         adm = self._admission

@@ -13,7 +13,14 @@ from dataclasses import replace
 from healer.core.actions import Fence
 from healer.core.machine.context import Ctx, Effect
 from healer.core.machine.effects import OPEN_INCIDENT, build_action, record_spare
-from healer.core.model import EVIDENCE_LIMIT, Death, FenceProvider, HealthState, Severity
+from healer.core.model import (
+    EVIDENCE_LIMIT,
+    Death,
+    FenceProvider,
+    HealthState,
+    Severity,
+    StepKey,
+)
 from healer.core.rules import DEAD_RULE
 from healer.core.timefmt import format_duration, rfc3339
 from healer.core.vocabulary import StepName
@@ -75,7 +82,7 @@ def _record_lost_jobs(ctx: Ctx) -> None:
     d = ctx.rec.death
     if r is None or d is None:
         return
-    jobs = r.get("jobs") or "none"
+    jobs = r.get(StepKey.JOBS) or "none"
     ctx.record = replace(ctx.rec, death=replace(d, lost_jobs=jobs))
     if jobs != "none":
         ctx.event("lost-jobs", "JobsLost",
@@ -106,12 +113,12 @@ def _fenced(ctx: Ctx) -> None:
     d = ctx.rec.death
     assert r is not None
     assert d is not None
-    provider = FenceProvider(r.get("provider"))
+    provider = FenceProvider(r.get(StepKey.PROVIDER))
     ctx.record = replace(ctx.rec, death=replace(d, provider=provider,
-                                                fenced_by=r.get("by")[:250],
+                                                fenced_by=r.get(StepKey.BY)[:250],
                                                 fenced_at=ctx.now))
     ctx.event("fenced", "NodeFenced",
-              f"{ctx.rec.node} fenced by {provider.value} ({r.get('by') or 'no detail'}) "
+              f"{ctx.rec.node} fenced by {provider.value} ({r.get(StepKey.BY) or 'no detail'}) "
               f"{format_duration(max(ctx.now - d.declared, 0.0))} after it was declared dead")
     deleted = provider is FenceProvider.NODE_DELETED
     if not deleted:
@@ -131,7 +138,8 @@ def _fenced_gone(ctx: Ctx) -> None:
     assert r is not None
     assert d is not None
     ctx.record = replace(ctx.rec, outcome="node deleted", death=replace(
-        d, provider=FenceProvider.NODE_DELETED, fenced_by=r.get("by")[:250], fenced_at=ctx.now))
+        d, provider=FenceProvider.NODE_DELETED, fenced_by=r.get(StepKey.BY)[:250],
+        fenced_at=ctx.now))
     ctx.event("done", "RemediationDone",
               f"{ctx.rec.node}: its Node was deleted and the policy swaps nothing: nothing "
               "is left to do")
@@ -164,7 +172,7 @@ def _fence_contradicted(ctx: Ctx) -> None:
     assert r is not None
     if s is None:
         return
-    said = f"{r.get('provider') or 'a provider'} ({r.get('by') or 'no detail'})"
+    said = f"{r.get(StepKey.PROVIDER) or 'a provider'} ({r.get(StepKey.BY) or 'no detail'})"
     ctx.record = ctx.rec.replace_latest(replace(
         s, finished_at=None, outcome=None, detail="",
         error=f"{said} says fenced, but the Node is Ready: not taken out of service"[:250]))

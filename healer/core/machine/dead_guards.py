@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from healer.core.actions import StepStatus
 from healer.core.machine.context import Ctx, Guard
 from healer.core.machine.guards import (
     budget_exhausted,
@@ -18,7 +17,7 @@ from healer.core.machine.guards import (
     swapped,
     validation_enabled,
 )
-from healer.core.model import FenceProvider, HealthState
+from healer.core.model import FenceProvider, HealthState, StepKey, StepOutcome
 from healer.core.vocabulary import StepName
 
 
@@ -83,12 +82,12 @@ def dead_budget_exhausted(ctx: Ctx) -> bool:
     return fence_not_started(ctx) and budget_exhausted(ctx)
 
 
-_FENCED = result_is(StepName.FENCE, StepStatus.DONE)
+_FENCED = result_is(StepName.FENCE, StepOutcome.DONE)
 
 
 def _fenced_deleted(ctx: Ctx) -> bool:
     r = ctx.result
-    return _FENCED(ctx) and r is not None and r.get("provider") == \
+    return _FENCED(ctx) and r is not None and r.get(StepKey.PROVIDER) == \
         FenceProvider.NODE_DELETED.value
 
 
@@ -115,16 +114,16 @@ def node_deleted(ctx: Ctx) -> bool:
 
 def claimed_dead_deleted(ctx: Ctx) -> bool:
     """A spare is claimed for a dead node whose Node was deleted: its pods are gone already."""
-    return result_is(StepName.CLAIM_SPARE, StepStatus.DONE)(ctx) and ctx.rec.node_deleted
+    return result_is(StepName.CLAIM_SPARE, StepOutcome.DONE)(ctx) and ctx.rec.node_deleted
 
 
 def claimed_dead(ctx: Ctx) -> bool:
     """A spare is claimed for a fenced dead node."""
-    return result_is(StepName.CLAIM_SPARE, StepStatus.DONE)(ctx) and ctx.rec.death is not None
+    return result_is(StepName.CLAIM_SPARE, StepOutcome.DONE)(ctx) and ctx.rec.death is not None
 
 
-_UNDRAINED = result_is(StepName.UNDRAIN, StepStatus.DONE)
-_OOS_DONE = result_is(StepName.OUT_OF_SERVICE, StepStatus.DONE)
+_UNDRAINED = result_is(StepName.UNDRAIN, StepOutcome.DONE)
+_OOS_DONE = result_is(StepName.OUT_OF_SERVICE, StepOutcome.DONE)
 
 
 def out_of_service_swap(ctx: Ctx) -> bool:
@@ -149,7 +148,7 @@ def repaired_out_of_service(ctx: Ctx) -> bool:
         not ctx.rec.step_ok(StepName.CLEAR_OUT_OF_SERVICE)
 
 
-_CLEARED = result_is(StepName.CLEAR_OUT_OF_SERVICE, StepStatus.DONE)
+_CLEARED = result_is(StepName.CLEAR_OUT_OF_SERVICE, StepOutcome.DONE)
 
 
 def cleared_swapped(ctx: Ctx) -> bool:

@@ -41,11 +41,13 @@ from healer.core.machine.context import Ctx, Effect
 from healer.core.machine.triggers import REPAIR_NO_FAULT, TriggerKind
 from healer.core.model import (
     EVIDENCE_LIMIT,
+    Guardrail,
     GuardrailBlock,
     Incident,
-    LedgerOutcome,
     NodeRecord,
     Severity,
+    StepKey,
+    StepOutcome,
 )
 from healer.core.phases import Phase
 from healer.core.rules import ForeignReason, Policy
@@ -242,7 +244,7 @@ def _upgrade_severity(ctx: Ctx) -> None:
 UPGRADE = Effect("raise severity to failed", _upgrade_severity)
 
 
-def _block(guardrail: str, message: str) -> Callable[[Ctx], None]:
+def _block(guardrail: Guardrail, message: str) -> Callable[[Ctx], None]:
     def apply(ctx: Ctx) -> None:
         _set_block(ctx, GuardrailBlock(guardrail, message))
     return apply
@@ -256,9 +258,9 @@ def _set_block(ctx: Ctx, block: GuardrailBlock) -> None:
 
 
 BLOCK_OBSERVE = Effect("hold: observe-only",
-                       _block("observe-only", "policy mode is observe: no step is taken"))
+                       _block(Guardrail.OBSERVE_ONLY, "policy mode is observe: no step is taken"))
 BLOCK_UNCONFIRMED = Effect("hold: unconfirmed",
-                           _block("unconfirmed", "latest verdict is not degrading/failed"))
+                           _block(Guardrail.UNCONFIRMED, "latest verdict is not degrading/failed"))
 
 
 def _block_guardrail(ctx: Ctx) -> None:
@@ -327,7 +329,7 @@ def _undo_note(ctx: Ctx, reason: str, undo: bool) -> str:
     if undone:
         return f"{reason}; undoing healer's own changes: {', '.join(undone)}"
     if not undo:
-        taken = [s.step for s in ctx.rec.ledger if s.outcome is LedgerOutcome.OK]
+        taken = [s.step for s in ctx.rec.ledger if s.outcome is StepOutcome.DONE]
         if taken:
             return f"{reason}; healer's changes left in place for the operator: {', '.join(taken)}"
     return f"{reason}; nothing to undo"
@@ -348,7 +350,7 @@ def record_spare(ctx: Ctx) -> None:
     r = ctx.result
     assert r is not None
     placed = placement_of(r.get)
-    ctx.record = replace(ctx.rec, spare=r.get("spare"), spare_placement=placed)
+    ctx.record = replace(ctx.rec, spare=r.get(StepKey.SPARE), spare_placement=placed)
     rec = ctx.rec
     where = f" ({placed.describe(rec.node, rec.spare)})" if placed is not None else ""
     ctx.event("spare", "SpareClaimed", f"spare {rec.spare} claimed to replace {rec.node}{where}")
@@ -436,7 +438,7 @@ def _checkpoint_timeout(ctx: Ctx) -> None:
     rec = ctx.rec
     s = rec.step(StepName.CHECKPOINT)
     if s is not None and not s.done:
-        ctx.record = rec.with_step(replace(s, finished_at=ctx.now, outcome=LedgerOutcome.TIMEOUT,
+        ctx.record = rec.with_step(replace(s, finished_at=ctx.now, outcome=StepOutcome.TIMEOUT,
                                            error="no acknowledgement before the deadline"))
     ctx.event("checkpoint-timeout", "CheckpointTimeout",
               "jobs did not acknowledge the checkpoint request in time; draining anyway",

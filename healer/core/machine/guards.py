@@ -7,9 +7,8 @@ deadline guards read it (the step's recheck and the metrics read it too).
 
 from __future__ import annotations
 
-from healer.core.actions import StepStatus
 from healer.core.machine.context import Ctx, Guard
-from healer.core.model import HealthState, NodeRecord
+from healer.core.model import Guardrail, HealthState, NodeRecord, StepOutcome
 from healer.core.phases import TERMINAL, Phase
 from healer.core.rules import CheckpointTimeout, DrainTimeout, Mode, Policy, Steps
 from healer.core.vocabulary import EXCLUDE_LABEL, StepName
@@ -57,7 +56,7 @@ def phase_deadline(rec: NodeRecord, policy: Policy | None) -> float | None:
     return min(opens) + st.step_deadline
 
 
-def result_is(step: str, *statuses: StepStatus) -> Guard:
+def result_is(step: str, *statuses: StepOutcome) -> Guard:
     """The guard "the trigger reports ``step`` ended in one of ``statuses``"."""
     def test(ctx: Ctx) -> bool:
         r = ctx.result
@@ -120,13 +119,13 @@ def repair_passed(ctx: Ctx) -> bool:
 def step_pending(ctx: Ctx) -> bool:
     """The step is still running (a poll answered "not yet")."""
     r = ctx.result
-    return r is not None and r.status is StepStatus.PENDING
+    return r is not None and r.status is StepOutcome.PENDING
 
 
 def retry_attempts_left(ctx: Ctx) -> bool:
     """The step failed transiently and the policy allows another attempt."""
     r = ctx.result
-    if r is None or r.status is not StepStatus.RETRY:
+    if r is None or r.status is not StepOutcome.RETRY:
         return False
     s = ctx.rec.step(r.step)
     return s is not None and not s.done and s.attempts < ctx.steps.max_attempts
@@ -137,14 +136,14 @@ def observation_failed_transiently(ctx: Ctx) -> bool:
     not a step of the remediation, so nothing to escalate; the next poll reads it again, and
     the drain deadline bounds the wait."""
     r = ctx.result
-    return r is not None and r.status is StepStatus.RETRY and r.step == StepName.OBSERVE_SLURM
+    return r is not None and r.status is StepOutcome.RETRY and r.step == StepName.OBSERVE_SLURM
 
 
 def step_gave_up(ctx: Ctx) -> bool:
     """The step failed for good: retries exhausted, failed, or the target unavailable."""
     r = ctx.result
-    return r is not None and r.status in (StepStatus.RETRY, StepStatus.FAILED,
-                                          StepStatus.UNAVAILABLE)
+    return r is not None and r.status in (StepOutcome.RETRY, StepOutcome.FAILED,
+                                          StepOutcome.UNAVAILABLE)
 
 
 # -- the node and its policy --------------------------------------------------------------------
@@ -235,7 +234,7 @@ def guardrail_blocks(ctx: Ctx) -> bool:
 def serial_over_budget(ctx: Ctx) -> bool:
     """The incident's GPU serial failed more often than its retry budget allows."""
     b = ctx.admission.block
-    return b is not None and b.guardrail == "retry-budget-gpu"
+    return b is not None and b.guardrail is Guardrail.RETRY_BUDGET_GPU
 
 
 # -- time and the ledger ------------------------------------------------------------------------
@@ -310,7 +309,7 @@ def checkpoint_failed_continue(ctx: Ctx) -> bool:
     """The checkpoint request failed (or had no taker) and the policy drains anyway."""
     r = ctx.result
     return (r is not None and r.step == StepName.CHECKPOINT
-            and r.status in (StepStatus.FAILED, StepStatus.UNAVAILABLE)
+            and r.status in (StepOutcome.FAILED, StepOutcome.UNAVAILABLE)
             and checkpoint_continues(ctx))
 
 
@@ -324,9 +323,9 @@ def drain_not_accepted_in_time(ctx: Ctx) -> bool:
     return deadline_passed(ctx) and not drain_accepted(ctx)
 
 
-_CORDON_DONE = result_is(StepName.CORDON, StepStatus.DONE)
-_ANNOTATED = result_is(StepName.ANNOTATE_TOPOLOGY, StepStatus.DONE)
-_UNDRAINED = result_is(StepName.UNDRAIN, StepStatus.DONE)
+_CORDON_DONE = result_is(StepName.CORDON, StepOutcome.DONE)
+_ANNOTATED = result_is(StepName.ANNOTATE_TOPOLOGY, StepOutcome.DONE)
+_UNDRAINED = result_is(StepName.UNDRAIN, StepOutcome.DONE)
 
 
 def cordon_done_swap(ctx: Ctx) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import replace
 
-from healer.core.actions import EmitEvent, StepStatus
+from healer.core.actions import EmitEvent
 from healer.core.budget import BudgetView
 from healer.core.health import Verdict
 from healer.core.intervals import GUARDRAIL_RECHECK, HELD_RETRY, PAUSED_RECHECK
@@ -24,8 +24,9 @@ from healer.core.model import (
     HISTORY_LIMIT,
     EventRecord,
     HealthState,
-    LedgerOutcome,
     NodeRecord,
+    StepKey,
+    StepOutcome,
     TransitionRecord,
 )
 from healer.core.phases import ACTIVE, TERMINAL, Phase
@@ -147,9 +148,10 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
     r = trigger.result
     if trigger.kind is TriggerKind.STEP and r is not None:
         s = record.step(r.step)
-        if s is not None and not s.done and r.status is not StepStatus.PENDING:
-            outcome = {StepStatus.DONE: LedgerOutcome.OK, StepStatus.FAILED: LedgerOutcome.FAILED,
-                       StepStatus.UNAVAILABLE: LedgerOutcome.FAILED}.get(r.status)
+        if s is not None and not s.done and r.status is not StepOutcome.PENDING:
+            # the ledger records "no spare that fits" as failed; RETRY leaves the step open
+            outcome = {StepOutcome.DONE: StepOutcome.DONE, StepOutcome.FAILED: StepOutcome.FAILED,
+                       StepOutcome.UNAVAILABLE: StepOutcome.FAILED}.get(r.status)
             if outcome is not None:
                 record = record.with_step(replace(s, finished_at=now, outcome=outcome,
                                                   error=r.error, detail=_detail(r)))
@@ -159,10 +161,10 @@ def _absorb(record: NodeRecord, trigger: Trigger, now: float) -> NodeRecord:
             # PENDING with a reason (e.g. "held: drained by someone else"): kept on the open
             # step so `healer status` shows why it waits; an unchanged reason costs no write
             record = record.with_step(replace(s, error=r.error))
-        slurm_node = r.get("slurmNode")
+        slurm_node = r.get(StepKey.SLURM_NODE)
         if slurm_node and slurm_node != record.slurm_node:
             record = replace(record, slurm_node=slurm_node)
-        carried = r.get("carried")[:250]  # the move carried someone's reason over (ADR 0016)
+        carried = r.get(StepKey.CARRIED)[:250]  # the move carried someone's reason over (ADR 0016)
         if r.step == StepName.MOVE_WORKLOAD and carried and carried != record.carried:
             record = replace(record, carried=carried)
     return record
@@ -173,7 +175,7 @@ def _note_hold(ctx: Ctx, before: NodeRecord) -> None:
     someone else drained, docs/adr/0006) gets a Warning Event saying why, once per reason (the
     reason itself is kept on the open step, where ``status.reason`` shows it)."""
     r = ctx.trigger.result
-    if r is None or r.status is not StepStatus.PENDING or not r.get("held") or not r.error:
+    if r is None or r.status is not StepOutcome.PENDING or not r.get(StepKey.HELD) or not r.error:
         return
     s = before.step(r.step)
     if s is None or s.done or s.error == r.error:
@@ -183,7 +185,7 @@ def _note_hold(ctx: Ctx, before: NodeRecord) -> None:
 
 
 def _detail(r: StepResult) -> str:
-    return ",".join(f"{k}={v}" for k, v in r.data if k != "slurmNode")
+    return ",".join(f"{k}={v}" for k, v in r.data if k != StepKey.SLURM_NODE)
 
 
 def _enter(rec: NodeRecord, source: Phase, target: Phase, now: float, label: str) -> NodeRecord:

@@ -21,7 +21,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from healer.core.actions import StepStatus
 from healer.core.machine.context import Effect, Guard
 from healer.core.machine.dead_effects import (
     ADMIT_FENCE,
@@ -126,6 +125,7 @@ from healer.core.machine.guards import (
     result_is,
 )
 from healer.core.machine.triggers import TriggerKind
+from healer.core.model import StepOutcome
 from healer.core.phases import Phase
 from healer.core.vocabulary import StepName
 
@@ -165,7 +165,7 @@ def rows_of(phase: Phase, *rules: Rule) -> list[TransitionRow]:
 P, K = Phase, TriggerKind
 R = Rule
 STAY = None
-S = StepStatus
+S = StepOutcome
 
 # -- rules several phases share ------------------------------------------------------------------
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from healer.core.actions import StepStatus
 from healer.core.health import Verdict
+from healer.core.model import StepKey, StepOutcome
 
 
 class TriggerKind(enum.Enum):
@@ -27,11 +27,11 @@ class TriggerKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class StepResult:
     step: str  # the ledger step name (``Action.ledger_name``)
-    status: StepStatus
+    status: StepOutcome
     error: str = ""
     data: tuple[tuple[str, str], ...] = ()
 
-    def get(self, key: str, default: str = "") -> str:
+    def get(self, key: StepKey, default: str = "") -> str:
         for k, v in self.data:
             if k == key:
                 return v

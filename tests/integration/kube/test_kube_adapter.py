@@ -24,9 +24,9 @@ from healer.core.model import (
     GpuRef,
     HealthState,
     Incident,
-    LedgerOutcome,
     NodeRecord,
     Severity,
+    StepOutcome,
     StepRecord,
 )
 from healer.core.modes import Mode
@@ -188,7 +188,7 @@ async def test_noderemediation_round_trips_exactly(kube_api: client.ApiClient) -
     inc = Incident("rt-node-20260105-080000", "rt-node", 1767600000.123456, Severity.FAILED,
                    ("fatal-xid",), (GpuRef(3, "GPU-abc", "1650000003"),), "XID 79 x1")
     rec = NodeRecord("rt-node", inc, "gpu-fatal", Phase.DRAINING, 1767600001.5, Mode.ACT,
-                     (StepRecord("drain", 1767600001.5, 2, 1767600002.75, LedgerOutcome.OK, "",
+                     (StepRecord("drain", 1767600001.5, 2, 1767600002.75, StepOutcome.DONE, "",
                                  "owner=healer"),),
                      slurm_node="rt-node", verdict=HealthState.FAILED, verdict_at=1767600000.25)
     s1 = await store.save(rec, None)

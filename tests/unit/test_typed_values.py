@@ -1,0 +1,144 @@
+"""Closed sets travel as enums across the core, never as strings (issue 24, item 2).
+
+Two kinds of check: the annotations of the fields that carry a closed set name its enum (a
+field turned back into ``str`` fails here, whatever mypy lets through at a call site), and a
+value off the set raises where the wire form is read, while every member round-trips
+byte-identically (objects written before the types existed still read).
+"""
+
+from __future__ import annotations
+
+import enum
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from healer.core.budget import BudgetView, GuardrailUsage, SlurmView
+from healer.core.machine.triggers import StepResult
+from healer.core.model import (
+    LEDGER_OUTCOMES,
+    Guardrail,
+    GuardrailBlock,
+    Signal,
+    SlurmFinding,
+    StepKey,
+    StepOutcome,
+    StepRecord,
+)
+from healer.core.slurm_signals import finding_of, finding_signal
+from healer.core.topology import placement_of
+from healer.ports import HookResult
+from healer.ports import StepOutcome as PortsStepOutcome
+
+
+def _enum_in(hint: Any) -> type[enum.Enum] | None:
+    """The enum a field's annotation names (``X`` or ``X | None``), else None."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint
+    for arg in typing.get_args(hint):
+        found = _enum_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+@pytest.mark.parametrize(("cls", "field", "expected"), [
+    (GuardrailBlock, "guardrail", Guardrail),
+    (BudgetView, "slurm_view", SlurmView),
+    (GuardrailUsage, "slurm", SlurmView),
+    (StepRecord, "outcome", StepOutcome),
+    (StepResult, "status", StepOutcome),
+    (HookResult, "outcome", StepOutcome),
+])
+def test_closed_sets_are_typed_as_their_enum(cls: type, field: str,
+                                             expected: type[enum.Enum]) -> None:
+    hints = typing.get_type_hints(cls)
+    assert _enum_in(hints[field]) is expected, f"{cls.__name__}.{field}: {hints[field]}"
+
+
+def test_the_machine_reads_step_data_by_a_closed_set_of_keys() -> None:
+    assert typing.get_type_hints(StepResult.get)["key"] is StepKey
+    assert typing.get_type_hints(placement_of)["get"] == Callable[[StepKey], str]
+    r = StepResult("claim-spare", StepOutcome.DONE, data=(("spare", "s1"), ("extra", "x")))
+    assert r.get(StepKey.SPARE) == "s1"  # the wire keys are the enum's values
+
+
+def test_one_step_outcome_type() -> None:
+    """The adapters' answer, the machine's trigger and the ledger share one type."""
+    assert PortsStepOutcome is StepOutcome
+    assert typing.get_type_hints(StepResult)["status"] is StepOutcome
+
+
+@pytest.mark.parametrize("block", [GuardrailBlock(g, f"held by {g}", 1, 2) for g in Guardrail])
+def test_a_block_round_trips_on_the_wire(block: GuardrailBlock) -> None:
+    d = block.to_dict()
+    assert type(d["guardrail"]) is str or isinstance(d["guardrail"], Guardrail)
+    assert d["guardrail"] == block.guardrail.value
+    back = GuardrailBlock.from_dict(d)
+    assert back == block
+    assert back.guardrail is block.guardrail
+
+
+def test_a_block_with_an_unknown_guardrail_does_not_read() -> None:
+    with pytest.raises(ValueError, match="max-everything"):
+        GuardrailBlock.from_dict({"guardrail": "max-everything", "message": "?"})
+
+
+def test_capacity_guardrails() -> None:
+    assert {g for g in Guardrail if g.counts_capacity} == {
+        Guardrail.MAX_UNAVAILABLE, Guardrail.FAILURE_DOMAIN, Guardrail.SLURM_UNKNOWN}
+
+
+@pytest.mark.parametrize(("outcome", "word"), [
+    (StepOutcome.DONE, "ok"), (StepOutcome.FAILED, "failed"),
+    (StepOutcome.TIMEOUT, "timeout"), (StepOutcome.SKIPPED, "skipped")])
+def test_ledger_outcomes_keep_their_words(outcome: StepOutcome, word: str) -> None:
+    """A ledger written before the step outcomes became one type reads the same, and is
+    written back byte-identically."""
+    entry = {"step": "drain", "startedAt": 1.0, "attempts": 1, "finishedAt": 2.0,
+             "outcome": word}
+    rec = StepRecord.from_dict(entry)
+    assert rec.outcome is outcome
+    assert rec.to_dict() == entry
+
+
+@pytest.mark.parametrize("word", ["done", "pending", "retry", "unavailable", "OK", ""])
+def test_a_ledger_outcome_off_the_set_does_not_read(word: str) -> None:
+    with pytest.raises(ValueError, match="not a ledger outcome"):
+        StepRecord.from_dict({"step": "drain", "startedAt": 1.0, "outcome": word})
+
+
+@pytest.mark.parametrize("bad", ["failed", StepOutcome.PENDING, StepOutcome.RETRY])
+def test_a_ledger_entry_takes_only_a_finished_step_outcome(bad: Any) -> None:
+    with pytest.raises(ValueError, match="does not end a ledger step"):
+        StepRecord("drain", 1.0, finished_at=2.0, outcome=bad)
+
+
+def test_a_block_takes_only_a_guardrail() -> None:
+    with pytest.raises(TypeError, match="must be a Guardrail"):
+        GuardrailBlock("breaker", "a string crept back")  # type: ignore[arg-type]
+
+
+def test_only_finished_outcomes_are_ledger_outcomes() -> None:
+    assert {o for o in StepOutcome if o not in LEDGER_OUTCOMES} == {
+        StepOutcome.PENDING, StepOutcome.RETRY, StepOutcome.UNAVAILABLE}
+
+
+@pytest.mark.parametrize("cls", [Guardrail, SlurmView, StepOutcome])
+def test_a_bad_value_raises(cls: type[enum.Enum]) -> None:
+    with pytest.raises(ValueError, match="no-such-value"):
+        cls("no-such-value")
+
+
+def test_a_slurm_finding_travels_typed_and_is_not_parsed_back() -> None:
+    found = SlurmFinding((("DOWN", 5.0), ("DRAIN", 7.0)), "NHC: GPU 3, ECC=1", 7.0, "root", "t")
+    signal = finding_signal("n1", found, 9.0)
+    assert signal.finding is found
+    assert finding_of(signal) is found  # the same object: no round trip through the text
+    # on the wire only the detail travels; a signal read back from it is parsed, once
+    wire = Signal.from_dict("n1", signal.to_dict())
+    assert wire.finding is None
+    assert finding_of(wire) == found
+    assert wire == signal
