@@ -208,19 +208,12 @@ async def test_each_nodeset_acts_on_its_own_cluster_under_its_own_limit(
     assert not w1.drain, w1
 
 
-GONE = """\
----
-apiVersion: healer.io/v1alpha1
-kind: SlurmNodeSet
-metadata: {{name: gone-{tid}}}
-spec:
-  cluster: gone
-  slurm:
-    driver: slurmrestd
-    slurmrestdUrl: http://127.0.0.1:9
-    tokenSecret: healer-system/missing-{tid}:token
-  nodeSelector: {{matchLabels: {{healer-test: "{tid}", pool: gone}}}}
-"""
+def gone_nodeset(tid: str) -> dict[str, Any]:
+    """A NodeSet whose slurmrestd token Secret does not exist."""
+    return slurm_nodeset(f"gone-{tid}", cluster="gone",
+                         slurm={"driver": "slurmrestd", "slurmrestdUrl": "http://127.0.0.1:9",
+                                "tokenSecret": f"healer-system/missing-{tid}:token"},
+                         node_selector={"healer-test": tid, "pool": "gone"})
 
 
 @pytest.mark.timeout(300)
@@ -230,7 +223,8 @@ async def test_a_nodeset_whose_token_secret_is_missing_is_visible(world: TwoClus
     about healer and in the per-NodeSet metric the alert reads; the other NodeSets are read."""
     path = world.dir / "p" / "policies.yaml"
     text = await asyncio.to_thread(path.read_text)
-    await asyncio.to_thread(path.write_text, text + GONE.format(tid=world.tid))
+    await asyncio.to_thread(path.write_text,
+                            text + "---\n" + yaml_documents(gone_nodeset(world.tid)))
     d = world.start()
     await d.ready(120)
     secret = f"healer-system/missing-{world.tid}"

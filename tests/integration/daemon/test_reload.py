@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import client
 
+from tests.builders import policy_yaml
 from tests.integration.daemon.conftest import Fleet
 from tests.integration.daemon_process import Daemon
 from tests.integration.waiting import wait_for
@@ -62,8 +63,8 @@ async def test_live_reload_applies_a_valid_change_and_survives_invalid_ones(
         assert first
         policy = fleet.policies / "policy.yaml"
         # a valid change: picked up, a new digest
-        _write(policy, policy.read_text().replace("drain: {deadline: 10m}",
-                                                  "drain: {deadline: 20m}"))
+        _write(policy, policy_yaml(fleet.tid, name=f"fatal-{fleet.tid}",
+                                   steps={"pollInterval": "1s", "drain": {"deadline": "20m"}}))
 
         async def changed() -> bool:
             return await _digest(d) not in ("", first)

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,14 +112,19 @@ FLOW_RULES = (
 )
 
 
-def flow_policy(tid: str) -> str:
-    """The flows' policy: a USR1 checkpoint for degrading nodes, swaps, no repair hook."""
-    return policy_yaml(tid, name=f"flow-{tid}", label=TEST_LABEL, rules=FLOW_RULES,
-                       steps=policy_steps(
-                           checkpoint={"enabled": True, "hook": "slurm-signal", "signal": "USR1",
-                                       "deadline": "5m", "onTimeout": "continue",
-                                       "severities": ["degrading"]},
-                           swap=True, repair_hook="none"))
+def flow_policy(tid: str, *, first_rules: Sequence[Mapping[str, Any]] = (),
+                swap: Mapping[str, Any] | None = None) -> str:
+    """The flows' policy: a USR1 checkpoint for degrading nodes, swaps (``swap``: the swap
+    block instead of ``{enabled: true}``), no repair hook; ``first_rules`` come before the
+    flows' own rules."""
+    steps = policy_steps(
+        checkpoint={"enabled": True, "hook": "slurm-signal", "signal": "USR1",
+                    "deadline": "5m", "onTimeout": "continue", "severities": ["degrading"]},
+        swap=True, repair_hook="none")
+    if swap is not None:
+        steps["swap"] = dict(swap)
+    return policy_yaml(tid, name=f"flow-{tid}", label=TEST_LABEL,
+                       rules=[*first_rules, *FLOW_RULES], steps=steps)
 
 
 # ------------------------------------------------------------------------------- daemon

@@ -37,19 +37,13 @@ from tests.integration.flows.checks import (
     print_timeline,
     spare_untouched,
 )
-from tests.integration.flows.conftest import Flow, FlowFactory
+from tests.integration.flows.conftest import Flow, FlowFactory, flow_policy
 from tests.integration.waiting import wait_for
 
 DETECTOR = "node-problem-detector"  # the field manager: not healer, not healer's agent
-RULE = """\
-    - name: npd-gpu-problem
-      severity: failed
-      condition:
-        type: GPUProblem
-        status: ["True"]
-        reason: "^NVLinkDown$"
-        staleAfter: 60s
-"""
+RULE = {"name": "npd-gpu-problem", "severity": "failed",
+        "condition": {"type": "GPUProblem", "status": ["True"], "reason": "^NVLinkDown$",
+                      "staleAfter": "60s"}}
 
 
 def _rfc3339(t: float) -> str:
@@ -58,10 +52,7 @@ def _rfc3339(t: float) -> str:
 
 def _with_rule(f: Flow) -> None:
     """The flow's policy plus a rule for the foreign detector's condition."""
-    p = f.policies / "policy.yaml"
-    text = p.read_text()
-    assert text.count("  rules:\n") == 1
-    p.write_text(text.replace("  rules:\n", "  rules:\n" + RULE))
+    (f.policies / "policy.yaml").write_text(flow_policy(f.tid, first_rules=[RULE]))
 
 
 async def publish(f: Flow, node: str, *, since: float, heartbeat: float) -> None:
@@ -203,11 +194,8 @@ async def test_require_same_domain_holds_for_capacity_until_the_domain_has_a_spa
     f = await flows("StatefulSet", "slinky")
     lay = f.lay
     bad = lay.gpus[1]  # nvl-a
-    p = f.policies / "policy.yaml"
-    text = p.read_text()
-    assert text.count("swap: {enabled: true}") == 1
-    p.write_text(text.replace("swap: {enabled: true}",
-                              "swap: {enabled: true, requireSameDomain: true}"))
+    (f.policies / "policy.yaml").write_text(
+        flow_policy(f.tid, swap={"enabled": True, "requireSameDomain": True}))
     # nvl-a has no free spare; nvl-b's and nvl-c's (the latter on the bad node's leaf) are free
     await f.core.patch_node(lay.spare_a, {"metadata": {"labels": {"healer.io/role": None}}})
     d = f.start_daemon()

@@ -26,22 +26,15 @@ from typing import Any
 import pytest
 
 from tests.integration.flows.checks import print_timeline
-from tests.integration.flows.conftest import FlowFactory
+from tests.integration.flows.conftest import FlowFactory, flow_policy
 from tests.integration.waiting import wait_for
 
 NHC = "NHC: GPU 3 ECC double bit errors (check_nv_healthmon)"
 OURS = "healer: drained by an earlier incident [f-old-20260101-000000]"
-RULES = """\
-    - name: nhc
-      severity: failed
-      slurm:
-        states: [DRAIN, FAIL]
-        reason: "^NHC:"
-    - name: any-drain
-      severity: degrading
-      slurm:
-        states: [DRAIN]
-"""
+#: Slurm's own view as a detector: NHC's drains fail a node, any other drain degrades it
+RULES = [{"name": "nhc", "severity": "failed",
+          "slurm": {"states": ["DRAIN", "FAIL"], "reason": "^NHC:"}},
+         {"name": "any-drain", "severity": "degrading", "slurm": {"states": ["DRAIN"]}}]
 
 CASES = [pytest.param("StatefulSet", "slinky", id="StatefulSet-slinky"),
          pytest.param("DaemonSet", "scontrol", id="DaemonSet-scontrol")]
@@ -53,12 +46,8 @@ async def test_a_health_check_drain_becomes_an_incident_and_stays_theirs(
         flows: FlowFactory, mode: str, driver: str) -> None:
     f = await flows(mode, driver, spares=False)
     bad, ours = f.lay.gpus[1], f.lay.gpus[2]
-    p = f.policies / "policy.yaml"
-    text = p.read_text()
-    assert text.count("  rules:\n") == 1
-    assert text.count("swap: {enabled: true}") == 1
-    p.write_text(text.replace("  rules:\n", "  rules:\n" + RULES)
-                 .replace("swap: {enabled: true}", "swap: {enabled: false}"))
+    (f.policies / "policy.yaml").write_text(
+        flow_policy(f.tid, first_rules=RULES, swap={"enabled": False}))
     sn, sn_ours = await f.slurm_name_on(bad), await f.slurm_name_on(ours)
     # a drain with healer's own reason (left by an earlier incident): never a signal
     await asyncio.to_thread(f.slurm.run, ["scontrol", "update", f"nodename={sn_ours}",
@@ -116,9 +105,7 @@ async def test_a_health_check_drain_becomes_an_incident_and_stays_theirs(
 async def test_on_slinky_the_swap_holds_and_says_why(flows: FlowFactory) -> None:
     f = await flows("StatefulSet", "slinky")
     bad = f.lay.gpus[1]
-    p = f.policies / "policy.yaml"
-    text = p.read_text()
-    p.write_text(text.replace("  rules:\n", "  rules:\n" + RULES))
+    (f.policies / "policy.yaml").write_text(flow_policy(f.tid, first_rules=RULES))
     sn = await f.slurm_name_on(bad)
     d = f.start_daemon()
     await f.ready(d)
