@@ -133,8 +133,23 @@ async def test_someone_elses_drain_is_never_overwritten_or_cleared(
     assert st.reason == admin
 
 
-async def test_undrain_keeps_a_down_node_down(slurm: LocalSlurm, driver: ScontrolDriver) -> None:
+async def test_a_down_node_with_someone_elses_reason_stays_theirs(
+        slurm: LocalSlurm, driver: ScontrolDriver) -> None:
+    """DOWN with an admin's reason is someone else's, like their drain (ADR 0016)."""
     slurm.run(["scontrol", "update", "nodename=gpu-0", "state=down", "reason=broken"])
+    assert await driver.drain("gpu-0", REASON) is False
+    st = await driver.state("gpu-0")
+    assert st.down
+    assert st.reason == "broken"
+    assert await driver.undrain("gpu-0", incident="inc-7f3a") is Undrain.NOT_OURS
+    st = await driver.state("gpu-0")
+    assert st.down
+    assert st.reason == "broken"
+
+
+async def test_undrain_keeps_a_down_node_down(slurm: LocalSlurm, driver: ScontrolDriver) -> None:
+    # DOWN with healer's own reason (Slurm took down a node healer was draining)
+    slurm.run(["scontrol", "update", "nodename=gpu-0", "state=down", f"reason={REASON}"])
     assert await driver.drain("gpu-0", REASON) is True
     st = await driver.state("gpu-0")
     assert st.down

@@ -137,9 +137,24 @@ async def test_someone_elses_drain_is_kept_and_never_cleared(rest: Rest) -> None
     assert not st.reason_is_ours
 
 
-async def test_undrain_keeps_a_down_node_down(rest: Rest) -> None:
+async def test_a_down_node_with_someone_elses_reason_stays_theirs(rest: Rest) -> None:
+    """DOWN with an admin's reason is someone else's, like their drain (ADR 0016)."""
     slurm, d = rest.slurm, rest.driver
     slurm.run(["scontrol", "update", "nodename=gpu-0", "state=down", "reason=broken"])
+    assert await d.drain("gpu-0", REASON) is False
+    st = await d.state("gpu-0")
+    assert st.down
+    assert st.reason == "broken"
+    assert await d.undrain("gpu-0", incident="inc-7f3a") is Undrain.NOT_OURS
+    st = await d.state("gpu-0")
+    assert st.down
+    assert st.reason == "broken"
+
+
+async def test_undrain_keeps_a_down_node_down(rest: Rest) -> None:
+    slurm, d = rest.slurm, rest.driver
+    # DOWN with healer's own reason (Slurm took down a node healer was draining)
+    slurm.run(["scontrol", "update", "nodename=gpu-0", "state=down", f"reason={REASON}"])
     assert await d.drain("gpu-0", REASON) is True
     st = await d.state("gpu-0")
     assert st.down
