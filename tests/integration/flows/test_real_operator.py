@@ -97,7 +97,7 @@ async def test_an_admins_drain_survives_an_xid_on_its_node(flows: FlowFactory) -
     # healer holds: it says so, and the operator re-lists Slurm (every 30 s) at least twice
     # more while it holds; nothing changes the admin's drain meanwhile
     async def holding() -> bool:
-        return "drained by someone else" in d.tail(200)
+        return "drained or down by someone else" in d.tail(200)
 
     await wait_for(holding, timeout=120, description="healer's hold on the foreign drain")
     t_hold = time.time()

@@ -122,7 +122,7 @@ async def test_on_slinky_the_swap_holds_and_says_why(flows: FlowFactory) -> None
     rec: dict[str, Any] | None = await wait_for(held, timeout=120,
                                                 description="the swap held, saying why")
     assert rec is not None
-    assert "drained by someone else (reason 'NHC: " in rec["status"]["reason"]
+    assert "drained or down by someone else (reason 'NHC: " in rec["status"]["reason"]
     move = next(s for s in rec["status"]["ledger"] if s["step"] == "move-workload")
     assert "finishedAt" not in move
     assert NHC in move["error"]  # status.reason is cut at 200 characters; the step keeps it

@@ -160,7 +160,7 @@ async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     old = await rig.pod(w0)
     r = await wl.move("inc-12", w0, host0, spare)
     assert r.outcome is StepOutcome.PENDING, r
-    assert "drained by someone else" in r.detail
+    assert "drained or down by someone else" in r.detail
     assert (await rig.pod(w0))["metadata"]["uid"] == old["metadata"]["uid"]
     assert _tainted(await rig.read_node(spare))  # still closed
     st = await rig.slurm_state(w0)
