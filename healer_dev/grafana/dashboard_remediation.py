@@ -148,9 +148,11 @@ PANELS: list[PanelBuilder] = [
     timeseries(
         "Dead nodes by phase",
         ("Remediations of dead nodes: waiting for a fence (Dead), held for one "
-         "(HeldForFencing), taken out of service (OutOfService)."),
+         "(HeldForFencing), taken out of service (OutOfService); one line at 0 (none) "
+         "while there is none."),
         Q(('sum by (phase) (healer_remediations{phase=~"Dead|HeldForFencing|OutOfService"} '
-           "and on (job, instance) (healer_leader == 1))"),
+           "and on (job, instance) (healer_leader == 1)) "
+           'or on () label_replace(vector(0), "phase", "none", "", "")'),
           "{{phase}}"),
         decimals=0,
         h=4),

@@ -138,7 +138,8 @@ async def test_every_dashboard_expression_has_data(fleet: Fleet, tmp_path: Path)
         "nvidia.com/gpu.present": "true", "healer-test": fleet.tid, DOMAIN: "b"}))
     await asyncio.to_thread(_write, fleet.policies / "policy.yaml",
                             policy_yaml(fleet.tid, name=f"fatal-{fleet.tid}",
-                                        fleet={"guardrails": FLEET_GUARDRAILS}))
+                                        fleet={"guardrails": FLEET_GUARDRAILS},
+                                        deadNode={"enabled": True}))
 
     async def extra_ready() -> bool:
         n = await core.read_node(extra)
