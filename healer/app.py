@@ -43,7 +43,7 @@ from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
-from healer.core.slurm_drivers import SlurmDriverKind
+from healer.core.slurm_drivers import SlurmDriverKind, capabilities_of
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
@@ -54,11 +54,13 @@ from healer.ports import (
     Clock,
     EventRecorder,
     SlurmDriver,
+    SlurmHandles,
     SlurmStates,
     StateStore,
     TelemetrySource,
     Validator,
     Workload,
+    slurm_handles,
 )
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.dependencies import Dependencies
@@ -90,7 +92,8 @@ log = structlog.get_logger("healer.app")
 class Overrides:
     """Ports a caller provides instead of the ones settings would build (tests, embedding)."""
 
-    slurm: SlurmDriver | None = None
+    slurm: SlurmHandles | None = None
+    """A Slurm driver with the capabilities the caller says it has."""
     workload: Workload | None = None
     checkpoint: CheckpointHook | None = None
     validator: Validator | None = None
@@ -146,7 +149,7 @@ async def _start(settings: Settings, o: Overrides,
         return 2
     finally:
         if side is not None and o.slurm is None:  # built here: its HTTP sessions close here
-            await side.driver.close()
+            await side.handles.driver.close()
         await api.close()
 
 
@@ -155,7 +158,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
                ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
-    slurm = side.driver
+    slurm = side.handles
     # Events are written off the critical path, repeats folded into series (one queue)
     events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
     ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
@@ -265,9 +268,10 @@ async def load_policies(settings: Settings) -> PolicySet:
 
 @dataclass(frozen=True, slots=True)
 class SlurmSide:
-    """The Slurm driver and what the topology step reads beside it."""
+    """The Slurm driver (with its capabilities' handles) and what the topology step reads
+    beside it."""
 
-    driver: SlurmDriver
+    handles: SlurmHandles
     view: SlurmDriver | None
     """Slurm's own API, for a node's topology (on Slinky the job backend, if any)."""
     operator: OperatorCapabilities
@@ -275,26 +279,26 @@ class SlurmSide:
 
 
 def _slurm_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
-                given: SlurmDriver | None) -> SlurmSide:
+                given: SlurmHandles | None) -> SlurmSide:
     """The Slurm driver the settings name (``--slurm-driver``, built by its entry in
     :data:`_FACTORIES`), or the caller's."""
     operator = OperatorCapabilities(api)
     if given is not None:
-        return SlurmSide(given, given, operator)
+        return SlurmSide(given, given.driver, operator)
     settings.slurm.check_driver()
     return _FACTORIES[settings.slurm.driver](settings, api, nodes, operator)
 
 
 def _scontrol_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                    operator: OperatorCapabilities) -> SlurmSide:
-    driver = _scontrol(settings)
-    return SlurmSide(driver, driver, operator)
+    handles = _scontrol(settings)
+    return SlurmSide(handles, handles.driver, operator)
 
 
 def _slurmrestd_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                      operator: OperatorCapabilities) -> SlurmSide:
-    driver = _slurmrestd(settings, api)
-    return SlurmSide(driver, driver, operator)
+    handles = _slurmrestd(settings, api)
+    return SlurmSide(handles, handles.driver, operator)
 
 
 def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
@@ -303,11 +307,15 @@ def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
 
     s = settings.slurm
     # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
-    jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
-        _scontrol(settings) if s.slurm_conf else None
-    return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
-                                  nodeset=s.nodeset, capabilities=operator),
-                     jobs, operator)
+    backend = SlurmDriverKind.SLURMRESTD if s.slurmrestd_url and s.token_secret else \
+        SlurmDriverKind.SCONTROL if s.slurm_conf else None
+    jobs = _slurmrestd(settings, api) if backend is SlurmDriverKind.SLURMRESTD else \
+        _scontrol(settings) if backend is SlurmDriverKind.SCONTROL else None
+    driver = SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
+                          nodeset=s.nodeset, capabilities=operator)
+    handles = slurm_handles(capabilities_of(SlurmDriverKind.SLINKY, backend), driver,
+                            states=driver)
+    return SlurmSide(handles, jobs.driver if jobs is not None else None, operator)
 
 
 #: Each driver's factory (the registry entry, :data:`healer.core.slurm_drivers.DRIVERS`, says
@@ -320,19 +328,23 @@ _FACTORIES: Mapping[SlurmDriverKind, Callable[
 }
 
 
-def _scontrol(settings: Settings) -> SlurmDriver:
+def _scontrol(settings: Settings) -> SlurmHandles:
+    """An scontrol driver, with the handles its registry entry gives it."""
     from healer.adapters.slurm.scontrol import ScontrolDriver
 
     conf = settings.slurm.slurm_conf
-    return ScontrolDriver(env={**os.environ, "SLURM_CONF": conf} if conf else None)
+    driver = ScontrolDriver(env={**os.environ, "SLURM_CONF": conf} if conf else None)
+    return slurm_handles(capabilities_of(SlurmDriverKind.SCONTROL), driver, lister=driver)
 
 
-def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmDriver:
+def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmHandles:
+    """A slurmrestd driver, with the handles its registry entry gives it."""
     from healer.adapters.kube.secrets import SecretToken
     from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
 
     s = settings.slurm
-    return SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+    driver = SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+    return slurm_handles(capabilities_of(SlurmDriverKind.SLURMRESTD), driver, lister=driver)
 
 
 def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side: SlurmSide,
@@ -367,7 +379,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
     its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
-    slurm = side.driver
+    slurm = side.handles.driver
     keys = nodeset.topology if nodeset is not None else TOPOGRAPH
     workload = o.workload
     labels_provider = None
@@ -375,7 +387,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         from healer.adapters.slinky_workload import SlinkyWorkload
 
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
-                            nodeset=settings.slurm.nodeset)
+                            nodeset=settings.slurm.nodeset, records=side.handles.records)
         workload, labels_provider = sw, sw.node_selector
     slurm_names: SlurmNames = same_name
     if settings.slurm.on_slinky:
@@ -406,7 +418,8 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
                  validator=validator, checkpoint=checkpoint,
                  repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
                  fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
-                 slurm_names=slurm_names, topology_keys=keys), spares
+                 slurm_names=slurm_names, topology_keys=keys,
+                 slurm_history=side.handles.history, slurm_hold=side.handles.hold), spares
 
 
 def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
@@ -427,7 +440,7 @@ def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nod
     side = _slurm_side(own, api, nodes, o.slurm)
     ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events)
     spares.validation = validator  # claims validate through the loop's one validator
-    return NodeSetWiring(ports, _slurm_states(own, api, side.driver), side.driver)
+    return NodeSetWiring(ports, _slurm_states(own, api, side.handles), side.handles.driver)
 
 
 def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSource]:
@@ -507,7 +520,7 @@ def _election(settings: Settings, api: client.ApiClient, ctl: Controller) -> Lea
 
 
 def _slurm_states(settings: Settings, api: client.ApiClient,
-                  slurm: SlurmDriver) -> SlurmStates | None:
+                  slurm: SlurmHandles) -> SlurmStates | None:
     """Slurm's node states by Kubernetes node, when the driver can list nodes."""
     from healer.adapters.slinky import SlinkyPods
     from healer.adapters.slurm.states import slurm_states
