@@ -14,6 +14,7 @@ executor (``wrap_store``, ``wrap_actions``: a test's fault injection lives in th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -53,6 +54,7 @@ from healer.ports import (
     CheckpointHook,
     Clock,
     EventRecorder,
+    RepairHook,
     SlurmDriver,
     SlurmHandles,
     SlurmStates,
@@ -77,7 +79,13 @@ from healer.runtime.loops import (
     spare_depth,
 )
 from healer.runtime.node_events import NodeEvents
-from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated, switch_policies
+from healer.runtime.policy_reload import (
+    Budget,
+    PoliciesInForce,
+    PolicyReloader,
+    load_isolated,
+    switch_policies,
+)
 from healer.runtime.slurm_feed import SlurmFeed
 from healer.runtime.spare_validation import spare_validation
 from healer.settings import Settings
@@ -161,15 +169,20 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     slurm = side.handles
     # Events are written off the critical path, repeats folded into series (one queue)
     events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
-    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
-    validator = _spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
-    spares.validation = validator  # claims validate through the loop's one validator
+    # the policies in force, for the readers built before the controller; a reload moves it on
+    in_force = PoliciesInForce(policies)
+    hooks = _hooks(settings, api, nodes, secrets)
+    # the daemon's one spare validator: every pool's claims validate through it
+    validator = _spare_validator(nodes, events, hooks.repair, api, settings.kube.namespace,
+                                 in_force, clock)
+    ports = _ports(settings, o, api, nodes, secrets, side, policies, events=events,
+                   hooks=hooks, validation=validator)
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
-        lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies,
-                                   validator, ns, events),
-        ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
+        functools.partial(_nodeset_wiring, settings, o, api, nodes, secrets, in_force,
+                          validator, events=events),
+        ports, in_force, _slurm_states(settings, api, slurm))
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
     if o.wrap_actions is not None:
@@ -178,25 +191,26 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         store = o.wrap_store(store)
     ctl = Controller(policies=policies, executor=executor, store=store,
                      clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
-    nodesets.labels_of = _labels_of(ctl)
+    nodesets.labels_of = _labels_of(ctl)  # the executor's route reads the controller's view
     nodesets.prepare()
-    slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
-                             else None, ctl, clock)
     health = Health(clock=clock.now)
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
     self_events = SelfEvents(api, namespace=settings.kube.namespace,
                              instance=settings.leader.identity, pod=settings.kube.pod_name,
                              lease=settings.leader.lease_name)
-    if slurm_feed is not None:  # a lost Slurm view: on /readyz, as an Event, in the metrics
-        slurm_feed.on_view = Dependencies(health, self_events.emit).slurm_view
+    # a lost Slurm view: on /readyz, as an Event, in the metrics
+    slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
+                             else None, ctl, clock,
+                             on_view=Dependencies(health, self_events.emit).slurm_view)
     prom = _prometheus(settings, policies)
     sources: list[TelemetrySource] = [*(o.telemetry or []), *prom]
     depth: dict[str, int] = {}
     metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed, nodesets))
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
     reloader = _reloader(settings, self_events, metrics, health, clock,
-                         apply=lambda new: switch_policies(new, ctl, sources))
+                         apply=functools.partial(switch_policies, controller=ctl,
+                                                 sources=sources, in_force=in_force))
     await reloader.prime()
     loops = {
         "heartbeat": health.loop_heartbeat(clock.sleep),
@@ -232,14 +246,30 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         await runner.cleanup()
 
 
-def _spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
-                     policies: Callable[[], PolicySet], clock: Clock) -> SpareValidator:
+def _spare_validator(nodes: KubeNodes, events: EventRecorder, repair: RepairHook,
+                     api: client.ApiClient, namespace: str, policies: PoliciesInForce,
+                     clock: Clock) -> SpareValidator:
     """The daemon's one spare validator; its check Jobs run in ``namespace`` (healer's own)."""
     from healer.adapters.kube.check_jobs import KubeCheckJobs
 
-    return SpareValidator(ports.nodes, ports.events, ports.repair,
-                          KubeCheckJobs(api, namespace=namespace),
+    return SpareValidator(nodes, events, repair, KubeCheckJobs(api, namespace=namespace),
                           settings=lambda: policies().fleet.spare_validation, clock=clock)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooks:
+    """The webhook and Job hooks one set of ports shares (checkpoint, repair, fencing)."""
+
+    webhook: WebhookHook
+    job: JobHook
+    repair: RepairRouter
+
+
+def _hooks(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+           secrets: Secrets) -> _Hooks:
+    webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
+    job = JobHook(api, nodes, namespace=settings.kube.namespace)
+    return _Hooks(webhook, job, RepairRouter(nodes, {"webhook": webhook, "job": job}))
 
 
 def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
@@ -374,11 +404,12 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets, side: SlurmSide, policies: PolicySet,
-           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None
-           ) -> tuple[Ports, KubeSparePool]:
+           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None,
+           hooks: _Hooks | None = None, validation: SpareValidator | None = None) -> Ports:
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
-    its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
+    its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`); ``hooks``: the webhook
+    and Job hooks, where already built; ``validation``: the spare validator claims use."""
     slurm = side.handles.driver
     keys = nodeset.topology if nodeset is not None else TOPOGRAPH
     workload = o.workload
@@ -400,26 +431,28 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     spares = KubeSparePool(nodes, spare_selector, labels_provider=labels_provider,
                            topology_name="default" if settings.topology.source == "labels"
                            else None, keys=keys,
-                           tolerations=nodeset.tolerations if nodeset is not None else None)
+                           tolerations=nodeset.tolerations if nodeset is not None else None,
+                           validation=validation)
     validator = o.validator
     if validator is None:
         from healer.adapters.kube.jobs import JobValidator
 
         validator = JobValidator(api, namespace=settings.kube.namespace)
-    webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
-    jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
+    if hooks is None:
+        hooks = _hooks(settings, api, nodes, secrets)
+    webhook = hooks.webhook
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
-                                             "webhook": webhook, "job": jobhook})
+                                             "webhook": webhook, "job": hooks.job})
     if events is None:
         events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys),
                  validator=validator, checkpoint=checkpoint,
-                 repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                 repair=hooks.repair,
                  fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
                  slurm_names=slurm_names, topology_keys=keys,
-                 slurm_history=side.handles.history, slurm_hold=side.handles.hold), spares
+                 slurm_history=side.handles.history, slurm_hold=side.handles.hold)
 
 
 def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
@@ -432,14 +465,14 @@ def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
 
 
 def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
-                    secrets: Secrets, policies: Callable[[], PolicySet],
-                    validator: SpareValidator, ns: NodeSetRules,
+                    secrets: Secrets, policies: PoliciesInForce,
+                    validator: SpareValidator, ns: NodeSetRules, *,
                     events: EventRecorder | None = None) -> NodeSetWiring:
     """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
     own = _nodeset_settings(settings, ns)
     side = _slurm_side(own, api, nodes, o.slurm)
-    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events)
-    spares.validation = validator  # claims validate through the loop's one validator
+    ports = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events,
+                   validation=validator)
     return NodeSetWiring(ports, _slurm_states(own, api, side.handles), side.handles.driver)
 
 
@@ -532,7 +565,8 @@ def _slurm_states(settings: Settings, api: client.ApiClient,
 
 
 def _slurm_feed(settings: Settings, states: SlurmStates | None, ctl: Controller,
-                clock: Clock) -> SlurmFeed | None:
+                clock: Clock, *, on_view: Callable[[bool, str], Awaitable[None]]
+                ) -> SlurmFeed | None:
     """The guardrails' view of Slurm (issue 12), when the drivers can list nodes."""
     if not settings.slurm.state_interval:
         return None
@@ -540,4 +574,5 @@ def _slurm_feed(settings: Settings, states: SlurmStates | None, ctl: Controller,
         log.warning("the Slurm driver cannot list nodes: the guardrails count only Kubernetes")
         return None
     ctl.expect_slurm()
-    return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval)
+    return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval,
+                     on_view=on_view)
