@@ -14,6 +14,7 @@ executor (``wrap_store``, ``wrap_actions``: a test's fault injection lives in th
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,7 +44,7 @@ from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import Mode, PolicySet
-from healer.core.slurm_drivers import SlurmDriverKind
+from healer.core.slurm_drivers import SlurmDriverKind, capabilities_of
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
 from healer.obs import logging as hlog
@@ -53,12 +54,15 @@ from healer.ports import (
     CheckpointHook,
     Clock,
     EventRecorder,
+    RepairHook,
     SlurmDriver,
+    SlurmHandles,
     SlurmStates,
     StateStore,
     TelemetrySource,
     Validator,
     Workload,
+    slurm_handles,
 )
 from healer.runtime.controller import Controller, RuntimeSettings
 from healer.runtime.dependencies import Dependencies
@@ -75,7 +79,13 @@ from healer.runtime.loops import (
     spare_depth,
 )
 from healer.runtime.node_events import NodeEvents
-from healer.runtime.policy_reload import Budget, PolicyReloader, load_isolated, switch_policies
+from healer.runtime.policy_reload import (
+    Budget,
+    PoliciesInForce,
+    PolicyReloader,
+    load_isolated,
+    switch_policies,
+)
 from healer.runtime.slurm_feed import SlurmFeed
 from healer.runtime.spare_validation import spare_validation
 from healer.settings import Settings
@@ -90,7 +100,8 @@ log = structlog.get_logger("healer.app")
 class Overrides:
     """Ports a caller provides instead of the ones settings would build (tests, embedding)."""
 
-    slurm: SlurmDriver | None = None
+    slurm: SlurmHandles | None = None
+    """A Slurm driver with the capabilities the caller says it has."""
     workload: Workload | None = None
     checkpoint: CheckpointHook | None = None
     validator: Validator | None = None
@@ -146,7 +157,7 @@ async def _start(settings: Settings, o: Overrides,
         return 2
     finally:
         if side is not None and o.slurm is None:  # built here: its HTTP sessions close here
-            await side.driver.close()
+            await side.handles.driver.close()
         await api.close()
 
 
@@ -155,18 +166,23 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
                ready: Callable[[Controller], Awaitable[None]] | None) -> int:
     """The daemon: its ports, the controller, the HTTP endpoints, then its loops."""
     secrets = Secrets(api)
-    slurm = side.driver
+    slurm = side.handles
     # Events are written off the critical path, repeats folded into series (one queue)
     events = EventQueue(KubeEvents(ApiEventWriter(api), instance=settings.leader.identity))
-    ports, spares = _ports(settings, o, api, nodes, secrets, side, policies, events=events)
     clock = SYSTEM_CLOCK
-    validator = _spare_validator(ports, api, settings.kube.namespace, lambda: ctl.policies, clock)
-    spares.validation = validator  # claims validate through the loop's one validator
+    # the policies in force, for the readers built before the controller; a reload moves it on
+    in_force = PoliciesInForce(policies)
+    hooks = _hooks(settings, api, nodes, secrets)
+    # the daemon's one spare validator: every pool's claims validate through it
+    validator = _spare_validator(nodes, events, hooks.repair, api, settings.kube.namespace,
+                                 in_force, clock)
+    ports = _ports(settings, o, api, nodes, secrets, side, policies, events=events,
+                   hooks=hooks, validation=validator)
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
-        lambda ns: _nodeset_wiring(settings, o, api, nodes, secrets, lambda: ctl.policies,
-                                   validator, ns, events),
-        ports, lambda: ctl.policies, _slurm_states(settings, api, slurm))
+        functools.partial(_nodeset_wiring, settings, o, api, nodes, secrets, in_force,
+                          validator, events=events),
+        ports, in_force, _slurm_states(settings, api, slurm))
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
     if o.wrap_actions is not None:
@@ -175,25 +191,26 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         store = o.wrap_store(store)
     ctl = Controller(policies=policies, executor=executor, store=store,
                      clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
-    nodesets.labels_of = _labels_of(ctl)
+    nodesets.labels_of = _labels_of(ctl)  # the executor's route reads the controller's view
     nodesets.prepare()
-    slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
-                             else None, ctl, clock)
     health = Health(clock=clock.now)
     health.set_ready("policies", True)
     health.set_ready("nodes-synced", False)
     self_events = SelfEvents(api, namespace=settings.kube.namespace,
                              instance=settings.leader.identity, pod=settings.kube.pod_name,
                              lease=settings.leader.lease_name)
-    if slurm_feed is not None:  # a lost Slurm view: on /readyz, as an Event, in the metrics
-        slurm_feed.on_view = Dependencies(health, self_events.emit).slurm_view
+    # a lost Slurm view: on /readyz, as an Event, in the metrics
+    slurm_feed = _slurm_feed(settings, nodesets if policies.nodesets or nodesets.default_states
+                             else None, ctl, clock,
+                             on_view=Dependencies(health, self_events.emit).slurm_view)
     prom = _prometheus(settings, policies)
     sources: list[TelemetrySource] = [*(o.telemetry or []), *prom]
     depth: dict[str, int] = {}
     metrics.attach_state(_state_source(ctl, prom, depth, slurm_feed, nodesets))
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
     reloader = _reloader(settings, self_events, metrics, health, clock,
-                         apply=lambda new: switch_policies(new, ctl, sources))
+                         apply=functools.partial(switch_policies, controller=ctl,
+                                                 sources=sources, in_force=in_force))
     await reloader.prime()
     loops = {
         "heartbeat": health.loop_heartbeat(clock.sleep),
@@ -229,14 +246,30 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
         await runner.cleanup()
 
 
-def _spare_validator(ports: Ports, api: client.ApiClient, namespace: str,
-                     policies: Callable[[], PolicySet], clock: Clock) -> SpareValidator:
+def _spare_validator(nodes: KubeNodes, events: EventRecorder, repair: RepairHook,
+                     api: client.ApiClient, namespace: str, policies: PoliciesInForce,
+                     clock: Clock) -> SpareValidator:
     """The daemon's one spare validator; its check Jobs run in ``namespace`` (healer's own)."""
     from healer.adapters.kube.check_jobs import KubeCheckJobs
 
-    return SpareValidator(ports.nodes, ports.events, ports.repair,
-                          KubeCheckJobs(api, namespace=namespace),
+    return SpareValidator(nodes, events, repair, KubeCheckJobs(api, namespace=namespace),
                           settings=lambda: policies().fleet.spare_validation, clock=clock)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooks:
+    """The webhook and Job hooks one set of ports shares (checkpoint, repair, fencing)."""
+
+    webhook: WebhookHook
+    job: JobHook
+    repair: RepairRouter
+
+
+def _hooks(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
+           secrets: Secrets) -> _Hooks:
+    webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
+    job = JobHook(api, nodes, namespace=settings.kube.namespace)
+    return _Hooks(webhook, job, RepairRouter(nodes, {"webhook": webhook, "job": job}))
 
 
 def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
@@ -265,9 +298,10 @@ async def load_policies(settings: Settings) -> PolicySet:
 
 @dataclass(frozen=True, slots=True)
 class SlurmSide:
-    """The Slurm driver and what the topology step reads beside it."""
+    """The Slurm driver (with its capabilities' handles) and what the topology step reads
+    beside it."""
 
-    driver: SlurmDriver
+    handles: SlurmHandles
     view: SlurmDriver | None
     """Slurm's own API, for a node's topology (on Slinky the job backend, if any)."""
     operator: OperatorCapabilities
@@ -275,26 +309,26 @@ class SlurmSide:
 
 
 def _slurm_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
-                given: SlurmDriver | None) -> SlurmSide:
+                given: SlurmHandles | None) -> SlurmSide:
     """The Slurm driver the settings name (``--slurm-driver``, built by its entry in
     :data:`_FACTORIES`), or the caller's."""
     operator = OperatorCapabilities(api)
     if given is not None:
-        return SlurmSide(given, given, operator)
+        return SlurmSide(given, given.driver, operator)
     settings.slurm.check_driver()
     return _FACTORIES[settings.slurm.driver](settings, api, nodes, operator)
 
 
 def _scontrol_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                    operator: OperatorCapabilities) -> SlurmSide:
-    driver = _scontrol(settings)
-    return SlurmSide(driver, driver, operator)
+    handles = _scontrol(settings)
+    return SlurmSide(handles, handles.driver, operator)
 
 
 def _slurmrestd_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
                      operator: OperatorCapabilities) -> SlurmSide:
-    driver = _slurmrestd(settings, api)
-    return SlurmSide(driver, driver, operator)
+    handles = _slurmrestd(settings, api)
+    return SlurmSide(handles, handles.driver, operator)
 
 
 def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
@@ -303,11 +337,15 @@ def _slinky_side(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
 
     s = settings.slurm
     # job listing and signals need Slurm's own API: slurmrestd, else scontrol, else none
-    jobs = _slurmrestd(settings, api) if s.slurmrestd_url and s.token_secret else \
-        _scontrol(settings) if s.slurm_conf else None
-    return SlurmSide(SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
-                                  nodeset=s.nodeset, capabilities=operator),
-                     jobs, operator)
+    backend = SlurmDriverKind.SLURMRESTD if s.slurmrestd_url and s.token_secret else \
+        SlurmDriverKind.SCONTROL if s.slurm_conf else None
+    jobs = _slurmrestd(settings, api) if backend is SlurmDriverKind.SLURMRESTD else \
+        _scontrol(settings) if backend is SlurmDriverKind.SCONTROL else None
+    driver = SlinkyDriver(api, nodes, namespace=s.nodeset_namespace, jobs=jobs,
+                          nodeset=s.nodeset, capabilities=operator)
+    handles = slurm_handles(capabilities_of(SlurmDriverKind.SLINKY, backend), driver,
+                            states=driver)
+    return SlurmSide(handles, jobs.driver if jobs is not None else None, operator)
 
 
 #: Each driver's factory (the registry entry, :data:`healer.core.slurm_drivers.DRIVERS`, says
@@ -320,19 +358,23 @@ _FACTORIES: Mapping[SlurmDriverKind, Callable[
 }
 
 
-def _scontrol(settings: Settings) -> SlurmDriver:
+def _scontrol(settings: Settings) -> SlurmHandles:
+    """An scontrol driver, with the handles its registry entry gives it."""
     from healer.adapters.slurm.scontrol import ScontrolDriver
 
     conf = settings.slurm.slurm_conf
-    return ScontrolDriver(env={**os.environ, "SLURM_CONF": conf} if conf else None)
+    driver = ScontrolDriver(env={**os.environ, "SLURM_CONF": conf} if conf else None)
+    return slurm_handles(capabilities_of(SlurmDriverKind.SCONTROL), driver, lister=driver)
 
 
-def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmDriver:
+def _slurmrestd(settings: Settings, api: client.ApiClient) -> SlurmHandles:
+    """A slurmrestd driver, with the handles its registry entry gives it."""
     from healer.adapters.kube.secrets import SecretToken
     from healer.adapters.slurm.slurmrestd import SlurmrestdDriver
 
     s = settings.slurm
-    return SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+    driver = SlurmrestdDriver(s.slurmrestd_url, SecretToken(api, s.token_secret))
+    return slurm_handles(capabilities_of(SlurmDriverKind.SLURMRESTD), driver, lister=driver)
 
 
 def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side: SlurmSide,
@@ -362,12 +404,13 @@ def _topology(settings: Settings, api: client.ApiClient, nodes: KubeNodes, side:
 
 def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets, side: SlurmSide, policies: PolicySet,
-           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None
-           ) -> tuple[Ports, KubeSparePool]:
+           nodeset: NodeSetRules | None = None, *, events: EventRecorder | None = None,
+           hooks: _Hooks | None = None, validation: SpareValidator | None = None) -> Ports:
     """Every port the executor acts through: the real adapters, or the caller's overrides;
     for ``nodeset``, with its spares, tolerations and topology labels (``settings`` then says
-    its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`)."""
-    slurm = side.driver
+    its Slurm cluster and Slinky NodeSet, :func:`_nodeset_settings`); ``hooks``: the webhook
+    and Job hooks, where already built; ``validation``: the spare validator claims use."""
+    slurm = side.handles.driver
     keys = nodeset.topology if nodeset is not None else TOPOGRAPH
     workload = o.workload
     labels_provider = None
@@ -375,7 +418,7 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         from healer.adapters.slinky_workload import SlinkyWorkload
 
         sw = SlinkyWorkload(api, nodes, slurm, namespace=settings.slurm.nodeset_namespace,
-                            nodeset=settings.slurm.nodeset)
+                            nodeset=settings.slurm.nodeset, records=side.handles.records)
         workload, labels_provider = sw, sw.node_selector
     slurm_names: SlurmNames = same_name
     if settings.slurm.on_slinky:
@@ -388,25 +431,28 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     spares = KubeSparePool(nodes, spare_selector, labels_provider=labels_provider,
                            topology_name="default" if settings.topology.source == "labels"
                            else None, keys=keys,
-                           tolerations=nodeset.tolerations if nodeset is not None else None)
+                           tolerations=nodeset.tolerations if nodeset is not None else None,
+                           validation=validation)
     validator = o.validator
     if validator is None:
         from healer.adapters.kube.jobs import JobValidator
 
         validator = JobValidator(api, namespace=settings.kube.namespace)
-    webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
-    jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
+    if hooks is None:
+        hooks = _hooks(settings, api, nodes, secrets)
+    webhook = hooks.webhook
     checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
-                                             "webhook": webhook, "job": jobhook})
+                                             "webhook": webhook, "job": hooks.job})
     if events is None:
         events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys),
                  validator=validator, checkpoint=checkpoint,
-                 repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                 repair=hooks.repair,
                  fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
-                 slurm_names=slurm_names, topology_keys=keys), spares
+                 slurm_names=slurm_names, topology_keys=keys,
+                 slurm_history=side.handles.history, slurm_hold=side.handles.hold)
 
 
 def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
@@ -419,15 +465,15 @@ def _nodeset_settings(settings: Settings, ns: NodeSetRules) -> Settings:
 
 
 def _nodeset_wiring(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeNodes,
-                    secrets: Secrets, policies: Callable[[], PolicySet],
-                    validator: SpareValidator, ns: NodeSetRules,
+                    secrets: Secrets, policies: PoliciesInForce,
+                    validator: SpareValidator, ns: NodeSetRules, *,
                     events: EventRecorder | None = None) -> NodeSetWiring:
     """One NodeSet's ports and Slurm feed (:class:`healer.app_nodesets.NodeSetPorts`)."""
     own = _nodeset_settings(settings, ns)
     side = _slurm_side(own, api, nodes, o.slurm)
-    ports, spares = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events)
-    spares.validation = validator  # claims validate through the loop's one validator
-    return NodeSetWiring(ports, _slurm_states(own, api, side.driver), side.driver)
+    ports = _ports(own, o, api, nodes, secrets, side, policies(), ns, events=events,
+                   validation=validator)
+    return NodeSetWiring(ports, _slurm_states(own, api, side.handles), side.handles.driver)
 
 
 def _prometheus(settings: Settings, policies: PolicySet) -> list[PrometheusSource]:
@@ -507,7 +553,7 @@ def _election(settings: Settings, api: client.ApiClient, ctl: Controller) -> Lea
 
 
 def _slurm_states(settings: Settings, api: client.ApiClient,
-                  slurm: SlurmDriver) -> SlurmStates | None:
+                  slurm: SlurmHandles) -> SlurmStates | None:
     """Slurm's node states by Kubernetes node, when the driver can list nodes."""
     from healer.adapters.slinky import SlinkyPods
     from healer.adapters.slurm.states import slurm_states
@@ -519,7 +565,8 @@ def _slurm_states(settings: Settings, api: client.ApiClient,
 
 
 def _slurm_feed(settings: Settings, states: SlurmStates | None, ctl: Controller,
-                clock: Clock) -> SlurmFeed | None:
+                clock: Clock, *, on_view: Callable[[bool, str], Awaitable[None]]
+                ) -> SlurmFeed | None:
     """The guardrails' view of Slurm (issue 12), when the drivers can list nodes."""
     if not settings.slurm.state_interval:
         return None
@@ -527,4 +574,5 @@ def _slurm_feed(settings: Settings, states: SlurmStates | None, ctl: Controller,
         log.warning("the Slurm driver cannot list nodes: the guardrails count only Kubernetes")
         return None
     ctl.expect_slurm()
-    return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval)
+    return SlurmFeed(states, ctl, clock, interval=settings.slurm.state_interval,
+                     on_view=on_view)

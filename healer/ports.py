@@ -10,12 +10,13 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from healer.core.model import FenceProvider, NodeRecord, NodeView, Signal
 
 # an adapter answers with the core's one step-outcome type; adapters import it from here
 from healer.core.model import StepOutcome as StepOutcome
+from healer.core.slurm_drivers import SlurmCapabilities
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 
 # ---------------------------------------------------------------------------------------------
@@ -129,7 +130,6 @@ class SlurmDriver(Protocol):
     async def requeue_jobs(self, node: str) -> list[int]: ...
 
 
-@runtime_checkable
 class SlurmStates(Protocol):
     """Slurm's view of the whole fleet, for the guardrails (issue 12): every Slurm node's
     state, keyed by the Kubernetes node it runs on. Slurm nodes that run on no Kubernetes
@@ -139,7 +139,6 @@ class SlurmStates(Protocol):
     async def node_states(self) -> Mapping[str, SlurmNodeState]: ...
 
 
-@runtime_checkable
 class SlurmJobHistory(Protocol):
     """A driver that also lists the jobs that ran on a node and ended with it (NODE_FAIL,
     requeued), for a dead node's report; without it, the jobs still running there are
@@ -148,7 +147,6 @@ class SlurmJobHistory(Protocol):
     async def recent_jobs_on(self, node: str) -> list[SlurmJob]: ...
 
 
-@runtime_checkable
 class SlurmHold(Protocol):
     """A driver that can drain a node with someone else's reason, word for word (the
     ``carryOver`` of a swap, docs/adr/0016): a drain healer does not own and never clears."""
@@ -156,7 +154,6 @@ class SlurmHold(Protocol):
     async def hold(self, node: str, reason: str) -> None: ...
 
 
-@runtime_checkable
 class SlurmNodeRecords(Protocol):
     """A driver that can delete a Slurm node's record: what a slurmd pod's preStop does
     (``scontrol delete nodename=``). For a dead node, whose preStop never ran: a dynamic
@@ -166,12 +163,53 @@ class SlurmNodeRecords(Protocol):
     async def delete_node(self, node: str) -> bool: ...  # False: there was no such record
 
 
-@runtime_checkable
 class SlurmNodeLister(Protocol):
     """A driver on Slurm's own API that lists every Slurm node in one read (scontrol,
     slurmrestd), by Slurm name."""
 
     async def nodes(self) -> list[SlurmNodeState]: ...
+
+
+class SlurmAPI(SlurmDriver, SlurmJobHistory, SlurmHold, SlurmNodeRecords, Protocol):
+    """A driver with every optional capability's method (scontrol, slurmrestd; the slinky
+    driver, which forwards them to its job backend): what :func:`slurm_handles` hands out,
+    as far as the driver's registry entry says it can."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmHandles:
+    """A Slurm driver with its optional capabilities as typed handles, built once in the
+    composition root from the driver's registry entry (:mod:`healer.core.slurm_drivers`):
+    a handle is None exactly when the driver cannot do that. Nothing asks a driver what it
+    is; a caller reads the handle."""
+
+    driver: SlurmDriver
+    lister: SlurmNodeLister | None = None
+    """Every Slurm node by Slurm name in one read (scontrol, slurmrestd)."""
+    states: SlurmStates | None = None
+    """Every Slurm node's state by Kubernetes node, the driver's own mapping (Slinky)."""
+    history: SlurmJobHistory | None = None
+    hold: SlurmHold | None = None
+    records: SlurmNodeRecords | None = None
+
+    @property
+    def lists_nodes(self) -> bool:
+        return self.lister is not None or self.states is not None
+
+
+def slurm_handles(caps: SlurmCapabilities, driver: SlurmAPI, *,
+                  lister: SlurmNodeLister | None = None,
+                  states: SlurmStates | None = None) -> SlurmHandles:
+    """``driver``'s handles for what ``caps`` (its registry entry's capabilities) says it can
+    do; ``lister`` or ``states`` is how it lists nodes, where it can."""
+    if caps.lists_nodes and lister is None and states is None:
+        raise ValueError("a driver that lists nodes needs a lister or its own states")
+    return SlurmHandles(driver,
+                        lister=lister if caps.lists_nodes else None,
+                        states=states if caps.lists_nodes else None,
+                        history=driver if caps.job_history else None,
+                        hold=driver if caps.holds else None,
+                        records=driver if caps.deletes_records else None)
 
 
 # ---------------------------------------------------------------------------------------------

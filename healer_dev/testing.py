@@ -779,7 +779,7 @@ def fake_ports(nodes: Sequence[NodeView], slurm_nodes: Sequence[str] | None = No
     return {"nodes": fn, "events": FakeEvents(), "slurm": slurm, "spares": FakeSpares(fn),
             "workload": FakeWorkload(slurm), "topology": FakeTopology(fn),
             "validator": FakeValidator(), "checkpoint": FakeCheckpoint(slurm),
-            "repair": FakeRepair(fn), "fencing": FakeFencing(fn)}
+            "repair": FakeRepair(fn), "fencing": FakeFencing(fn), "slurm_hold": slurm}
 
 
 __all__ = ["FakeCheckpoint", "FakeEvents", "FakeFencing", "FakeNodes", "FakeRepair",

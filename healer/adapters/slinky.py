@@ -49,11 +49,8 @@ from healer.core.vocabulary import (
 from healer.errors import HealerError, NotFoundError, PermanentError, TransientError
 from healer.ports import (
     SlurmDriver,
-    SlurmHold,
+    SlurmHandles,
     SlurmJob,
-    SlurmJobHistory,
-    SlurmNodeLister,
-    SlurmNodeRecords,
     SlurmNodeState,
     Undrain,
 )
@@ -327,14 +324,17 @@ class SlinkyPods:
 
 class SlinkyDriver:
     """SlurmDriver on Slinky. Job listing and signals need Slurm's own API: give ``jobs`` a
-    slurmrestd (or scontrol) driver; without one, checkpoint signals are unavailable."""
+    slurmrestd (or scontrol) driver's handles; without one, checkpoint signals are
+    unavailable, and what the backend's handles lack (a hold, a record's deletion, the job
+    history) this driver cannot do either."""
 
     def __init__(self, api: client.ApiClient, nodes: KubeNodes, *, namespace: str,
-                 jobs: SlurmDriver | None = None, nodeset: str = "",
+                 jobs: SlurmHandles | None = None, nodeset: str = "",
                  capabilities: OperatorCapabilities | None = None) -> None:
         self.pods = SlinkyPods(api, namespace)
         self.nodes = nodes
-        self.jobs = jobs
+        self.backend = jobs
+        self.jobs: SlurmDriver | None = jobs.driver if jobs is not None else None
         self.nodesets = NodeSets(api, namespace)
         self.nodeset = nodeset
         self.capabilities = capabilities or OperatorCapabilities(api)
@@ -433,8 +433,8 @@ class SlinkyDriver:
         conditions (up to its 30 s re-list late)."""
         pods = await self.pods.hosted()
         fresh: dict[str, SlurmNodeState] = {}
-        if isinstance(self.jobs, SlurmNodeLister):
-            fresh = {s.name: s for s in await self.jobs.nodes()}
+        if self.backend is not None and self.backend.lister is not None:
+            fresh = {s.name: s for s in await self.backend.lister.nodes()}
         out: dict[str, SlurmNodeState] = {}
         for p in pods:
             host, name = str(p["spec"]["nodeName"]), slurm_name(p)
@@ -468,26 +468,29 @@ class SlinkyDriver:
     async def hold(self, node: str, reason: str) -> None:
         """Drain ``node`` with someone else's reason through the job backend (the operator
         would prefix a reason set through a cordon: it would become the operator's)."""
-        jobs = self._need_jobs()
-        if not isinstance(jobs, SlurmHold):
+        self._need_jobs()
+        hold = self.backend.hold if self.backend is not None else None
+        if hold is None:
             raise PermanentError("carrying a reason over needs a job backend that sets Slurm "
                                  "reasons (scontrol or slurmrestd)")
-        await jobs.hold(node, reason)
+        await hold.hold(node, reason)
 
     async def delete_node(self, node: str) -> bool:
         """Delete ``node``'s Slurm record through the job backend (the operator has no such
         call: the pod's preStop does it)."""
-        jobs = self._need_jobs()
-        if not isinstance(jobs, SlurmNodeRecords):
+        self._need_jobs()
+        records = self.backend.records if self.backend is not None else None
+        if records is None:
             raise PermanentError("deleting a Slurm node record needs a job backend that can "
                                  "(scontrol or slurmrestd)")
-        return await jobs.delete_node(node)
+        return await records.delete_node(node)
 
     async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
         """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""
         jobs = self._need_jobs()
-        if isinstance(jobs, SlurmJobHistory):
-            return await jobs.recent_jobs_on(node)
+        history = self.backend.history if self.backend is not None else None
+        if history is not None:
+            return await history.recent_jobs_on(node)
         return await jobs.jobs_on(node)
 
     async def requeue_jobs(self, node: str) -> list[int]:

@@ -61,13 +61,17 @@ class SlinkyWorkload:
     """Workload port: move a Slurm node's slurmd to a claimed spare (see the module doc)."""
 
     def __init__(self, api: client.ApiClient, nodes: KubeNodes, slurm: SlurmDriver, *,
-                 namespace: str, nodeset: str = "") -> None:
+                 namespace: str, nodeset: str = "",
+                 records: SlurmNodeRecords | None = None) -> None:
+        """``records``: the Slurm driver's record deletion (its SlurmHandles), where it has
+        one; without it a dead node's swap waits for an admin to delete the record."""
         self.api = api
         self.core = client.CoreV1Api(api)
         self.nodesets = NodeSets(api, namespace)
         self.pods = SlinkyPods(api, namespace)
         self.nodes = nodes
         self.slurm = slurm
+        self.records = records
         self.namespace = namespace
         self.nodeset = nodeset
         self._held: set[tuple[str, str]] = set()  # (incident, reason) holds already logged
@@ -224,10 +228,10 @@ class SlinkyWorkload:
             return HookResult(StepOutcome.PENDING,
                               f"Slurm still hears a slurmd for {slurm_node}: its record is "
                               "deleted, and the spare opened, once it does not")
-        if not isinstance(self.slurm, SlurmNodeRecords):
+        if self.records is None:
             return self._keep_record(slurm_node, "the Slurm driver cannot delete node records")
         try:
-            await self.slurm.delete_node(slurm_node)
+            await self.records.delete_node(slurm_node)
         except PermanentError as e:  # no job backend, or Slurm refuses (a reservation)
             return self._keep_record(slurm_node, str(e))
         return None

@@ -13,7 +13,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["DRIVERS", "SlurmCapabilities", "SlurmDriverKind", "SlurmDriverSpec", "spec_of"]
+__all__ = ["DRIVERS", "SlurmCapabilities", "SlurmDriverKind", "SlurmDriverSpec", "capabilities_of",
+           "spec_of"]
 
 
 class SlurmDriverKind(enum.StrEnum):
@@ -86,3 +87,19 @@ DRIVERS: Mapping[SlurmDriverKind, SlurmDriverSpec] = {
 def spec_of(kind: SlurmDriverKind) -> SlurmDriverSpec:
     """``kind``'s registry entry."""
     return DRIVERS[kind]
+
+
+def capabilities_of(kind: SlurmDriverKind,
+                    backend: SlurmDriverKind | None = None) -> SlurmCapabilities:
+    """What ``kind`` can do, with ``backend`` as its job backend (Slurm's own API beside a
+    driver whose entry says ``through_job_backend``; ignored for the others): its own
+    capabilities, and for such a driver also each of its backend's."""
+    spec = DRIVERS[kind]
+    own = spec.capabilities
+    if not spec.through_job_backend or backend is None:
+        return own
+    theirs = capabilities_of(backend)
+    return SlurmCapabilities(lists_nodes=own.lists_nodes or theirs.lists_nodes,
+                             holds=own.holds or theirs.holds,
+                             deletes_records=own.deletes_records or theirs.deletes_records,
+                             job_history=own.job_history or theirs.job_history)

@@ -70,6 +70,10 @@ class Ports:
     fencing: Fencing
     slurm_names: SlurmNames = same_name
     topology_keys: TopologyKeys = TOPOGRAPH  # the labels a placement is reported from
+    slurm_history: SlurmJobHistory | None = None
+    """The Slurm driver's job history, where its registry entry has one (SlurmHandles)."""
+    slurm_hold: SlurmHold | None = None
+    """The Slurm driver's drain with someone else's reason, where it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +105,7 @@ async def _lost_jobs(p: Ports, act: a.LostJobs) -> Outcome:
     sn = act.slurm_node
     try:
         sn = sn or await p.slurm_names(act.node)
-        jobs = await (p.slurm.recent_jobs_on(sn) if isinstance(p.slurm, SlurmJobHistory)
+        jobs = await (p.slurm_history.recent_jobs_on(sn) if p.slurm_history is not None
                       else p.slurm.jobs_on(sn))
         text = ",".join(f"{j.id}:{j.state}" for j in jobs) or "none"
     except HealerError as e:
@@ -265,11 +269,11 @@ class Executor:
                                                                act.spare))
                 if out.status is StepOutcome.DONE and act.carry:
                     sn = act.slurm_node or dict(out.data or {}).get(StepKey.SLURM_NODE, "")
-                    if not isinstance(p.slurm, SlurmHold):
+                    if p.slurm_hold is None:
                         raise PermanentError("swap.foreignReason carryOver needs a Slurm driver "
                                              "that sets a reason (scontrol or slurmrestd, or "
                                              "the slinky driver with one as its job backend)")
-                    await p.slurm.hold(sn, act.carry)
+                    await p.slurm_hold.hold(sn, act.carry)
                     out = Outcome(StepOutcome.DONE, "",
                                   {**(out.data or {}), StepKey.CARRIED: act.carry})
                 return out

@@ -150,11 +150,26 @@ class HoldsPolicies(FollowsPolicies, Protocol):
     def policies(self) -> PolicySet: ...
 
 
+class PoliciesInForce:
+    """The policies in force, for the daemon's readers built before the controller (the spare
+    validator, the NodeSets' ports): created first with the policies loaded at start, given to
+    each reader's constructor, and moved on by :func:`switch_policies` only once the
+    controller took a reloaded set (a failed reload leaves it as it was). Call it to read."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, policies: PolicySet) -> None:
+        self.current = policies
+
+    def __call__(self) -> PolicySet:
+        return self.current
+
+
 def switch_policies(new: PolicySet, controller: HoldsPolicies,
-                    sources: Sequence[object]) -> None:
+                    sources: Sequence[object], in_force: PoliciesInForce | None = None) -> None:
     """Install reloaded policies: the sources that follow policies first (each re-derives its
-    queries), then the controller; if any step raises, the sources already switched are
-    switched back and the error propagates (the reloader reports it): nothing is
+    queries), then the controller, then ``in_force``; if any step raises, the sources already
+    switched are switched back and the error propagates (the reloader reports it): nothing is
     half-applied."""
     old, switched = controller.policies, []
     try:
@@ -168,6 +183,8 @@ def switch_policies(new: PolicySet, controller: HoldsPolicies,
             with contextlib.suppress(Exception):
                 undo.set_policies(old)
         raise
+    if in_force is not None:
+        in_force.current = new
 
 
 class ReloadObserver(Protocol):

@@ -35,6 +35,7 @@ from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.vocabulary import SLURM_REASON_PREFIX
 from healer.ports import (
     HookResult,
+    SlurmHandles,
     SlurmJob,
     SlurmNodeState,
     StateStore,
@@ -213,8 +214,9 @@ def main() -> int:
         telemetry=TelemetrySettings(prometheus_url=args.prometheus_url,
                                     poll_interval=args.poll_interval),
         http=HttpSettings(host="127.0.0.1", port=args.http_port))
-    overrides = Overrides(slurm=MemorySlurm(), workload=NoMove(), validator=NoValidation(),
-                          runtime=RuntimeSettings(),
+    # MemorySlurm drains and undrains only: no optional capability
+    overrides = Overrides(slurm=SlurmHandles(MemorySlurm()), workload=NoMove(),
+                          validator=NoValidation(), runtime=RuntimeSettings(),
                           wrap_store=CountingStore if args.requests_file else None,
                           wrap_actions=CountingActions if args.requests_file else None)
     return asyncio.run(run(settings, overrides))

@@ -191,6 +191,30 @@ def test_a_switch_that_fails_half_way_is_undone() -> None:
     assert (ctl.policies, a.policies, b.policies) == ("new", "new", "new")
 
 
+def test_the_policies_in_force_move_on_only_with_the_controller() -> None:
+    """The holder the readers built before the controller read (the spare validator, the
+    NodeSets' ports) takes a reloaded set once the controller did; never a refused one."""
+    from healer.runtime.policy_reload import PoliciesInForce, switch_policies
+
+    class Ctl:
+        def __init__(self) -> None:
+            self.policies: object = "old"
+            self.fail = True
+
+        def set_policies(self, new: object) -> None:
+            if self.fail:
+                raise RuntimeError("cannot plan")
+            self.policies = new
+
+    ctl, in_force = Ctl(), PoliciesInForce("old")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        switch_policies("new", ctl, [], in_force)  # type: ignore[arg-type]
+    assert in_force() == "old"
+    ctl.fail = False
+    switch_policies("new", ctl, [], in_force)  # type: ignore[arg-type]
+    assert in_force() == ctl.policies == "new"
+
+
 ROUND_TWO = sorted((ROOT / "tests" / "unit" / "policy_corpus").glob("1[0-9][0-9]-*.yaml"))
 TWO_NODESETS = (ROOT / "policies" / "examples" / "two-clusters.yaml").read_text()
 

@@ -24,7 +24,7 @@ from healer.core import rules as cp
 from healer.core.phases import Phase
 from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT
 from healer.errors import PermanentError
-from healer.ports import HookResult, StepOutcome
+from healer.ports import HookResult, SlurmHandles, StepOutcome
 from healer_dev.testing import FakeSlurm, fake_ports
 from tests.builders import policies, policy
 from tests.component.fake_apiserver import FakeKube, nodeset, nodeset_crd, running
@@ -98,9 +98,10 @@ async def test_a_dead_pods_slurm_record_is_deleted_before_the_spare_opens(env: E
     dead pod's address (tests/integration/slurm/test_dynamic_records.py), so the record goes
     first, once Slurm lists no job there; then the spare opens."""
     k, slurm = env.kube, FakeSlurm(["worker-0", "worker-1"])
-    sw = SlinkyWorkload(env.api, env.nodes, SlinkyDriver(env.api, env.nodes, namespace="slurm",
-                                                         nodeset="gpu", jobs=slurm),
-                        namespace="slurm", nodeset="gpu")
+    driver = SlinkyDriver(env.api, env.nodes, namespace="slurm", nodeset="gpu",
+                          jobs=SlurmHandles(slurm, hold=slurm, records=slurm))
+    sw = SlinkyWorkload(env.api, env.nodes, driver, namespace="slurm", nodeset="gpu",
+                        records=driver)
     await env.pool.claim("gpu-0", "inc-a")
     recreated_unscheduled(k, "worker-0")
     slurm.add_job(1, "worker-0")  # slurmctld has not set the dead node DOWN yet

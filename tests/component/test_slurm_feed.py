@@ -19,9 +19,10 @@ from healer.core.phases import Phase
 from healer.errors import NotFoundError, TransientError
 from healer.obs.http import Health
 from healer.obs.metrics import Metrics, StateSource
-from healer.ports import SlurmNodeState
+from healer.ports import SlurmHandles, SlurmNodeState
 from healer.runtime.dependencies import SLURM_VIEW, Dependencies
 from healer.runtime.slurm_feed import SlurmFeed
+from healer_dev.testing import FakeSlurm
 from tests.builders import policies, policy
 from tests.component.test_controller import Harness, make
 
@@ -189,15 +190,16 @@ async def test_slurm_names_are_mapped_to_their_nodes() -> None:
     async def hosts() -> dict[str, str]:
         return {"gpu-0": "node-07"}
 
-    mapped = slurm_states(Lister(), hosts)
+    driver = FakeSlurm()
+    mapped = slurm_states(SlurmHandles(driver, lister=Lister()), hosts)
     assert isinstance(mapped, SlurmNodeFeed)
     assert list(await mapped.node_states()) == ["node-07"]
-    same = slurm_states(Lister())
+    same = slurm_states(SlurmHandles(driver, lister=Lister()))
     assert same is not None
     assert sorted(await same.node_states()) == ["gpu-0", "gpu-9"]  # bare Slurm: same names
-    assert slurm_states(object()) is None  # a driver that cannot list: no feed
+    assert slurm_states(SlurmHandles(driver)) is None  # a driver that cannot list: no feed
     own = FakeStates()
-    assert slurm_states(own, hosts) is own  # Slinky's driver maps its own pods
+    assert slurm_states(SlurmHandles(driver, states=own), hosts) is own  # Slinky's own map
 
 
 async def test_a_lost_view_is_on_the_daemons_status_and_an_event_once_per_change(

@@ -64,7 +64,7 @@ class KubeSparePool:
                  labels_provider: Callable[[], Awaitable[Mapping[str, str]]] | None = None,
                  *, topology_name: str | None = None, keys: TopologyKeys = TOPOGRAPH,
                  tolerations: Sequence[Toleration] | None = None,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+                 clock: Clock = SYSTEM_CLOCK, validation: SpareValidator | None = None) -> None:
         self.nodes = nodes
         self.clock = clock  # the claim's time (CLAIMED_AT)
         self.selector = selector
@@ -79,9 +79,9 @@ class KubeSparePool:
         # its fabric labels): the operator may start serving the replacement as soon as its
         # slurmd registers, so the topology must already be right by then
         self.topology_name = topology_name
-        #: spare validation (set by the spare-validation loop's wiring); None: every free
-        #: spare is claimable
-        self.validation: SpareValidator | None = None
+        #: spare validation (the daemon's one validator, given by the composition root); None:
+        #: every free spare is claimable
+        self.validation = validation
         # while the node watch runs, the pool and the claims are looked up in its cache
         for key in self.selector.match_labels:
             nodes.cache.index(key)

@@ -6,7 +6,8 @@ driver that can list every node (issue 12: guardrails count what Slurm counts).
   the slurmd pods', :meth:`healer.adapters.slinky.SlinkyPods.hosts`), or taken as the Node's
   name when there is no map (bare Slurm, DaemonSet-mode NodeSets).
 * The Slinky driver implements ``node_states`` itself (:class:`healer.adapters.slinky.
-  SlinkyDriver`); :func:`slurm_states` picks whichever a driver offers.
+  SlinkyDriver`); :func:`slurm_states` picks whichever a driver's handles
+  (:class:`~healer.ports.SlurmHandles`) offer.
 
 A read lists the whole fleet (Slurm 22.05's clients have no "changed since" query; slurmrestd's
 ``update_time`` would save bytes, not the runtime's work); the runtime feeds the core only the
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
-from healer.ports import SlurmNodeLister, SlurmNodeState, SlurmStates
+from healer.ports import SlurmHandles, SlurmNodeState, SlurmStates
 
 __all__ = ["NodeLister", "SlurmNodeFeed", "slurm_states"]
 
@@ -40,11 +41,11 @@ class SlurmNodeFeed:
         return {hosts[s.name]: s for s in states if s.name in hosts}
 
 
-def slurm_states(driver: object, hosts: Hosts | None = None) -> SlurmStates | None:
-    """The Slurm feed a driver offers: its own ``node_states`` (Slinky), or its ``nodes``
-    listing (scontrol, slurmrestd) mapped through ``hosts``; None if it offers neither."""
-    if isinstance(driver, SlurmStates):
-        return driver
-    if isinstance(driver, SlurmNodeLister):
-        return SlurmNodeFeed(driver.nodes, hosts)
+def slurm_states(handles: SlurmHandles, hosts: Hosts | None = None) -> SlurmStates | None:
+    """The Slurm feed a driver's handles offer: its own ``node_states`` (Slinky), or its
+    ``nodes`` listing (scontrol, slurmrestd) mapped through ``hosts``; None if neither."""
+    if handles.states is not None:
+        return handles.states
+    if handles.lister is not None:
+        return SlurmNodeFeed(handles.lister.nodes, hosts)
     return None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from healer.app import Overrides, run
 from healer.cli import _settings, add_run_flags
+from healer.ports import SlurmHandles
 from healer.runtime.controller import RuntimeSettings
 from healer_dev.testing import FakeCheckpoint, FakeSlurm, FakeValidator, FakeWorkload, FileSignals
 from tests.integration.daemon_process import crash_hooks
@@ -47,7 +48,9 @@ def main() -> int:
     if not args.fake_slurm:
         p.error("--fake-slurm or --real-slurm is required")
     slurm = FakeSlurm(path=Path(args.fake_slurm))
-    overrides = Overrides(slurm=slurm, workload=FakeWorkload(slurm),
+    # the fake lists its nodes by Kubernetes node, holds and deletes records (no job history)
+    handles = SlurmHandles(slurm, states=slurm, hold=slurm, records=slurm)
+    overrides = Overrides(slurm=handles, workload=FakeWorkload(slurm),
                           checkpoint=None if args.real_checkpoint_hooks
                           else FakeCheckpoint(slurm), validator=FakeValidator(),
                           telemetry=telemetry, runtime=runtime, **hooks)
