@@ -357,18 +357,13 @@ class SlinkyDriver:
 
     async def _state(self, node: str, host: str = "") -> SlurmNodeState:
         try:
-            pod = await self.pods.of(node, host)
+            mirrored = pod_state(await self.pods.of(node, host))
         except NotFoundError as e:
-            # a pod being deleted (a rolling update waiting for its job, a dead node's pod
-            # until Kubernetes removes it) still names its Slurm node, which still exists
-            gone = [p for p in await self.pods.pods(terminating=True) if slurm_name(p) == node]
-            if not gone:
-                why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
-                if why:
-                    raise NotFoundError(why) from e
-                raise
-            pod = gone[0]
-        return await self._fresh(node, pod_state(pod))
+            why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
+            if why:
+                raise NotFoundError(why) from e
+            raise
+        return await self._fresh(node, mirrored)
 
     async def _fresh(self, node: str, mirrored: SlurmNodeState) -> SlurmNodeState:
         """Slurm's own answer when there is a job backend, else the pod's mirror."""
