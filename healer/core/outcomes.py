@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from healer.core.machine.effects import NO_FAULT_DETAIL
-from healer.core.model import NodeRecord, NodeView, SignalKind, StepOutcome
+from healer.core.model import NodeRecord, NodeView, RecordOutcome, SignalKind, StepOutcome
 from healer.core.modes import Mode
 from healer.core.phases import TERMINAL, Phase
 from healer.core.vocabulary import StepName
@@ -171,7 +171,7 @@ def closing_of(record: NodeRecord) -> Closing:
         return Closing.ESCALATED
     if record.phase is Phase.CANCELLED:
         return Closing.CANCELLED
-    if record.outcome == Closing.RECOVERED.value:
+    if record.outcome is RecordOutcome.RECOVERED:
         return Closing.RECOVERED
     return Closing.REPLACED if record.spare else Closing.REPAIRED
 

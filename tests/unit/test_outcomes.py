@@ -55,7 +55,8 @@ def xid_at(at: float, node_name: str = "n1") -> Signal:
 
 
 def closed(phase: Phase, at: float, outcome: str, **kw: Any) -> NodeRecord:
-    return record(phase, phase_since=T0 + at, outcome=outcome, **kw)
+    word, detail = NodeRecord.outcome_of(outcome)  # as status.outcome reads
+    return record(phase, phase_since=T0 + at, outcome=word, outcome_detail=detail, **kw)
 
 
 SWAP_LEDGER = (ok(StepName.DRAIN, 1, 2), ok(StepName.CORDON, 100, 101),

@@ -8,6 +8,7 @@ byte-identically (objects written before the types existed still read).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import typing
 from collections.abc import Callable
@@ -21,16 +22,20 @@ from healer.core.model import (
     LEDGER_OUTCOMES,
     Guardrail,
     GuardrailBlock,
+    NodeRecord,
+    RecordOutcome,
     Signal,
     SlurmFinding,
     StepKey,
     StepOutcome,
     StepRecord,
 )
+from healer.core.phases import Phase
 from healer.core.slurm_signals import finding_of, finding_signal
 from healer.core.topology import placement_of
 from healer.ports import HookResult
 from healer.ports import StepOutcome as PortsStepOutcome
+from tests.builders import record
 
 
 def _enum_in(hint: Any) -> type[enum.Enum] | None:
@@ -51,6 +56,7 @@ def _enum_in(hint: Any) -> type[enum.Enum] | None:
     (StepRecord, "outcome", StepOutcome),
     (StepResult, "status", StepOutcome),
     (HookResult, "outcome", StepOutcome),
+    (NodeRecord, "outcome", RecordOutcome),
 ])
 def test_closed_sets_are_typed_as_their_enum(cls: type, field: str,
                                              expected: type[enum.Enum]) -> None:
@@ -126,7 +132,7 @@ def test_only_finished_outcomes_are_ledger_outcomes() -> None:
         StepOutcome.PENDING, StepOutcome.RETRY, StepOutcome.UNAVAILABLE}
 
 
-@pytest.mark.parametrize("cls", [Guardrail, SlurmView, StepOutcome])
+@pytest.mark.parametrize("cls", [Guardrail, SlurmView, StepOutcome, RecordOutcome])
 def test_a_bad_value_raises(cls: type[enum.Enum]) -> None:
     with pytest.raises(ValueError, match="no-such-value"):
         cls("no-such-value")
@@ -142,3 +148,67 @@ def test_a_slurm_finding_travels_typed_and_is_not_parsed_back() -> None:
     assert wire.finding is None
     assert finding_of(wire) == found
     assert wire == signal
+
+
+def _closed(outcome: RecordOutcome | None, detail: str = "") -> NodeRecord:
+    return record(Phase.ESCALATED if outcome is RecordOutcome.ESCALATED else Phase.DONE,
+                  outcome=outcome, outcome_detail=detail)
+
+
+def test_record_outcomes_keep_their_words() -> None:
+    """Every word a record's ``status.outcome`` was ever written with, before the type."""
+    assert {o.value for o in RecordOutcome} == {
+        "done", "replaced", "repaired", "recovered", "cancelled", "escalated", "node deleted"}
+
+
+@pytest.mark.parametrize("outcome", [None, *RecordOutcome])
+def test_a_record_outcome_round_trips_byte_identically(outcome: RecordOutcome | None) -> None:
+    rec = _closed(outcome)
+    wire = rec.to_dict()
+    assert wire["outcome"] == ("" if outcome is None else outcome.value)
+    assert type(wire["outcome"]) is str  # the wire holds plain text, not the enum
+    back = NodeRecord.from_dict(wire)
+    assert back == rec
+    assert back.outcome is outcome
+    assert back.to_dict() == wire
+
+
+def test_an_escalation_writes_its_reason_and_reads_it_back_as_detail() -> None:
+    reason = "step drain failed: slurmctld said no"
+    rec = _closed(RecordOutcome.ESCALATED, reason)
+    wire = rec.to_dict()
+    assert wire["outcome"] == reason  # as written before the type: the reason, not a word
+    back = NodeRecord.from_dict(wire)
+    assert (back.outcome, back.outcome_detail) == (RecordOutcome.ESCALATED, reason)
+    assert back.outcome_text == reason
+    # an escalation without a reason is written as the word
+    assert _closed(RecordOutcome.ESCALATED).to_dict()["outcome"] == "escalated"
+
+
+@pytest.mark.parametrize(("text", "outcome", "detail"), [
+    ("", None, ""),
+    ("recovered", RecordOutcome.RECOVERED, ""),
+    ("node deleted", RecordOutcome.NODE_DELETED, ""),
+    ("escalated", RecordOutcome.ESCALATED, ""),
+    ("Recovered", RecordOutcome.ESCALATED, "Recovered"),  # not a word: an escalation's text
+    ("deadline of phase Draining passed", RecordOutcome.ESCALATED,
+     "deadline of phase Draining passed"),
+])
+def test_status_outcome_reads_a_word_as_itself_and_any_other_text_as_escalation(
+        text: str, outcome: RecordOutcome | None, detail: str) -> None:
+    assert NodeRecord.outcome_of(text) == (outcome, detail)
+    wire = _closed(RecordOutcome.DONE).to_dict() | {"outcome": text}
+    back = NodeRecord.from_dict(wire)
+    assert (back.outcome, back.outcome_detail) == (outcome, detail)
+    assert back.to_dict()["outcome"] == text
+
+
+def test_a_record_takes_only_a_record_outcome() -> None:
+    with pytest.raises(TypeError, match="must be a RecordOutcome"):
+        dataclasses.replace(_closed(None), outcome="recovered")
+
+
+@pytest.mark.parametrize("outcome", [o for o in RecordOutcome if o is not RecordOutcome.ESCALATED])
+def test_only_an_escalation_carries_a_detail(outcome: RecordOutcome) -> None:
+    with pytest.raises(ValueError, match="only with an escalation"):
+        _closed(outcome, "why")
