@@ -42,7 +42,7 @@ from healer.adapters.slinky import OperatorCapabilities
 from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
-from healer.core.rules import Mode, PolicySet
+from healer.core.rules import HookKind, Mode, PolicySet
 from healer.core.slurm_drivers import SlurmDriverKind
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
@@ -396,15 +396,16 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
         validator = JobValidator(api, namespace=settings.kube.namespace)
     webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
     jobhook = JobHook(api, nodes, namespace=settings.kube.namespace)
-    checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
-                                             "webhook": webhook, "job": jobhook})
+    checkpoint = o.checkpoint or HookRouter({
+        HookKind.SLURM_SIGNAL: SlurmSignalCheckpoint(slurm, nodes),
+        HookKind.WEBHOOK: webhook, HookKind.JOB: jobhook})
     if events is None:
         events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,
                  slurm=slurm, spares=spares, workload=workload,
                  topology=_topology(settings, api, nodes, side, keys),
                  validator=validator, checkpoint=checkpoint,
-                 repair=RepairRouter(nodes, {"webhook": webhook, "job": jobhook}),
+                 repair=RepairRouter(nodes, {HookKind.WEBHOOK: webhook, HookKind.JOB: jobhook}),
                  fencing=KubeFencing(nodes, webhook, callback_url=settings.callback_url),
                  slurm_names=slurm_names, topology_keys=keys), spares
 

@@ -12,10 +12,12 @@ import dataclasses
 import enum
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from healer.core.actions import CHECKPOINT_HOOKS, REPAIR_HOOKS, Checkpoint, HookKind, MarkRepair
 from healer.core.budget import BudgetView, GuardrailUsage, SlurmView
 from healer.core.machine.triggers import StepResult
 from healer.core.model import (
@@ -31,11 +33,14 @@ from healer.core.model import (
     StepRecord,
 )
 from healer.core.phases import Phase
+from healer.core.rules import CheckpointStep, RepairStep
 from healer.core.slurm_signals import finding_of, finding_signal
 from healer.core.topology import placement_of
-from healer.ports import HookResult
+from healer.policy.load import load_policy_set
+from healer.policy.schema import CheckpointSpec, RepairSpec
+from healer.ports import HookResult, HookSpec
 from healer.ports import StepOutcome as PortsStepOutcome
-from tests.builders import record
+from tests.builders import policy_steps, policy_yaml, record
 
 
 def _enum_in(hint: Any) -> type[enum.Enum] | None:
@@ -57,6 +62,11 @@ def _enum_in(hint: Any) -> type[enum.Enum] | None:
     (StepResult, "status", StepOutcome),
     (HookResult, "outcome", StepOutcome),
     (NodeRecord, "outcome", RecordOutcome),
+    (HookSpec, "kind", HookKind),
+    (Checkpoint, "hook", HookKind),
+    (MarkRepair, "hook", HookKind),
+    (CheckpointStep, "hook", HookKind),
+    (RepairStep, "hook", HookKind),
 ])
 def test_closed_sets_are_typed_as_their_enum(cls: type, field: str,
                                              expected: type[enum.Enum]) -> None:
@@ -132,7 +142,7 @@ def test_only_finished_outcomes_are_ledger_outcomes() -> None:
         StepOutcome.PENDING, StepOutcome.RETRY, StepOutcome.UNAVAILABLE}
 
 
-@pytest.mark.parametrize("cls", [Guardrail, SlurmView, StepOutcome, RecordOutcome])
+@pytest.mark.parametrize("cls", [Guardrail, SlurmView, StepOutcome, RecordOutcome, HookKind])
 def test_a_bad_value_raises(cls: type[enum.Enum]) -> None:
     with pytest.raises(ValueError, match="no-such-value"):
         cls("no-such-value")
@@ -212,3 +222,29 @@ def test_a_record_takes_only_a_record_outcome() -> None:
 def test_only_an_escalation_carries_a_detail(outcome: RecordOutcome) -> None:
     with pytest.raises(ValueError, match="only with an escalation"):
         _closed(outcome, "why")
+
+
+@pytest.mark.parametrize(("spec", "hooks"), [(CheckpointSpec, CHECKPOINT_HOOKS),
+                                             (RepairSpec, REPAIR_HOOKS)])
+def test_the_schema_allows_exactly_the_hooks_of_each_step(spec: type, hooks: tuple[HookKind, ...]
+                                                         ) -> None:
+    allowed = typing.get_args(typing.get_type_hints(spec)["hook"])
+    assert list(allowed) == [h.value for h in hooks]  # the JSON schema's enum, in its order
+    assert {h.value for h in HookKind} == {*CHECKPOINT_HOOKS, *REPAIR_HOOKS}
+
+
+@pytest.mark.parametrize(("checkpoint", "repair"), [("slurm-signal", "none"), ("job", "job")])
+def test_a_policy_hook_compiles_to_its_kind(tmp_path: Path, checkpoint: str, repair: str) -> None:
+    steps = policy_steps(checkpoint={"enabled": True, "hook": checkpoint, "deadline": "5m",
+                                     "jobTemplate": "healer-system/checkpoint-job"},
+                         repair={"hook": repair, "jobTemplate": "healer-system/repair-job"})
+    (tmp_path / "p.yaml").write_text(policy_yaml("t", name="p", steps=steps))
+    (pol,) = load_policy_set([tmp_path]).policies
+    assert pol.steps.checkpoint.hook is HookKind(checkpoint)
+    assert pol.steps.repair.hook is HookKind(repair)
+
+
+def test_a_hook_spec_takes_only_a_hook_kind() -> None:
+    with pytest.raises(TypeError, match="must be a HookKind"):
+        HookSpec("webhook")  # type: ignore[arg-type]
+    assert HookSpec(HookKind.JOB, job_template="ns/cm").kind is HookKind.JOB
