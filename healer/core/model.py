@@ -510,19 +510,26 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class TransitionRecord:
-    """One entry of the record's (bounded) phase history."""
+    """One entry of the record's (bounded) phase history: the phases are :class:`Phase`,
+    their names only on the wire (``from``/``to``)."""
 
     at: float
-    source: str
-    target: str
+    source: Phase
+    target: Phase
     trigger: str
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.source, Phase) and isinstance(self.target, Phase)):
+            raise TypeError(f"TransitionRecord phases must be Phases, not {self.source!r} → "
+                            f"{self.target!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "from": self.source, "to": self.target, "trigger": self.trigger}
+        return {"at": self.at, "from": self.source.value, "to": self.target.value,
+                "trigger": self.trigger}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TransitionRecord:
-        return cls(at=float(d["at"]), source=str(d["from"]), target=str(d["to"]),
+        return cls(at=float(d["at"]), source=Phase(str(d["from"])), target=Phase(str(d["to"])),
                    trigger=str(d["trigger"]))
 
 

@@ -156,7 +156,7 @@ _VALUE_IS_SINCE = frozenset({SignalKind.CONDITION, SignalKind.SLURM})
 
 def first_sign(record: NodeRecord) -> float | None:
     """When the first sign of the fault was seen (see the module docstring), if known."""
-    times = [h.at for h in record.history if h.source == Phase.HEALTHY.value]
+    times = [h.at for h in record.history if h.source is Phase.HEALTHY]
     for s in record.incident.evidence:
         since = s.kind in _VALUE_IS_SINCE and 0 < s.value <= s.observed_at
         times.append(s.value if since else s.observed_at)

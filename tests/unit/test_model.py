@@ -49,8 +49,8 @@ steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers
                   error=text, detail=text)
 blocks = st.builds(GuardrailBlock, guardrail=st.sampled_from(Guardrail), message=text,
                    current=st.integers(0, 100).map(float), limit=st.integers(0, 100).map(float))
-history = st.builds(TransitionRecord, at=times, source=st.sampled_from([p.value for p in Phase]),
-                    target=st.sampled_from([p.value for p in Phase]), trigger=text)
+history = st.builds(TransitionRecord, at=times, source=st.sampled_from(Phase),
+                    target=st.sampled_from(Phase), trigger=text)
 #: A record's outcome and detail as the machine sets them: an escalation's reason is words,
 #: never one of the outcomes' own values (on the wire the two share ``status.outcome``).
 outcomes = (st.tuples(st.none() | st.sampled_from(RecordOutcome), st.just(""))

@@ -46,8 +46,8 @@ def ok(step: str, start: float, end: float) -> StepRecord:
 
 
 def suspected(at: float) -> tuple[TransitionRecord, ...]:
-    return (TransitionRecord(T0 + at, "Healthy", "Suspect", "verdict"),
-            TransitionRecord(T0, "Suspect", "Failed", "verdict"))
+    return (TransitionRecord(T0 + at, Phase.HEALTHY, Phase.SUSPECT, "verdict"),
+            TransitionRecord(T0, Phase.SUSPECT, Phase.FAILED, "verdict"))
 
 
 def xid_at(at: float, node_name: str = "n1") -> Signal:

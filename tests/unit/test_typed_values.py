@@ -31,6 +31,7 @@ from healer.core.model import (
     StepKey,
     StepOutcome,
     StepRecord,
+    TransitionRecord,
 )
 from healer.core.phases import Phase
 from healer.core.rules import CheckpointStep, RepairStep
@@ -67,6 +68,8 @@ def _enum_in(hint: Any) -> type[enum.Enum] | None:
     (MarkRepair, "hook", HookKind),
     (CheckpointStep, "hook", HookKind),
     (RepairStep, "hook", HookKind),
+    (TransitionRecord, "source", Phase),
+    (TransitionRecord, "target", Phase),
 ])
 def test_closed_sets_are_typed_as_their_enum(cls: type, field: str,
                                              expected: type[enum.Enum]) -> None:
@@ -248,3 +251,19 @@ def test_a_hook_spec_takes_only_a_hook_kind() -> None:
     with pytest.raises(TypeError, match="must be a HookKind"):
         HookSpec("webhook")  # type: ignore[arg-type]
     assert HookSpec(HookKind.JOB, job_template="ns/cm").kind is HookKind.JOB
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_a_phase_change_round_trips_with_the_phase_names_on_the_wire(phase: Phase) -> None:
+    entry = {"at": 1.0, "from": Phase.HEALTHY.value, "to": phase.value, "trigger": "verdict"}
+    rec = TransitionRecord.from_dict(entry)
+    assert (rec.source, rec.target) == (Phase.HEALTHY, phase)
+    assert rec.to_dict() == entry
+    assert all(type(v) is not Phase for v in rec.to_dict().values())
+
+
+def test_a_phase_change_takes_only_phases() -> None:
+    with pytest.raises(TypeError, match="must be Phases"):
+        TransitionRecord(1.0, "Healthy", Phase.SUSPECT, "verdict")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Sick"):
+        TransitionRecord.from_dict({"at": 1.0, "from": "Healthy", "to": "Sick", "trigger": "x"})

@@ -190,7 +190,7 @@ def _detail(r: StepResult) -> str:
 
 
 def _enter(rec: NodeRecord, source: Phase, target: Phase, now: float, label: str) -> NodeRecord:
-    hist = (*rec.history, TransitionRecord(now, source.value, target.value, label))
+    hist = (*rec.history, TransitionRecord(now, source, target, label))
     if len(hist) > HISTORY_LIMIT:
         hist = hist[-HISTORY_LIMIT:]
     return replace(rec, phase=target, phase_since=now, history=hist)
