@@ -62,8 +62,10 @@ async def test_live_reload_applies_a_valid_change_and_survives_invalid_ones(
         assert first
         policy = fleet.policies / "policy.yaml"
         # a valid change: picked up, a new digest
-        _write(policy, policy.read_text().replace("drain: {deadline: 10m}",
-                                                  "drain: {deadline: 20m}"))
+        text = policy.read_text()
+        changed_text = text.replace("drain:\n      deadline: 10m", "drain:\n      deadline: 20m")
+        assert changed_text != text, text  # the builder's layout: a silent no-op fails here
+        _write(policy, changed_text)
 
         async def changed() -> bool:
             return await _digest(d) not in ("", first)
