@@ -43,7 +43,7 @@ from healer.adapters.slinky import OperatorCapabilities
 from healer.adapters.spare_validation import SpareValidator
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core.nodesets import NodeSetRules
-from healer.core.rules import Mode, PolicySet
+from healer.core.rules import HookKind, Mode, PolicySet
 from healer.core.slurm_drivers import SlurmDriverKind, capabilities_of
 from healer.core.topology import TOPOGRAPH, TopologyKeys
 from healer.errors import ConfigError, PolicyError
@@ -269,7 +269,7 @@ def _hooks(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
            secrets: Secrets) -> _Hooks:
     webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
     job = JobHook(api, nodes, namespace=settings.kube.namespace)
-    return _Hooks(webhook, job, RepairRouter(nodes, {"webhook": webhook, "job": job}))
+    return _Hooks(webhook, job, RepairRouter(nodes, {HookKind.WEBHOOK: webhook, HookKind.JOB: job}))
 
 
 def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
@@ -441,8 +441,9 @@ def _ports(settings: Settings, o: Overrides, api: client.ApiClient, nodes: KubeN
     if hooks is None:
         hooks = _hooks(settings, api, nodes, secrets)
     webhook = hooks.webhook
-    checkpoint = o.checkpoint or HookRouter({"slurm-signal": SlurmSignalCheckpoint(slurm, nodes),
-                                             "webhook": webhook, "job": hooks.job})
+    checkpoint = o.checkpoint or HookRouter({
+        HookKind.SLURM_SIGNAL: SlurmSignalCheckpoint(slurm, nodes),
+        HookKind.WEBHOOK: webhook, HookKind.JOB: hooks.job})
     if events is None:
         events = KubeEvents(ApiEventWriter(api), instance=settings.leader.identity)
     return Ports(nodes=nodes, events=events,

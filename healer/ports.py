@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from healer.core.actions import HookKind as HookKind
 from healer.core.model import FenceProvider, NodeRecord, NodeView, Signal
 
 # an adapter answers with the core's one step-outcome type; adapters import it from here
@@ -325,11 +326,15 @@ class SparePool(Protocol):
 class HookSpec:
     """What a policy says about a hook (checkpoint or repair)."""
 
-    kind: str  # slurm-signal | webhook | job | none
+    kind: HookKind
     signal: str = "USR1"
     url: str = ""
     secret_ref: str = ""  # namespace/name[:key] of the HMAC secret (webhook)
     job_template: str = ""  # namespace/name of the ConfigMap holding the Job (job)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, HookKind):
+            raise TypeError(f"HookSpec.kind must be a HookKind, not {self.kind!r}")
 
 
 @dataclass(frozen=True, slots=True)

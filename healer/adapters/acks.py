@@ -43,7 +43,7 @@ from healer.core.vocabulary import (
     StepName,
 )
 from healer.errors import HealerError
-from healer.ports import Clock, NodeAPI
+from healer.ports import Clock, HookKind, NodeAPI
 
 from .hooks import verify
 
@@ -74,7 +74,7 @@ def target_of(record: Any, policy: Any) -> AckTarget | None:
         return None
     st = policy.steps
     refs = {k: h.secret_ref for k, h in (("checkpoint", st.checkpoint), ("repair", st.repair))
-            if h.hook == "webhook" and h.secret_ref}
+            if h.hook is HookKind.WEBHOOK and h.secret_ref}
     fencing = policy.dead.fencing
     if policy.dead.enabled and FenceProvider.WEBHOOK in fencing.providers and \
             fencing.secret_ref:

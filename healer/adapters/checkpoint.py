@@ -23,7 +23,15 @@ from collections.abc import Callable, Mapping
 
 from healer.core.vocabulary import CHECKPOINT_ACK_COMMENT_PREFIX, CHECKPOINT_SIGNALLED
 from healer.errors import PermanentError
-from healer.ports import CheckpointHook, HookResult, HookSpec, NodeAPI, SlurmDriver, StepOutcome
+from healer.ports import (
+    CheckpointHook,
+    HookKind,
+    HookResult,
+    HookSpec,
+    NodeAPI,
+    SlurmDriver,
+    StepOutcome,
+)
 
 
 def _parse_signalled(value: str, incident: str) -> set[int]:
@@ -74,8 +82,8 @@ class SlurmSignalCheckpoint:
 class HookRouter:
     """Dispatch to the hook a policy names (slurm-signal | webhook | job)."""
 
-    def __init__(self, hooks: Mapping[str, CheckpointHook],
-                 missing: Callable[[str], str] | None = None) -> None:
+    def __init__(self, hooks: Mapping[HookKind, CheckpointHook],
+                 missing: Callable[[HookKind], str] | None = None) -> None:
         self.hooks = dict(hooks)
         self._missing = missing
 
@@ -84,6 +92,6 @@ class HookRouter:
         h = self.hooks.get(spec.kind)
         if h is None:
             why = (self._missing(spec.kind) if self._missing
-                   else f"no {spec.kind!r} checkpoint hook is configured")
+                   else f"no {spec.kind.value!r} checkpoint hook is configured")
             raise PermanentError(why)
         return await h.checkpoint(incident, node, slurm_node, spec)

@@ -33,7 +33,15 @@ from healer.core.vocabulary import (
     FENCED_ANNOTATION,
 )
 from healer.errors import HealerError, NotFoundError
-from healer.ports import Clock, FenceSpec, HookResult, HookSpec, NodeAPI, StepOutcome
+from healer.ports import (
+    Clock,
+    FenceSpec,
+    HookKind,
+    HookResult,
+    HookSpec,
+    NodeAPI,
+    StepOutcome,
+)
 
 __all__ = ["KubeFencing"]
 
@@ -91,7 +99,7 @@ class KubeFencing:
                                                "machine is off or cut off")
 
     async def _request(self, incident: str, node: str, spec: FenceSpec) -> None:
-        await self.webhook.post("fence", HookSpec("webhook", url=spec.url,
+        await self.webhook.post("fence", HookSpec(HookKind.WEBHOOK, url=spec.url,
                                                   secret_ref=spec.secret_ref), {
             "incident": incident, "node": node, "action": "fence",
             "deadline": rfc3339(spec.deadline) if spec.deadline else "",

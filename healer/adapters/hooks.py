@@ -53,7 +53,7 @@ from healer.core.vocabulary import (
     REPAIR_RESULT,
 )
 from healer.errors import PermanentError, TransientError
-from healer.ports import Clock, HookResult, HookSpec, NodeAPI, StepOutcome
+from healer.ports import Clock, HookKind, HookResult, HookSpec, NodeAPI, StepOutcome
 
 SIGNATURE = "X-Healer-Signature"
 MAX_REMEMBERED = 10_000
@@ -227,7 +227,7 @@ class JobHook:
 class RepairRouter:
     """The repair hand-off: label the node (always), then call the policy's hook."""
 
-    def __init__(self, nodes: NodeAPI, hooks: Mapping[str, Any]) -> None:
+    def __init__(self, nodes: NodeAPI, hooks: Mapping[HookKind, Any]) -> None:
         self.nodes = nodes
         self.hooks = dict(hooks)
 
@@ -237,10 +237,10 @@ class RepairRouter:
             await self.nodes.patch_metadata(node, labels={REPAIR_LABEL: REPAIR_PENDING},
                                             annotations={REPAIR_INCIDENT: incident,
                                                          REPAIR_RESULT: None})
-        if spec.kind in ("", "none"):
+        if spec.kind is HookKind.NONE:
             return HookResult(StepOutcome.DONE)
         hook = self.hooks.get(spec.kind)
         if hook is None:
-            raise PermanentError(f"no {spec.kind!r} repair hook is configured")
+            raise PermanentError(f"no {spec.kind.value!r} repair hook is configured")
         out: HookResult = await hook.hand_off(incident, node, spec)
         return out

@@ -52,7 +52,7 @@ from healer.core.vocabulary import (
     SPARE_VALIDATION,
     SPARE_VALIDATION_RUN,
 )
-from healer.ports import Clock, EventRecorder, HookSpec, NodeAPI, RepairHook
+from healer.ports import Clock, EventRecorder, HookKind, HookSpec, NodeAPI, RepairHook
 
 #: The node label GPU feature discovery sets to the GPU model (``NVIDIA-H100-80GB-HBM3``).
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -174,7 +174,7 @@ class SpareValidator:
             note=f"warm spare {name} failed {failed.check}{figure}: {failed.detail}; it left "
                  "the spare pool and was handed to repair")
         await self.repair.hand_off(f"{SPARE_REPAIR_PREFIX}{name}-{run.run}", name,
-                                   HookSpec("none"))
+                                   HookSpec(HookKind.NONE))
 
     async def for_claim(self, spare: NodeView, *, may_start: bool) -> Readiness:
         """May a claim take ``spare`` now? A run in progress is advanced; with ``onClaim`` and

@@ -162,10 +162,10 @@ def _incident_report(inc: _Incident, world: BacktestWorld, end: float) -> Incide
         id=inc.id, node=inc.node, policy=rec.policy, mode=rec.mode.value,
         severity=rec.incident.severity.label, rules=rec.incident.rules, gpus=rec.incident.gpus,
         summary=rec.incident.summary, opened_at=inc.opened_at, phase=rec.phase.value,
-        outcome=rec.outcome, admitted_at=admitted, drained_at=drained, cordoned_at=cordoned,
+        outcome=rec.outcome_text, admitted_at=admitted, drained_at=drained, cordoned_at=cordoned,
         spare=rec.spare, spare_match=spare_match, replaced_at=replaced, out_since=out_since,
         out_until=out_until, blocks=tuple(blocks), escalated_at=inc.escalated_at,
-        escalation=rec.outcome if inc.escalated_at is not None else "",
+        escalation=rec.outcome_text if inc.escalated_at is not None else "",
         held_for_capacity=inc.held, phases=tuple(inc.phases), steps=_steps(rec))
 
 

@@ -25,6 +25,21 @@ class Impact(enum.Enum):
     RECOVERY = "recovery"  # gives capacity back: never blocked by the breaker
 
 
+class HookKind(enum.StrEnum):
+    """How a checkpoint or a repair reaches the outside (a policy's ``steps.checkpoint.hook``
+    and ``steps.repair.hook``; the value is the policy's word)."""
+
+    SLURM_SIGNAL = "slurm-signal"  # checkpoint only: signal the node's jobs through Slurm
+    WEBHOOK = "webhook"  # an HMAC-signed HTTP call
+    JOB = "job"  # a Kubernetes Job from a ConfigMap template
+    NONE = "none"  # repair only: label the node, call nothing
+
+
+#: The hooks a checkpoint may use, and a repair (the policy schema allows exactly these).
+CHECKPOINT_HOOKS = (HookKind.SLURM_SIGNAL, HookKind.WEBHOOK, HookKind.JOB)
+REPAIR_HOOKS = (HookKind.NONE, HookKind.WEBHOOK, HookKind.JOB)
+
+
 @dataclass(frozen=True, slots=True)
 class Action:
     incident: str
@@ -51,7 +66,7 @@ class Action:
 class Checkpoint(Action):
     """Ask the jobs on the node to checkpoint; DONE once they acknowledged or ended."""
 
-    hook: str = "slurm-signal"
+    hook: HookKind = HookKind.SLURM_SIGNAL
     signal: str = "USR1"
     slurm_node: str = ""
     url: str = ""
@@ -195,7 +210,7 @@ class ReleaseSpare(Action):
 class MarkRepair(Action):
     """Label the node for repair and call the repair hook, if any."""
 
-    hook: str = "none"
+    hook: HookKind = HookKind.NONE
     url: str = ""
     secret_ref: str = ""
     job_template: str = ""

@@ -510,19 +510,26 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class TransitionRecord:
-    """One entry of the record's (bounded) phase history."""
+    """One entry of the record's (bounded) phase history: the phases are :class:`Phase`,
+    their names only on the wire (``from``/``to``)."""
 
     at: float
-    source: str
-    target: str
+    source: Phase
+    target: Phase
     trigger: str
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.source, Phase) and isinstance(self.target, Phase)):
+            raise TypeError(f"TransitionRecord phases must be Phases, not {self.source!r} → "
+                            f"{self.target!r}")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "from": self.source, "to": self.target, "trigger": self.trigger}
+        return {"at": self.at, "from": self.source.value, "to": self.target.value,
+                "trigger": self.trigger}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TransitionRecord:
-        return cls(at=float(d["at"]), source=str(d["from"]), target=str(d["to"]),
+        return cls(at=float(d["at"]), source=Phase(str(d["from"])), target=Phase(str(d["to"])),
                    trigger=str(d["trigger"]))
 
 
@@ -608,6 +615,20 @@ class Death:
                                        for k, v in (d.get("labels") or {}).items())))
 
 
+class RecordOutcome(enum.StrEnum):
+    """How a record ended (set when it reaches a terminal phase). The value is the wire form
+    (``status.outcome``), but for an escalation: the record writes its reason there (see
+    :meth:`NodeRecord.outcome_text`)."""
+
+    DONE = "done"  # Done without a more precise word (the machine's fallback)
+    REPLACED = "replaced"  # a spare serves in the node's place
+    REPAIRED = "repaired"  # the node itself went back to service
+    RECOVERED = "recovered"  # the signal cleared on its own; healer undid its changes
+    CANCELLED = "cancelled"  # an admin uncordoned or opted the node out
+    ESCALATED = "escalated"  # handed to a human (the reason is the record's outcome_detail)
+    NODE_DELETED = "node deleted"  # a dead node's Node was deleted and nothing is swapped
+
+
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     """The persisted state of one remediation of one node (one incident).
@@ -632,7 +653,9 @@ class NodeRecord:
     blocked: GuardrailBlock | None = None
     paused: bool = False
     repaired: bool = False
-    outcome: str = ""  # set when the record reaches a terminal phase: done|recovered|...
+    outcome: RecordOutcome | None = None  # set when the record reaches a terminal phase
+    outcome_detail: str = ""
+    """Why it was escalated, in words (only with ``RecordOutcome.ESCALATED``)."""
     history: tuple[TransitionRecord, ...] = ()
     events: tuple[EventRecord, ...] = ()
     """The Events of the latest decision that emitted any (re-emitted on resume)."""
@@ -641,6 +664,35 @@ class NodeRecord:
     carried: str = ""
     """Someone else's drain or DOWN reason the swap carried over to the replacement
     (``swap.foreignReason: carryOver``, docs/adr/0016)."""
+
+    def __post_init__(self) -> None:
+        if self.outcome is not None and not isinstance(self.outcome, RecordOutcome):
+            raise TypeError(f"NodeRecord.outcome must be a RecordOutcome, not {self.outcome!r}")
+        if self.outcome_detail and self.outcome is not RecordOutcome.ESCALATED:
+            raise ValueError(f"an outcome detail ({self.outcome_detail!r}) goes only with an "
+                             f"escalation, not with outcome {self.outcome!r}")
+
+    @property
+    def outcome_text(self) -> str:
+        """The outcome in words, as ``status.outcome`` writes it: the escalation's reason when
+        escalated (``escalated`` if none was given), else the outcome's value ("" while
+        open)."""
+        if self.outcome is None:
+            return ""
+        if self.outcome is RecordOutcome.ESCALATED and self.outcome_detail:
+            return self.outcome_detail
+        return self.outcome.value
+
+    @staticmethod
+    def outcome_of(text: str) -> tuple[RecordOutcome | None, str]:
+        """The outcome and detail ``status.outcome`` names: "" is none, a known value is
+        itself, any other text is an escalation's reason."""
+        if not text:
+            return None, ""
+        try:
+            return RecordOutcome(text), ""
+        except ValueError:
+            return RecordOutcome.ESCALATED, text
 
     @property
     def node_deleted(self) -> bool:
@@ -698,7 +750,7 @@ class NodeRecord:
             "verdictAt": self.verdict_at,
             "paused": self.paused,
             "repaired": self.repaired,
-            "outcome": self.outcome,
+            "outcome": self.outcome_text,
             "history": [h.to_dict() for h in self.history],
             "events": [e.to_dict() for e in self.events],
         }
@@ -723,6 +775,7 @@ class NodeRecord:
         blocked = d.get("blocked")
         placed = d.get("sparePlacement")
         death = d.get("death")
+        outcome, detail = cls.outcome_of(str(d.get("outcome") or ""))
         return cls(
             node=str(d["node"]),
             incident=Incident.from_dict(d["incident"]),
@@ -739,7 +792,8 @@ class NodeRecord:
             blocked=None if blocked is None else GuardrailBlock.from_dict(blocked),
             paused=bool(d.get("paused", False)),
             repaired=bool(d.get("repaired", False)),
-            outcome=str(d.get("outcome", "")),
+            outcome=outcome,
+            outcome_detail=detail,
             history=tuple(TransitionRecord.from_dict(h) for h in d.get("history", ())),
             events=tuple(EventRecord.from_dict(e) for e in d.get("events", ())),
             death=None if death is None else Death.from_dict(death),

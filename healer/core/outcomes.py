@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from healer.core.machine.effects import NO_FAULT_DETAIL
-from healer.core.model import NodeRecord, NodeView, SignalKind, StepOutcome
+from healer.core.model import NodeRecord, NodeView, RecordOutcome, SignalKind, StepOutcome
 from healer.core.modes import Mode
 from healer.core.phases import TERMINAL, Phase
 from healer.core.vocabulary import StepName
@@ -156,7 +156,7 @@ _VALUE_IS_SINCE = frozenset({SignalKind.CONDITION, SignalKind.SLURM})
 
 def first_sign(record: NodeRecord) -> float | None:
     """When the first sign of the fault was seen (see the module docstring), if known."""
-    times = [h.at for h in record.history if h.source == Phase.HEALTHY.value]
+    times = [h.at for h in record.history if h.source is Phase.HEALTHY]
     for s in record.incident.evidence:
         since = s.kind in _VALUE_IS_SINCE and 0 < s.value <= s.observed_at
         times.append(s.value if since else s.observed_at)
@@ -171,7 +171,7 @@ def closing_of(record: NodeRecord) -> Closing:
         return Closing.ESCALATED
     if record.phase is Phase.CANCELLED:
         return Closing.CANCELLED
-    if record.outcome == Closing.RECOVERED.value:
+    if record.outcome is RecordOutcome.RECOVERED:
         return Closing.RECOVERED
     return Closing.REPLACED if record.spare else Closing.REPAIRED
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 # re-exported (see the module): callers name a compiled policy's parts from here
+from healer.core.actions import HookKind as HookKind
 from healer.core.limits import Breaker as Breaker
 from healer.core.limits import FailureDomain as FailureDomain
 from healer.core.limits import Guardrails as Guardrails
@@ -197,7 +198,7 @@ class CheckpointTimeout(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class CheckpointStep:
     enabled: bool = False
-    hook: str = "slurm-signal"  # slurm-signal | webhook | job
+    hook: HookKind = HookKind.SLURM_SIGNAL  # one of actions.CHECKPOINT_HOOKS
     signal: str = "USR1"
     deadline: float = 600.0
     on_timeout: CheckpointTimeout = CheckpointTimeout.CONTINUE
@@ -244,7 +245,7 @@ class ValidationStep:
 
 @dataclass(frozen=True, slots=True)
 class RepairStep:
-    hook: str = "none"  # none | webhook | job
+    hook: HookKind = HookKind.NONE  # one of actions.REPAIR_HOOKS
     url: str = ""
     secret_ref: str = ""  # the repair webhook's own HMAC key
     job_template: str = ""

@@ -268,9 +268,10 @@ def _webhook(spec: s.CheckpointSpec | s.RepairSpec | s.FencingSpec, path: Path, 
 
 def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
     cp = st.checkpoint
-    if cp.enabled and cp.hook == "webhook":
+    cp_hook, rp_hook = core.HookKind(cp.hook), core.HookKind(st.repair.hook)
+    if cp.enabled and cp_hook is core.HookKind.WEBHOOK:
         _webhook(cp, (*path, "checkpoint"), "a webhook checkpoint hook", issues)
-    if cp.enabled and cp.hook == "job" and not cp.job_template:
+    if cp.enabled and cp_hook is core.HookKind.JOB and not cp.job_template:
         issues.append(Issue((*path, "checkpoint", "jobTemplate"),
                             "a job checkpoint hook needs a jobTemplate"))
     if cp.enabled and cp.deadline >= st.drain.deadline:
@@ -283,14 +284,14 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
     if v.enabled and not v.command:
         issues.append(Issue((*path, "validation", "command"), "validation needs a command"))
     rp = st.repair
-    if rp.hook == "webhook":
+    if rp_hook is core.HookKind.WEBHOOK:
         _webhook(rp, (*path, "repair"), "a webhook repair hook", issues)
-    if rp.hook == "job" and not rp.job_template:
+    if rp_hook is core.HookKind.JOB and not rp.job_template:
         issues.append(Issue((*path, "repair", "jobTemplate"),
                             "a job repair hook needs a jobTemplate"))
     return core.Steps(
         checkpoint=core.CheckpointStep(
-            enabled=cp.enabled, hook=cp.hook, signal=cp.signal.removeprefix("SIG"),
+            enabled=cp.enabled, hook=cp_hook, signal=cp.signal.removeprefix("SIG"),
             deadline=cp.deadline, on_timeout=core.CheckpointTimeout(cp.on_timeout),
             severities=frozenset(Severity.parse(x) for x in cp.severities),
             url=cp.url or "", secret_ref=cp.secret_ref or "", job_template=cp.job_template or ""),
@@ -303,8 +304,9 @@ def _steps(st: s.StepsSpec, path: Path, issues: list[Issue]) -> core.Steps:
                            foreign_reason=core.ForeignReason(st.swap.foreign_reason)),
         validation=core.ValidationStep(enabled=v.enabled, image=v.image or "",
                                        command=tuple(v.command), deadline=v.deadline),
-        repair=core.RepairStep(hook=rp.hook, url=rp.url or "", secret_ref=rp.secret_ref or "",
-                               job_template=rp.job_template or "", deadline=rp.deadline),
+        repair=core.RepairStep(hook=rp_hook, url=rp.url or "",
+                               secret_ref=rp.secret_ref or "", job_template=rp.job_template or "",
+                               deadline=rp.deadline),
         step_deadline=st.step_deadline, max_attempts=st.max_attempts,
         poll_interval=st.poll_interval,
     )

@@ -375,9 +375,9 @@ def check_expectations(sc: Scenario, replay: Replay, world: SimWorld) -> list[st
         rec = recs[-1] if recs else None
         if phase != ex.phase:
             failures.append(f"{ex.node}: expected phase {ex.phase}, got {phase}")
-        if ex.outcome is not None and (rec is None or rec.outcome != ex.outcome):
+        if ex.outcome is not None and (rec is None or rec.outcome_text != ex.outcome):
             failures.append(f"{ex.node}: expected outcome {ex.outcome!r}, got "
-                            f"{rec.outcome if rec else None!r}")
+                            f"{rec.outcome_text if rec else None!r}")
         if ex.spare_domain is not None:
             spare = rec.spare if rec else ""
             dom = world.nodes[spare].labels.get(DOMAIN_LABEL, "") if spare else ""

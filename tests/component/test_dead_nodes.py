@@ -72,7 +72,7 @@ async def test_a_dead_node_is_fenced_on_a_word_then_tainted_and_swapped() -> Non
         assert rec.death is not None
         assert rec.death.provider is FenceProvider.MANUAL
         targets = [t.target for t in rec.history]
-        assert targets[targets.index("Dead") + 1] == "OutOfService", targets
+        assert targets[targets.index(Phase.DEAD) + 1] is Phase.OUT_OF_SERVICE, targets
         assert "drain" not in steps(h, "gpu-1")
         view: NodeView = nodes.node("gpu-1")
         assert OUT_OF_SERVICE_TAINT in {t.key for t in view.taints}

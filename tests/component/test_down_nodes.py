@@ -29,7 +29,7 @@ async def test_a_down_node_counts_as_drained(reason: str) -> None:
         await h.xid("gpu-1")
         await h.run(40)
         rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-1")
-        assert "Cordoned" in [t.target for t in rec.history]  # no drain deadline to wait for
+        assert Phase.CORDONED in [t.target for t in rec.history]  # no drain deadline to wait for
         st = await slurm.state("gpu-1")
         assert st.reason in (reason, "")  # never replaced by healer's
         assert not any(e[0] == "drain" for e in slurm.log)

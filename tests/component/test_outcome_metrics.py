@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from healer.core import rules as cp
 from healer.core.machine import Decision, Trigger, TriggerKind
-from healer.core.model import GpuRef, NodeRecord, Signal, SignalKind
+from healer.core.model import GpuRef, NodeRecord, RecordOutcome, Signal, SignalKind
 from healer.core.outcomes import GPU_COUNT_LABEL, incident_outcome
 from healer.core.phases import Phase
 from healer.core.vocabulary import REPAIR_RESULT, StepName
@@ -97,7 +97,8 @@ def test_a_recovery_counts_as_found_nothing_once(drained: bool, why: str) -> Non
     metrics = Metrics(CollectorRegistry())
     ledger = (done_step(StepName.DRAIN, T0 + 1), done_step(StepName.UNDO_DRAIN, T0 + 9)) \
         if drained else ()
-    before = record(Phase.RECOVERED, phase_since=T0 + 5, outcome="recovered", ledger=ledger)
+    before = record(Phase.RECOVERED, phase_since=T0 + 5, outcome=RecordOutcome.RECOVERED,
+                    ledger=ledger)
     after = replace(before, phase=Phase.DONE, phase_since=T0 + 10)
     metrics.on_decision("n1", *finishing(before, after), before)
     metrics.on_decision("n1", *finishing(after, after), after)  # already finished: not again

@@ -429,7 +429,7 @@ async def test_a_refused_strategy_escalates_the_remediation_with_the_reason() ->
         finally:
             await h.close()
     rec = next(r for r, _ in h.store.objects.values() if r.node == "gpu-1")
-    assert "updateStrategy.type OnDelete" in rec.outcome
+    assert "updateStrategy.type OnDelete" in rec.outcome_detail
     notes = [ev[3] for ev in fakes["events"].events.values() if ev[1] == "Escalated"]
     assert notes
     assert "updateStrategy.type OnDelete" in notes[0]

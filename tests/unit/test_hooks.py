@@ -26,7 +26,7 @@ from healer.core.model import NodeView
 from healer.core.vocabulary import CHECKPOINT_ACK, REPAIR_INCIDENT
 from healer.errors import PermanentError, TransientError
 from healer.obs.http import serve
-from healer.ports import HookSpec, StepOutcome
+from healer.ports import HookKind, HookSpec, StepOutcome
 from healer_dev.testing import FakeNodes, ManualClock
 
 KEY = b"s3cret"
@@ -76,7 +76,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 
 
 def spec(url: str) -> HookSpec:
-    return HookSpec("webhook", "USR1", url, "healer-system/hook-hmac")
+    return HookSpec(HookKind.WEBHOOK, "USR1", url, "healer-system/hook-hmac")
 
 
 def test_signature_round_trip() -> None:
@@ -134,7 +134,7 @@ async def test_webhook_retries_5xx_and_fails_4xx(receiver: Receiver) -> None:
 async def test_repair_webhook_and_signed_result(receiver: Receiver) -> None:
     nodes = FakeNodes([NodeView("n1")])
     hook = WebhookHook(nodes, StaticSecrets(), attempts=1)  # type: ignore[arg-type]
-    router = RepairRouter(nodes, {"webhook": hook})
+    router = RepairRouter(nodes, {HookKind.WEBHOOK: hook})
     out = await router.hand_off("inc-9", "n1", spec(receiver.url))
     assert out.outcome is StepOutcome.DONE
     n = nodes.node("n1")
@@ -155,8 +155,8 @@ async def test_repair_webhook_and_signed_result(receiver: Receiver) -> None:
 async def test_repair_webhook_is_signed_with_its_own_key(receiver: Receiver) -> None:
     nodes = FakeNodes([NodeView("n1")])
     hook = WebhookHook(nodes, StaticSecrets(), attempts=1)  # type: ignore[arg-type]
-    await RepairRouter(nodes, {"webhook": hook}).hand_off(
-        "inc-r", "n1", HookSpec("webhook", url=receiver.url,
+    await RepairRouter(nodes, {HookKind.WEBHOOK: hook}).hand_off(
+        "inc-r", "n1", HookSpec(HookKind.WEBHOOK, url=receiver.url,
                                 secret_ref="healer-system/repair-hmac"))
     headers, body = receiver.seen[0]
     assert headers["X-Healer-Event"] == "repair"
@@ -168,9 +168,9 @@ async def test_a_webhook_without_secret_ref_is_never_sent(receiver: Receiver) ->
     nodes = FakeNodes([NodeView("n1")])
     hook = WebhookHook(nodes, Secrets(None), attempts=1)
     with pytest.raises(PermanentError, match="secretRef"):
-        await hook.checkpoint("inc-u", "n1", "n1", HookSpec("webhook", url=receiver.url))
+        await hook.checkpoint("inc-u", "n1", "n1", HookSpec(HookKind.WEBHOOK, url=receiver.url))
     with pytest.raises(PermanentError, match="secretRef"):
-        await hook.hand_off("inc-u", "n1", HookSpec("webhook", url=receiver.url))
+        await hook.hand_off("inc-u", "n1", HookSpec(HookKind.WEBHOOK, url=receiver.url))
     assert receiver.seen == []
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -17,6 +18,7 @@ from healer.core.model import (
     HealthState,
     Incident,
     NodeRecord,
+    RecordOutcome,
     Severity,
     Signal,
     SignalKind,
@@ -47,8 +49,13 @@ steps = st.builds(StepRecord, step=names, started_at=times, attempts=st.integers
                   error=text, detail=text)
 blocks = st.builds(GuardrailBlock, guardrail=st.sampled_from(Guardrail), message=text,
                    current=st.integers(0, 100).map(float), limit=st.integers(0, 100).map(float))
-history = st.builds(TransitionRecord, at=times, source=st.sampled_from([p.value for p in Phase]),
-                    target=st.sampled_from([p.value for p in Phase]), trigger=text)
+history = st.builds(TransitionRecord, at=times, source=st.sampled_from(Phase),
+                    target=st.sampled_from(Phase), trigger=text)
+#: A record's outcome and detail as the machine sets them: an escalation's reason is words,
+#: never one of the outcomes' own values (on the wire the two share ``status.outcome``).
+outcomes = (st.tuples(st.none() | st.sampled_from(RecordOutcome), st.just(""))
+            | st.tuples(st.just(RecordOutcome.ESCALATED),
+                        text.filter(lambda t: t not in set(RecordOutcome))))
 records = st.builds(
     NodeRecord, node=names, incident=incidents, policy=names,
     phase=st.sampled_from(Phase), phase_since=times,
@@ -56,8 +63,9 @@ records = st.builds(
     ledger=st.lists(steps, max_size=6).map(tuple),
     spare=names | st.just(""), slurm_node=names, verdict=st.sampled_from(
         HealthState), verdict_at=times,
-    blocked=st.none() | blocks, paused=st.booleans(), repaired=st.booleans(), outcome=text,
-    history=st.lists(history, max_size=5).map(tuple))
+    blocked=st.none() | blocks, paused=st.booleans(), repaired=st.booleans(),
+    history=st.lists(history, max_size=5).map(tuple)).flatmap(
+        lambda r: outcomes.map(lambda o: replace(r, outcome=o[0], outcome_detail=o[1])))
 
 
 @given(records)

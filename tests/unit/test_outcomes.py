@@ -46,8 +46,8 @@ def ok(step: str, start: float, end: float) -> StepRecord:
 
 
 def suspected(at: float) -> tuple[TransitionRecord, ...]:
-    return (TransitionRecord(T0 + at, "Healthy", "Suspect", "verdict"),
-            TransitionRecord(T0, "Suspect", "Failed", "verdict"))
+    return (TransitionRecord(T0 + at, Phase.HEALTHY, Phase.SUSPECT, "verdict"),
+            TransitionRecord(T0, Phase.SUSPECT, Phase.FAILED, "verdict"))
 
 
 def xid_at(at: float, node_name: str = "n1") -> Signal:
@@ -55,7 +55,8 @@ def xid_at(at: float, node_name: str = "n1") -> Signal:
 
 
 def closed(phase: Phase, at: float, outcome: str, **kw: Any) -> NodeRecord:
-    return record(phase, phase_since=T0 + at, outcome=outcome, **kw)
+    word, detail = NodeRecord.outcome_of(outcome)  # as status.outcome reads
+    return record(phase, phase_since=T0 + at, outcome=word, outcome_detail=detail, **kw)
 
 
 SWAP_LEDGER = (ok(StepName.DRAIN, 1, 2), ok(StepName.CORDON, 100, 101),

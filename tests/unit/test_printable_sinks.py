@@ -15,7 +15,7 @@ import pytest
 from healer import status as status_cmd
 from healer.adapters.kube.crd import reason_of, to_object
 from healer.adapters.kube.events import KubeEvents
-from healer.core.model import StepOutcome, StepRecord
+from healer.core.model import RecordOutcome, StepOutcome, StepRecord
 from healer.core.phases import Phase
 from healer.core.text import bounded, printable
 from healer_dev.testing import ManualClock
@@ -47,7 +47,7 @@ def test_printable_and_bounded_leave_no_control_character(evil: str) -> None:
 def test_a_noderemediation_object_holds_no_control_character(evil: str) -> None:
     rec = record(Phase.DRAINING, ledger=(StepRecord("checkpoint", 1.0, 2, 2.0,
                                                     StepOutcome.FAILED, f"webhook: {evil}"),),
-                 outcome=evil)
+                 outcome=RecordOutcome.ESCALATED, outcome_detail=evil)
     rec = replace(rec, incident=replace(rec.incident, summary=f"NHC: {evil}"))
     obj = to_object(rec, "n1-x")
     bad = [s for s in _strings(obj) if not s.isprintable()]
@@ -79,7 +79,7 @@ async def test_an_event_note_holds_no_control_character(evil: str) -> None:
 
 async def test_healer_status_prints_records_without_control_characters(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rec = replace(record(Phase.DRAINING, outcome="", spare="spare\x1b[1m"),
+    rec = replace(record(Phase.DRAINING, outcome=None, spare="spare\x1b[1m"),
                   incident=replace(record(Phase.DRAINING).incident,
                                    summary="\x1b[2Jwiped\nSECOND LINE"))
 

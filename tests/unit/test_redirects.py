@@ -17,7 +17,7 @@ from healer.adapters.topograph import TopographClient
 from healer.core.model import NodeView
 from healer.errors import PermanentError
 from healer.obs.http import serve
-from healer.ports import HookSpec
+from healer.ports import HookKind, HookSpec
 from healer_dev.testing import FakeNodes
 
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -71,7 +71,7 @@ async def test_a_webhook_never_follows_a_redirect_with_its_signed_body(
         servers: Servers, status: int) -> None:
     servers.status = status
     hook = WebhookHook(FakeNodes([NodeView("n1")]), Keys(), attempts=2)  # type: ignore[arg-type]
-    spec = HookSpec("webhook", "USR1", servers.redirector + "/hook", "ns/hmac")
+    spec = HookSpec(HookKind.WEBHOOK, "USR1", servers.redirector + "/hook", "ns/hmac")
     with pytest.raises(PermanentError) as e:
         await hook.checkpoint("inc-1", "n1", "n1", spec)
     assert f"HTTP {status} redirect to {servers.target}/hook not followed" in str(e.value)

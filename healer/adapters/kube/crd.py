@@ -166,10 +166,10 @@ def reason_of(rec: NodeRecord) -> str:
         text = held_reason(rec)  # what the last claim said (e.g. requireSameDomain)
     elif rec.blocked is not None:
         text = f"held by {rec.blocked.guardrail}: {rec.blocked.message}"
-    elif waiting is not None and not rec.outcome:  # e.g. a swap held on someone's drain
+    elif waiting is not None and rec.outcome is None:  # e.g. a swap held on someone's drain
         text = f"{waiting.step}: {waiting.error}"
-    elif rec.outcome:
-        text = rec.outcome
+    elif rec.outcome is not None:
+        text = rec.outcome_text
     else:
         text = rec.incident.summary or ", ".join(rec.incident.rules)
     return printable(text, 200)
@@ -208,7 +208,8 @@ def _conditions(rec: NodeRecord) -> list[dict[str, Any]]:
     done = phase in (Phase.DONE, Phase.CANCELLED, Phase.ESCALATED)
     return [
         {"type": "Completed", "status": "True" if done else "False", "reason": rec.phase.value,
-         "message": rec.outcome or rec.phase.value, "lastTransitionTime": rfc3339(rec.phase_since)},
+         "message": rec.outcome_text or rec.phase.value,
+         "lastTransitionTime": rfc3339(rec.phase_since)},
         {"type": "Blocked", "status": "True" if rec.blocked else "False",
          "reason": rec.blocked.guardrail if rec.blocked else "None",
          "message": rec.blocked.message if rec.blocked else "",

@@ -18,6 +18,7 @@ from healer.core.model import (
     Death,
     FenceProvider,
     HealthState,
+    RecordOutcome,
     Severity,
     StepKey,
 )
@@ -137,7 +138,7 @@ def _fenced_gone(ctx: Ctx) -> None:
     d = ctx.rec.death
     assert r is not None
     assert d is not None
-    ctx.record = replace(ctx.rec, outcome="node deleted", death=replace(
+    ctx.record = replace(ctx.rec, outcome=RecordOutcome.NODE_DELETED, death=replace(
         d, provider=FenceProvider.NODE_DELETED, fenced_by=r.get(StepKey.BY)[:250],
         fenced_at=ctx.now))
     ctx.event("done", "RemediationDone",

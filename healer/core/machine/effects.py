@@ -45,6 +45,7 @@ from healer.core.model import (
     GuardrailBlock,
     Incident,
     NodeRecord,
+    RecordOutcome,
     Severity,
     StepKey,
     StepOutcome,
@@ -131,7 +132,7 @@ def build_action(ctx: Ctx, ledger_name: str) -> Action:
         case StepName.RETURN_TO_POOL:
             return ReturnToPool(inc, node)
         case StepName.ESCALATE:
-            return Escalate(inc, node, reason=rec.outcome or "escalated")
+            return Escalate(inc, node, reason=rec.outcome_text or RecordOutcome.ESCALATED.value)
         case StepName.LOST_JOBS:
             return LostJobs(inc, node, slurm_node=rec.slurm_node)
         case StepName.FENCE:
@@ -296,7 +297,7 @@ def escalate(why: str | None = None) -> Effect:
             else:
                 reason = f"deadline of phase {ctx.rec.phase.value} passed"
         ctx.close_open("superseded by escalation")
-        ctx.record = replace(ctx.rec, outcome=reason)
+        ctx.record = replace(ctx.rec, outcome=RecordOutcome.ESCALATED, outcome_detail=reason)
         ctx.issue(build_action(ctx, StepName.ESCALATE))
         ctx.event("escalated", "Escalated", reason, warning=True)
     return Effect("escalate" + (f" ({why})" if why else ""), apply)
@@ -305,12 +306,12 @@ def escalate(why: str | None = None) -> Effect:
 ESCALATE = escalate()
 
 
-def _undo(reason: str, undo: bool) -> Effect:
+def _undo(reason: RecordOutcome, undo: bool) -> Effect:
     """Enter Recovered/Cancelled: give back only what this incident's steps took."""
 
     def apply(ctx: Ctx) -> None:
         rec = ctx.rec
-        ctx.close_open(f"superseded: {reason}")
+        ctx.close_open(f"superseded: {reason.value}")
         ctx.record = replace(ctx.rec, outcome=reason, blocked=None)
         if undo:
             started = {s.step for s in rec.ledger}
@@ -335,9 +336,9 @@ def _undo_note(ctx: Ctx, reason: str, undo: bool) -> str:
     return f"{reason}; nothing to undo"
 
 
-RECOVER = _undo("recovered", undo=True)
-CANCEL_UNDO = _undo("cancelled", undo=True)
-CANCEL_KEEP = _undo("cancelled", undo=False)
+RECOVER = _undo(RecordOutcome.RECOVERED, undo=True)
+CANCEL_UNDO = _undo(RecordOutcome.CANCELLED, undo=True)
+CANCEL_KEEP = _undo(RecordOutcome.CANCELLED, undo=False)
 
 
 def _set_spare(ctx: Ctx) -> None:
@@ -409,9 +410,10 @@ AFTER_REPAIR = Effect("mark repaired; validate or return to pool", _after_repair
 
 
 def _done(ctx: Ctx) -> None:
-    if not ctx.rec.outcome:
-        ctx.record = replace(ctx.rec, outcome="replaced" if ctx.rec.spare else "repaired")
-    ctx.event("done", "RemediationDone", f"{ctx.rec.node}: {ctx.rec.outcome}")
+    if ctx.rec.outcome is None:
+        ctx.record = replace(ctx.rec, outcome=RecordOutcome.REPLACED if ctx.rec.spare
+                             else RecordOutcome.REPAIRED)
+    ctx.event("done", "RemediationDone", f"{ctx.rec.node}: {ctx.rec.outcome_text}")
 
 
 DONE = Effect("close", _done)

@@ -25,6 +25,7 @@ from healer.core.model import (
     EventRecord,
     HealthState,
     NodeRecord,
+    RecordOutcome,
     StepKey,
     StepOutcome,
     TransitionRecord,
@@ -83,8 +84,8 @@ def step(record: NodeRecord | None, trigger: Trigger, now: float, view: BudgetVi
         raise RuntimeError(f"AUTO transitions did not settle for {trigger.node}")
 
     if (ctx.record is not None and ctx.record.phase is Phase.DONE
-            and not ctx.record.outcome):
-        ctx.record = replace(ctx.record, outcome="done")
+            and ctx.record.outcome is None):
+        ctx.record = replace(ctx.record, outcome=RecordOutcome.DONE)
     _keep_events(ctx, trigger)
     return Decision(ctx.record, tuple(ctx.actions),
                     _recheck(ctx) if ctx.record is not None else None,
@@ -189,7 +190,7 @@ def _detail(r: StepResult) -> str:
 
 
 def _enter(rec: NodeRecord, source: Phase, target: Phase, now: float, label: str) -> NodeRecord:
-    hist = (*rec.history, TransitionRecord(now, source.value, target.value, label))
+    hist = (*rec.history, TransitionRecord(now, source, target, label))
     if len(hist) > HISTORY_LIMIT:
         hist = hist[-HISTORY_LIMIT:]
     return replace(rec, phase=target, phase_since=now, history=hist)

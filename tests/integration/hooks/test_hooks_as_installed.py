@@ -24,7 +24,7 @@ from healer.adapters.hooks import JobHook, Secrets, WebhookHook, verify
 from healer.core.model import NodeView
 from healer.errors import HealerError
 from healer.obs.http import serve
-from healer.ports import HookSpec, StepOutcome
+from healer.ports import HookKind, HookSpec, StepOutcome
 from healer_dev.devstack import binaries
 from healer_dev.devstack.kube import KubeStack
 from healer_dev.testing import FakeNodes
@@ -118,10 +118,10 @@ async def test_webhook_and_job_hooks_work_with_exactly_the_charts_rbac(
             nodes = FakeNodes([NodeView("n1")])
             hook = WebhookHook(nodes, secrets_, attempts=1)
             out = await hook.checkpoint("inc-1", "n1", "gpu-1", HookSpec(
-                "webhook", url=url, secret_ref=f"{namespace}/checkpoint-hmac"))
+                HookKind.WEBHOOK, url=url, secret_ref=f"{namespace}/checkpoint-hmac"))
             assert out.outcome is StepOutcome.DONE
             await hook.hand_off("inc-1", "n1", HookSpec(
-                "webhook", url=url, secret_ref=f"{namespace}/repair-hmac"))
+                HookKind.WEBHOOK, url=url, secret_ref=f"{namespace}/repair-hmac"))
             (h1, b1), (h2, b2) = seen
             assert json.loads(b1)["incident"] == json.loads(b2)["incident"] == "inc-1"
             assert verify(b"ckpt-key-1", b1, h1["X-Healer-Signature"])

@@ -16,7 +16,7 @@ from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.core.model import NodeView
 from healer.core.vocabulary import CHECKPOINT_SIGNALLED, REPAIR_INCIDENT, REPAIR_RESULT
-from healer.ports import HookResult, HookSpec, StepOutcome
+from healer.ports import HookKind, HookResult, HookSpec, StepOutcome
 from healer_dev.devstack.kube import KubeStack
 from healer_dev.devstack.kwok import fake_node
 from healer_dev.devstack.slurm import LocalSlurm
@@ -32,7 +32,7 @@ async def test_slurm_signal_checkpoint_signals_once_and_acks_when_jobs_end(
     await asyncio.to_thread(slurm.wait_job, job, ("RUNNING",), 30)
     nodes = FakeNodes([NodeView("k8s-gpu-1")])
     hook = SlurmSignalCheckpoint(driver, nodes)
-    spec = HookSpec("slurm-signal", "USR1")
+    spec = HookSpec(HookKind.SLURM_SIGNAL, "USR1")
     first = await hook.checkpoint("inc-1", "k8s-gpu-1", "gpu-1", spec)
     assert first.outcome is StepOutcome.PENDING
     trap = slurm.jobdir / f"usr1-{job}"
@@ -85,7 +85,7 @@ async def test_job_hooks_checkpoint_and_repair(kube_stack: KubeStack, kube_api: 
             out = await fn()  # type: ignore[operator]
             return out.outcome is not StepOutcome.PENDING
 
-        cp = HookSpec("job", "USR1", job_template=ok)
+        cp = HookSpec(HookKind.JOB, "USR1", job_template=ok)
         await wait_for(lambda: finished(lambda: hook.checkpoint("inc-c", node, "gpu-9", cp)),
                        timeout=90, description="checkpoint Job finished")
         assert (await hook.checkpoint("inc-c", node, "gpu-9", cp)).outcome is StepOutcome.DONE
@@ -94,9 +94,9 @@ async def test_job_hooks_checkpoint_and_repair(kube_stack: KubeStack, kube_api: 
         assert env["HEALER_INCIDENT"] == "inc-c"
         assert env["HEALER_SLURM_NODE"] == "gpu-9"
 
-        router = RepairRouter(nodes, {"job": hook})
-        for spec, incident, want in ((HookSpec("job", job_template=bad), "inc-r1", "failed"),
-                                     (HookSpec("job", job_template=ok), "inc-r2", "passed")):
+        router = RepairRouter(nodes, {HookKind.JOB: hook})
+        for spec, incident, want in ((HookSpec(HookKind.JOB, job_template=bad), "inc-r1", "failed"),
+                                     (HookSpec(HookKind.JOB, job_template=ok), "inc-r2", "passed")):
             await wait_for(lambda s=spec, i=incident: finished(
                 lambda: router.hand_off(i, node, s)), timeout=90,
                 description=f"repair Job of {incident}")

@@ -31,7 +31,7 @@ from healer.adapters.hooks import WebhookHook
 from healer.core.model import NodeView
 from healer.errors import HealerError, PermanentError
 from healer.obs.http import Health, make_app, serve
-from healer.ports import HookSpec
+from healer.ports import HookKind, HookSpec
 from healer_dev.testing import FakeNodes
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
@@ -176,7 +176,7 @@ def test_a_signed_webhook_follows_no_redirect(loop: _Loop, redirector: dict[str,
     redirector["location"] = (redirector["target"] if absolute else "") + "/" + path
     redirector["seen"].clear()
     hook = WebhookHook(FakeNodes([NodeView("n1")]), Keys(), attempts=1)  # type: ignore[arg-type]
-    spec = HookSpec("webhook", "USR1", redirector["url"], "ns/hmac")
+    spec = HookSpec(HookKind.WEBHOOK, "USR1", redirector["url"], "ns/hmac")
 
     async def call() -> BaseException | None:
         try:
