@@ -38,10 +38,11 @@ from healer.adapters.kube.ratelimit import RateLimit, limit_requests
 from healer.adapters.kube.self_events import SelfEvents
 from healer.adapters.kube.spares import KubeSparePool
 from healer.adapters.kube.store import CRStateStore, ensure_crd
-from healer.adapters.kube.topology_step import KubeTopology
 from healer.adapters.slinky import OperatorCapabilities
 from healer.adapters.spare_validation import SpareValidator
+from healer.adapters.topology_step import KubeTopology
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
+from healer.core.engine import Engine
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import HookKind, Mode, PolicySet
 from healer.core.slurm_drivers import SlurmDriverKind, capabilities_of
@@ -178,11 +179,14 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
                                  in_force, clock)
     ports = _ports(settings, o, api, nodes, secrets, side, policies, events=events,
                    hooks=hooks, validation=validator)
+    runtime = o.runtime or RuntimeSettings()
+    # the engine first: the NodeSet route reads its node cache (a node's labels pick its NodeSet)
+    engine = Engine(policies, paused=runtime.paused)
     # several NodeSets (kind: SlurmNodeSet): each node acts through its NodeSet's ports
     nodesets = NodeSetPorts(
         functools.partial(_nodeset_wiring, settings, o, api, nodes, secrets, in_force,
                           validator, events=events),
-        ports, in_force, _slurm_states(settings, api, slurm))
+        ports, in_force, _slurm_states(settings, api, slurm), nodes=lambda: engine.nodes)
     executor: ActionRunner = Executor(ports, clock, route=nodesets.route)
     store: StateStore = CRStateStore(api)
     if o.wrap_actions is not None:
@@ -190,8 +194,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     if o.wrap_store is not None:
         store = o.wrap_store(store)
     ctl = Controller(policies=policies, executor=executor, store=store,
-                     clock=clock, settings=o.runtime or RuntimeSettings(), observer=metrics)
-    nodesets.labels_of = _labels_of(ctl)  # the executor's route reads the controller's view
+                     clock=clock, settings=runtime, observer=metrics, engine=engine)
     nodesets.prepare()
     health = Health(clock=clock.now)
     health.set_ready("policies", True)
@@ -270,14 +273,6 @@ def _hooks(settings: Settings, api: client.ApiClient, nodes: KubeNodes,
     webhook = WebhookHook(nodes, secrets, callback_url=settings.callback_url)
     job = JobHook(api, nodes, namespace=settings.kube.namespace)
     return _Hooks(webhook, job, RepairRouter(nodes, {HookKind.WEBHOOK: webhook, HookKind.JOB: job}))
-
-
-def _labels_of(ctl: Controller) -> Callable[[str], Mapping[str, str] | None]:
-    def labels(node: str) -> Mapping[str, str] | None:
-        view = ctl.view().nodes.get(node)
-        return view.labels if view is not None else None
-
-    return labels
 
 
 def _max_mode(settings: Settings) -> Mode | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from healer.core.model import NodeView
 from healer.core.nodesets import NodeSetRules
 from healer.core.rules import PolicySet
 from healer.core.text import printable
@@ -47,14 +48,14 @@ class NodeSetPorts:
 
     def __init__(self, build: Callable[[NodeSetRules], NodeSetWiring], default: Ports,
                  policies: Callable[[], PolicySet],
-                 default_states: SlurmStates | None = None) -> None:
+                 default_states: SlurmStates | None = None, *,
+                 nodes: Callable[[], Mapping[str, NodeView]] = dict) -> None:
         self.build = build
         self.default = default
         self.policies = policies
         self.default_states = default_states
-        #: a node's labels as the controller last saw them (None: unknown node); set once the
-        #: controller exists
-        self.labels_of: Callable[[str], Mapping[str, str] | None] = lambda _node: None
+        #: the nodes as the controller's engine last saw them (their labels pick the NodeSet)
+        self.nodes = nodes
         self._built: dict[str, tuple[NodeSetRules, NodeSetWiring]] = {}
         self._retired: list[NodeSetWiring] = []
         #: per NodeSet (COMMAND_LINE without documents), its cluster and why its last read
@@ -76,8 +77,8 @@ class NodeSetPorts:
         ps = self.policies()
         if not ps.nodesets:
             return None
-        labels = self.labels_of(node)
-        return ps.nodesets.of(labels) if labels is not None else None
+        view = self.nodes().get(node)
+        return ps.nodesets.of(view.labels) if view is not None else None
 
     def route(self, node: str) -> Ports:
         """The ports that act on ``node``: its NodeSet's, else the command line's."""

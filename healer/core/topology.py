@@ -13,6 +13,9 @@ from healer.core.model import NodeView, Placement, StepKey
 DOMAIN_LABEL = "accelerator.topograph.run/domain"
 TIER_PREFIX = "fabric.topograph.run/tier-"
 MAX_TIERS = 8
+#: The Node annotation Slinky's slurm-operator (v1.1+) copies to the slurmd pod as its Slurm
+#: topology (``slinky_topology_spec`` writes its value).
+TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
 
 
 @dataclass(frozen=True, slots=True)

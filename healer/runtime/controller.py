@@ -114,13 +114,16 @@ class Stats:
 class Controller:
     def __init__(self, *, policies: PolicySet, executor: ActionRunner, store: StateStore,
                  clock: Clock, settings: RuntimeSettings | None = None,
-                 observer: Any = None) -> None:
+                 observer: Any = None, engine: Engine | None = None) -> None:
         self.executor = executor
         self.store = store
         self.clock = clock
         self.settings = settings or RuntimeSettings()
         self.observer = observer  # metrics hooks (healer.obs), optional
-        self.engine = Engine(policies, paused=self.settings.paused)
+        #: the engine (``engine``, when the composition root built it first: readers built
+        #: before the controller, such as the NodeSet route, read its node cache)
+        self.engine = engine if engine is not None else Engine(policies,
+                                                               paused=self.settings.paused)
         self._stored: dict[str, StoredRecord] = {}  # the store's handle of each open record
         self.stats = Stats()
         self.leading = False

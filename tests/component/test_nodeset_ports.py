@@ -11,6 +11,7 @@ import pytest
 
 from healer.app_nodesets import NodeSetPorts, NodeSetWiring
 from healer.core import rules as cp
+from healer.core.model import NodeView
 from healer.core.nodesets import NodeSetRules, NodeSets, SlurmEndpoint
 from healer.errors import TransientError
 from healer.ports import SlurmNodeState
@@ -67,8 +68,9 @@ class World:
             slurm = FakeSlurm([n for n, lab in self.labels.items() if lab["pool"] == ns.name])
             return NodeSetWiring(ports(slurm), self.states[ns.name], slurm)
 
-        self.router = NodeSetPorts(build, self.default, lambda: self.policies)
-        self.router.labels_of = self.labels.get
+        self.router = NodeSetPorts(build, self.default, lambda: self.policies,
+                                   nodes=lambda: {n: NodeView(n, lab)
+                                                  for n, lab in self.labels.items()})
 
 
 def test_each_node_acts_through_its_nodesets_ports_built_once() -> None:

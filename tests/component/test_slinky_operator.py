@@ -17,11 +17,12 @@ from structlog.testing import capture_logs
 
 from healer.adapters.kube.nodes import KubeNodes
 from healer.adapters.kube.spares import KubeSparePool
-from healer.adapters.kube.topology_step import NO_COPY_NOTE, TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slinky import CORDON_REASON, OperatorCapabilities, SlinkyDriver, SlinkyPods
 from healer.adapters.slinky_workload import SlinkyWorkload
+from healer.adapters.topology_step import NO_COPY_NOTE, KubeTopology
 from healer.core import rules as cp
 from healer.core.phases import Phase
+from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT
 from healer.errors import PermanentError
 from healer.ports import HookResult, SlurmHandles, StepOutcome

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slurm.parse import parse_node_json, parse_node_line
 from healer.adapters.slurm.registration import (
     Declared,
@@ -18,7 +17,9 @@ from healer.adapters.slurm.registration import (
     gpu_count,
     registration_problems,
 )
+from healer.adapters.topology_step import KubeTopology
 from healer.core.model import NodeView
+from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.ports import SlurmNodeState, StepOutcome
 from healer_dev.testing import FakeNodes
 

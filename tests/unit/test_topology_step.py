@@ -1,4 +1,4 @@
-"""The topology step's decisions (healer.adapters.kube.topology_step.KubeTopology) with small
+"""The topology step's decisions (healer.adapters.topology_step.KubeTopology) with small
 fakes of its ports, the topograph client against a local HTTP server, and the slurmrestd
 ``topology`` field."""
 
@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology, same_topology
 from healer.adapters.slurm.parse import parse_node_json
 from healer.adapters.topograph import (
     RequestState,
@@ -22,9 +21,11 @@ from healer.adapters.topograph import (
     check_request,
     load_request,
 )
+from healer.adapters.topology_step import KubeTopology, same_topology
 from healer.core.actions import ClaimSpare
 from healer.core.model import NodeView, Placement, StepOutcome
 from healer.core.topology import (
+    TOPOLOGY_ANNOTATION,
     placement,
     placement_data,
     placement_of,

@@ -30,7 +30,6 @@ from typing import Any
 
 from healer.adapters.clock import SYSTEM_CLOCK
 from healer.adapters.kube.nodes import KubeNodes, node_view
-from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION
 from healer.adapters.spare_validation import SpareValidator, is_failed_spare
 from healer.core.model import NodeView
 from healer.core.nodesets import Toleration, untolerated
@@ -39,6 +38,7 @@ from healer.core.spare_validation import Readiness
 from healer.core.timefmt import rfc3339
 from healer.core.topology import (
     TOPOGRAPH,
+    TOPOLOGY_ANNOTATION,
     TopologyKeys,
     rank_spares,
     same_domain_spares,

@@ -25,10 +25,11 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slinky import OperatorCapabilities, SlinkyPods
 from healer.adapters.slurm.scontrol import ScontrolDriver
 from healer.adapters.topograph import TopographClient
+from healer.adapters.topology_step import KubeTopology
+from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.errors import TransientError
 from healer.obs.http import serve
 from healer.ports import StepOutcome

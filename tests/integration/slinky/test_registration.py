@@ -17,9 +17,10 @@ from __future__ import annotations
 import pytest
 
 from healer.adapters.kube.nodes import KubeNodes
-from healer.adapters.kube.topology_step import TOPOLOGY_ANNOTATION, KubeTopology
 from healer.adapters.slinky import OperatorCapabilities, SlinkyPods
 from healer.adapters.slurm.scontrol import ScontrolDriver
+from healer.adapters.topology_step import KubeTopology
+from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.ports import HookResult, StepOutcome, Undrain
 from tests.integration.slinky.conftest import Rig, host_of
 from tests.integration.waiting import wait_for

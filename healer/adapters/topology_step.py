@@ -53,11 +53,10 @@ from typing import Any, Protocol
 from healer.adapters.slinky import pod_state, slurm_name
 from healer.adapters.slurm.registration import Declared, declared_by_pod, registration_problems
 from healer.adapters.topograph import RequestState, RequestStatus
-from healer.core.topology import TOPOGRAPH, TopologyKeys, slinky_topology_spec
+from healer.core.topology import TOPOGRAPH, TOPOLOGY_ANNOTATION, TopologyKeys, slinky_topology_spec
 from healer.errors import NotFoundError, PermanentError, TransientError
 from healer.ports import HookResult, NodeAPI, SlurmNodeState, StepOutcome
 
-TOPOLOGY_ANNOTATION = "topology.slinky.slurm.net/spec"
 SOURCES = ("labels", "topograph")
 NO_COPY_NOTE = ("slurm-operator <v1.1 does not copy topology to pods: verified the Node "
                 "annotation and placement only")
