@@ -288,11 +288,6 @@ async def test_scale_in_while_a_remediation_waits_for_its_job(flows: FlowFactory
 
 
 @pytest.mark.timeout(480)
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, open: during the rolling update the slurmd pod of the drained Slurm node is "
-    "briefly absent, the Slinky driver's state read raises 'no slurmd pod for Slurm node', "
-    "observe-slurm fails and the remediation escalates before a spare is claimed (seen in "
-    "3 of 4 runs since the issue-24 merges; see the closing note)"))
 async def test_rolling_update_while_a_remediation_waits_for_its_job(flows: FlowFactory) -> None:
     """The NodeSet's template changes while healer waits in Draining: the operator replaces
     its pods, the cordoned one first, each only once drained, and a recreated pod may land on
