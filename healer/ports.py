@@ -110,7 +110,9 @@ class SlurmDriver(Protocol):
     ``close`` releases the driver's connections (idempotent; nothing to do for scontrol).
     ``host`` is the Kubernetes node the Slurm node ``node`` runs on, where the caller knows it
     ("": unknown): a driver that acts through that Node (Slinky) then reads only its pods
-    instead of looking the Slurm name up among every slurmd pod.
+    instead of looking the Slurm name up among every slurmd pod; ``state`` with ``host``
+    reads the Slurm node as that Node sees it (a driver whose Slurm node can leave its Node,
+    Slinky, says DOWN there once it has).
     """
 
     async def drain(self, node: str, reason: str, incident: str = "", *,
@@ -120,7 +122,7 @@ class SlurmDriver(Protocol):
 
     async def close(self) -> None: ...
 
-    async def state(self, node: str) -> SlurmNodeState: ...
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState: ...
 
     async def jobs_on(self, node: str) -> list[SlurmJob]: ...
 

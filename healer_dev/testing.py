@@ -498,7 +498,7 @@ class FakeSlurm(Faulty):
     async def close(self) -> None:
         """Nothing to release (state lives in a file)."""
 
-    async def state(self, node: str) -> SlurmNodeState:
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
         self._enter("state", node)
         self._sync()
         if node not in self._state["nodes"]:

@@ -105,6 +105,13 @@ def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
                           and base not in ("FUTURE", "UNKNOWN"))
 
 
+def moved_state(pod: Mapping[str, Any]) -> SlurmNodeState:
+    """The Slurm node of a slurmd pod that left the Node it is asked about (recreated, waiting
+    for a Node or on another one), as that Node sees it: DOWN, not registered, no job, and no
+    reason (nobody set it, so it holds nothing)."""
+    return SlurmNodeState(slurm_name(pod), "DOWN", frozenset(), "", registered=False)
+
+
 def carried_reason(reason: str) -> str:
     """healer's reason as the operator carries it (``slurm-operator: healer: …``) → healer's."""
     if reason.startswith(OPERATOR_PREFIX + SLURM_REASON_PREFIX):
@@ -352,18 +359,30 @@ class SlinkyDriver:
         if problem:
             raise PermanentError(problem)
 
-    async def state(self, node: str) -> SlurmNodeState:
-        return await self._state(node)
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
+        """Slurm's view of ``node``; with ``host``, as that Kubernetes node sees it: once the
+        operator has taken the slurmd pod off ``host`` (a rolling update recreates it once
+        its jobs ended, unscheduled or on another Node), nothing runs on ``host`` any more."""
+        return await self._state(node, host, seen_from=host)
 
-    async def _state(self, node: str, host: str = "") -> SlurmNodeState:
+    async def _state(self, node: str, host: str = "", *, seen_from: str = "") -> SlurmNodeState:
         try:
-            mirrored = pod_state(await self.pods.of(node, host))
+            pod = await self.pods.of(node, host)
         except NotFoundError as e:
-            why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
-            if why:
-                raise NotFoundError(why) from e
-            raise
-        return await self._fresh(node, mirrored)
+            # a pod being deleted (a rolling update once its job ended, a dead node's pod
+            # until Kubernetes removes it) still names its Slurm node, which still exists
+            gone = [p for p in await self.pods.pods(terminating=True) if slurm_name(p) == node]
+            if not gone:
+                why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
+                if why:
+                    raise NotFoundError(why) from e
+                # between a pod's deletion and its recreation (a rolling update) the Slurm
+                # node has no pod for a moment: read again on the next poll
+                raise TransientError(f"{e}; the operator may be recreating it") from e
+            pod = gone[0]
+        if seen_from and str((pod.get("spec") or {}).get("nodeName") or "") != seen_from:
+            return moved_state(pod)
+        return await self._fresh(node, pod_state(pod))
 
     async def _fresh(self, node: str, mirrored: SlurmNodeState) -> SlurmNodeState:
         """Slurm's own answer when there is a job backend, else the pod's mirror."""

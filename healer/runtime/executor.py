@@ -204,7 +204,7 @@ class Executor:
         else:
             p = self.route(act.node)
             sn = act.slurm_node or await p.slurm_names(act.node)
-            st = await p.slurm.state(sn)
+            st = await p.slurm.state(sn, host=act.node)
             obs = SlurmObservation(drain=st.drain, busy=st.busy, down=st.down, reason=st.reason,
                                    ours=st.reason_is_ours)
         return Trigger(TriggerKind.SLURM, act.node, now, incident=act.incident, slurm=obs)

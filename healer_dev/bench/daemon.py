@@ -77,7 +77,7 @@ class MemorySlurm:
     async def close(self) -> None:
         """Nothing to release."""
 
-    async def state(self, node: str) -> SlurmNodeState:
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
         reason = self.reasons.get(node)
         return SlurmNodeState(node, "IDLE", frozenset({"DRAIN"}) if reason else frozenset(),
                               reason or "")

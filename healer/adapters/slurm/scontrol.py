@@ -95,7 +95,7 @@ class ScontrolDriver:
 
     # -- SlurmDriver -----------------------------------------------------------------------
 
-    async def state(self, node: str) -> SlurmNodeState:
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
         found = await self._json_nodes(_node_name(node))
         if found is not None:
             for st in found:

@@ -289,7 +289,7 @@ class SlurmrestdDriver:
         body = await self._request("GET", api.jobs)
         return [parse_job_json(j) for j in _objects(body, "jobs")]
 
-    async def state(self, node: str) -> SlurmNodeState:
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
         api = await self._negotiate()
         body = await self._request("GET", api.node + _quote(node))
         for obj in _objects(body, "nodes"):

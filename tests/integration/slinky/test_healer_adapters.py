@@ -168,27 +168,6 @@ async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     assert (st.drain, st.reason) == (True, "maint: x")
 
 
-async def test_move_holds_while_an_admins_down_is_there(rig: Rig) -> None:
-    """An admin's DOWN (not Slurm's own "Not responding") is someone else's, like their drain
-    (ADR 0016): the move holds, the pod stays, and the DOWN and its reason are kept."""
-    ns, w0, host0, spare = await _two_workers(rig, spare=True)
-    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
-    wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
-                        nodeset=ns)
-    await rig.scontrol("update", f"nodename={w0}", "state=down", "reason=psu swap")
-    await _state_when(driver, w0, lambda s: s.down and s.reason == "psu swap")
-    assert await _pool(rig, wl).claim(host0, "inc-13") == spare
-    old = await rig.pod(w0)
-    r = await wl.move("inc-13", w0, host0, spare)
-    assert r.outcome is StepOutcome.PENDING, r
-    assert "drained or down by someone else (reason 'psu swap')" in r.detail
-    assert (await rig.pod(w0))["metadata"]["uid"] == old["metadata"]["uid"]
-    assert _tainted(await rig.read_node(spare))  # still closed
-    st = await rig.slurm_state(w0)
-    assert st is not None
-    assert (st.down, st.reason) == (True, "psu swap")
-
-
 async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
     driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
