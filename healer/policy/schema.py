@@ -238,7 +238,19 @@ class RuleSpec(Model):
     slurm: SlurmMatch | None = None
 
 
-class CheckpointSpec(Model):
+class HookEndpoint(Model):
+    """Where a webhook or job hook goes (checkpoint and repair share these fields)."""
+
+    url: HttpUrl | None = None
+    secret_ref: SecretRef | None = Field(default=None, description=(
+        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
+    allow_insecure_http: Flag = Field(default=False, description=(
+        "webhook: accept an http:// url (default: https only)"))
+    job_template: ConfigMapRef | None = Field(default=None, description=(
+        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
+
+
+class CheckpointSpec(HookEndpoint):
     enabled: Flag = False
     hook: Literal["slurm-signal", "webhook", "job"] = "slurm-signal"
     signal: SignalName = Field(default="USR1", description=(
@@ -247,13 +259,6 @@ class CheckpointSpec(Model):
     deadline: Duration = Field(default=600.0, ge=1)
     on_timeout: Literal["continue", "escalate"] = "continue"
     severities: list[Literal["degrading", "failed"]] = Field(default=["degrading"])
-    url: HttpUrl | None = None
-    secret_ref: SecretRef | None = Field(default=None, description=(
-        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
-    allow_insecure_http: Flag = Field(default=False, description=(
-        "webhook: accept an http:// url (default: https only)"))
-    job_template: ConfigMapRef | None = Field(default=None, description=(
-        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
 
 
 class DrainSpec(Model):
@@ -285,15 +290,8 @@ class ValidationSpec(Model):
     deadline: Duration = Field(default=1800.0, ge=1)
 
 
-class RepairSpec(Model):
+class RepairSpec(HookEndpoint):
     hook: Literal["none", "webhook", "job"] = "none"
-    url: HttpUrl | None = None
-    secret_ref: SecretRef | None = Field(default=None, description=(
-        "webhook: NAMESPACE/NAME[:KEY] of the Secret holding this hook's HMAC key (required)"))
-    allow_insecure_http: Flag = Field(default=False, description=(
-        "webhook: accept an http:// url (default: https only)"))
-    job_template: ConfigMapRef | None = Field(default=None, description=(
-        "job: NAMESPACE/NAME of the ConfigMap whose key job.yaml holds the Job manifest"))
     deadline: Duration = Field(default=0.0, ge=0)
 
 

@@ -358,6 +358,14 @@ class PollParser:
         top = float(MAX_XID) if metric == XID_GAUGE else float(MAX_XID_COUNT)
         return tuple(self.points(entry, XID, lo_t, hi_t, 0.0, top, integral=True))
 
+    def _xid_labels(self, entry: Any) -> dict[str, Any] | None:
+        """An XID answer entry's labels; None (counted as malformed) if it has none."""
+        labels = labels_of(entry)
+        if labels is None:
+            self.malformed += 1
+            self.drops.add(XID, "malformed")
+        return labels
+
     def xid_of(self, metric: Any, labels: dict[str, Any]) -> tuple[bool, int | None]:
         """(usable, the ``xid`` label of a count series): a count series whose ``xid`` label
         is not a code 1..MAX_XID is dropped (counted)."""
@@ -380,10 +388,8 @@ class PollParser:
         out: list[XidSeries] = []
         unmapped = 0
         for entry in result:
-            labels = labels_of(entry)
+            labels = self._xid_labels(entry)
             if labels is None:
-                self.malformed += 1
-                self.drops.add(XID, "malformed")
                 continue
             node = self.node_of(labels)
             gpu = self.gpu(labels)
@@ -407,10 +413,8 @@ class PollParser:
         nodes: set[str] = set()
         unmapped = 0
         for entry in result:
-            labels = labels_of(entry)
+            labels = self._xid_labels(entry)
             if labels is None:
-                self.malformed += 1
-                self.drops.add(XID, "malformed")
                 continue
             node = self.node_of(labels)
             host = self.host_matcher(labels) if node is not None else None
@@ -445,10 +449,8 @@ class PollParser:
         cursors = tracker._cursors
         node_of, gpu_of = self.node_of, self.gpu
         for entry in result:
-            labels = labels_of(entry)
+            labels = self._xid_labels(entry)
             if labels is None:
-                self.malformed += 1
-                self.drops.add(XID, "malformed")
                 continue
             node = node_of(labels)
             gpu = gpu_of(labels)
