@@ -23,7 +23,7 @@ class Everything:
     async def close(self) -> None:
         return None
 
-    async def state(self, node: str) -> SlurmNodeState:
+    async def state(self, node: str, *, host: str = "") -> SlurmNodeState:
         return SlurmNodeState(node, "IDLE")
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
