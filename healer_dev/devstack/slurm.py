@@ -801,6 +801,13 @@ class LocalSlurm:
             return
         if port:
             self.restd_port = port
+        if self.restd_port and _tcp_open(self.restd_port):
+            # it would fail to bind and the wait below would meet whatever listens there (a
+            # slurmrestd left by a killed run answers "Unable to contact slurm controller")
+            raise SlurmStartupError(
+                f"slurmrestd cannot listen on 127.0.0.1:{self.restd_port}: something listens "
+                f"there already (a slurmrestd left by a killed run?); stop it first, e.g. "
+                f"fuser -k {self.restd_port}/tcp")
         self.with_restd = True
         env = self._daemon_env()
         env["SLURM_JWT"] = "daemon"
