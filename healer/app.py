@@ -213,7 +213,7 @@ async def _run(settings: Settings, o: Overrides, api: client.ApiClient, nodes: K
     runner = await _serve(settings, health, metrics, ctl, nodes, secrets, slurm_feed)
     reloader = _reloader(settings, self_events, metrics, health, clock,
                          apply=functools.partial(switch_policies, controller=ctl,
-                                                 sources=sources, in_force=in_force))
+                                                 followers=prom, in_force=in_force))
     await reloader.prime()
     loops = {
         "heartbeat": health.loop_heartbeat(clock.sleep),

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import structlog
 
@@ -135,7 +135,6 @@ def _child() -> None:
 # -- the reload loop ------------------------------------------------------------------------
 
 
-@runtime_checkable
 class FollowsPolicies(Protocol):
     """Anything that derives its work from the policies (a telemetry source re-derives its
     queries; the controller looks at held incidents again). Raising means "cannot switch"."""
@@ -166,17 +165,17 @@ class PoliciesInForce:
 
 
 def switch_policies(new: PolicySet, controller: HoldsPolicies,
-                    sources: Sequence[object], in_force: PoliciesInForce | None = None) -> None:
-    """Install reloaded policies: the sources that follow policies first (each re-derives its
-    queries), then the controller, then ``in_force``; if any step raises, the sources already
-    switched are switched back and the error propagates (the reloader reports it): nothing is
-    half-applied."""
+                    followers: Sequence[FollowsPolicies],
+                    in_force: PoliciesInForce | None = None) -> None:
+    """Install reloaded policies: the telemetry sources that follow policies first (each
+    re-derives its queries; the composition root says which they are), then the controller,
+    then ``in_force``; if any step raises, the followers already switched are switched back
+    and the error propagates (the reloader reports it): nothing is half-applied."""
     old, switched = controller.policies, []
     try:
-        for src in sources:
-            if isinstance(src, FollowsPolicies):
-                src.set_policies(new)
-                switched.append(src)
+        for src in followers:
+            src.set_policies(new)
+            switched.append(src)
         controller.set_policies(new)
     except Exception:
         for undo in switched:

@@ -169,8 +169,8 @@ async def test_a_failing_apply_or_event_never_escapes(tmp_path: Path) -> None:
 
 
 def test_a_switch_that_fails_half_way_is_undone() -> None:
-    """switch_policies: sources first, then the controller; a failure switches back the
-    sources already switched, so nothing is half-applied."""
+    """switch_policies: the followers first, then the controller; a failure switches back
+    the followers already switched, so nothing is half-applied."""
     from healer.runtime.policy_reload import switch_policies
 
     class Holder:
@@ -187,7 +187,7 @@ def test_a_switch_that_fails_half_way_is_undone() -> None:
         switch_policies("new", ctl, [a, b])  # type: ignore[arg-type]
     assert (ctl.policies, a.policies, b.policies) == ("old", "old", "old")
     b.fail = False
-    switch_policies("new", ctl, [a, object(), b])  # type: ignore[arg-type]
+    switch_policies("new", ctl, [a, b])  # type: ignore[arg-type]
     assert (ctl.policies, a.policies, b.policies) == ("new", "new", "new")
 
 
