@@ -105,11 +105,11 @@ def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
                           and base not in ("FUTURE", "UNKNOWN"))
 
 
-def moved_state(pod: Mapping[str, Any]) -> SlurmNodeState:
-    """The Slurm node of a slurmd pod that left the Node it is asked about (recreated, waiting
-    for a Node or on another one), as that Node sees it: DOWN, not registered, no job, and no
-    reason (nobody set it, so it holds nothing)."""
-    return SlurmNodeState(slurm_name(pod), "DOWN", frozenset(), "", registered=False)
+def moved_state(name: str) -> SlurmNodeState:
+    """Slurm node ``name`` as the Node its slurmd pod left sees it (the pod deleted, waiting
+    for a Node, or on another one): DOWN, not registered, no job, and no reason (nobody set
+    it, so it holds nothing)."""
+    return SlurmNodeState(name, "DOWN", frozenset(), "", registered=False)
 
 
 def carried_reason(reason: str) -> str:
@@ -369,19 +369,21 @@ class SlinkyDriver:
         try:
             pod = await self.pods.of(node, host)
         except NotFoundError as e:
-            # a pod being deleted (a rolling update once its job ended, a dead node's pod
-            # until Kubernetes removes it) still names its Slurm node, which still exists
-            gone = [p for p in await self.pods.pods(terminating=True) if slurm_name(p) == node]
+            # seen from a Node: a pod being deleted (a rolling update once its jobs ended) is
+            # still the Slurm node there until it is gone
+            gone = [p for p in await self.pods.pods(terminating=True, host=seen_from)
+                    if slurm_name(p) == node] if seen_from else []
             if not gone:
                 why = await self.nodesets.scaled_in(self.nodeset, node, self.pods)
                 if why:
                     raise NotFoundError(why) from e
-                # between a pod's deletion and its recreation (a rolling update) the Slurm
-                # node has no pod for a moment: read again on the next poll
-                raise TransientError(f"{e}; the operator may be recreating it") from e
+                if not seen_from:
+                    raise
+                # deleted, not recreated yet: nothing runs on seen_from any more
+                return moved_state(node)
             pod = gone[0]
         if seen_from and str((pod.get("spec") or {}).get("nodeName") or "") != seen_from:
-            return moved_state(pod)
+            return moved_state(slurm_name(pod))
         return await self._fresh(node, pod_state(pod))
 
     async def _fresh(self, node: str, mirrored: SlurmNodeState) -> SlurmNodeState:

@@ -30,7 +30,7 @@ from healer.core import rules as cp
 from healer.core.phases import Phase
 from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT
-from healer.errors import PermanentError, TransientError
+from healer.errors import NotFoundError, PermanentError
 from healer.ports import HookResult, SlurmHandles, StepOutcome
 from healer_dev.testing import FakeSlurm, fake_ports
 from tests.builders import policies, policy
@@ -504,16 +504,18 @@ async def test_topology_on_v1_1_waits_for_the_pod_copy() -> None:
 
 async def test_a_slurm_node_whose_pod_left_its_node_reads_down_there(env: Env) -> None:
     """While a remediation drains gpu-0, a rolling update deletes worker-0 once its job ended
-    and recreates it: absent for a moment (read again later), then unscheduled or on another
-    Node. Seen from gpu-0 nothing runs there any more: DOWN, no job, nobody's reason (it
-    holds nothing); read without a Node, the pod's own state stands."""
+    and recreates it: absent for a moment, then unscheduled or on another Node. Seen from
+    gpu-0 nothing runs there any more: DOWN, no job, nobody's reason (it holds nothing);
+    read without a Node, the pod's own state stands."""
     driver = env.driver()
     drained(env.kube, "worker-0")
     st = await driver.state("worker-0", host="gpu-0")
     assert (st.drain, st.down, st.busy) == (True, False, False)
-    del env.kube.pods["worker-0"]
-    with pytest.raises(TransientError, match="may be recreating it"):
-        await driver.state("worker-0", host="gpu-0")
+    del env.kube.pods["worker-0"]  # deleted, not recreated yet
+    st = await driver.state("worker-0", host="gpu-0")
+    assert (st.down, st.busy, st.reason, st.registered) == (True, False, "", False)
+    with pytest.raises(NotFoundError):  # read without a Node: there is no pod to read
+        await driver.state("worker-0")
     env.kube.add_pod("worker-0", "gpu-0")
     recreated_unscheduled(env.kube, "worker-0")
     st = await driver.state("worker-0", host="gpu-0")
