@@ -55,7 +55,7 @@ def dies(slurm: LocalSlurm, name: str) -> None:
 async def test_a_replacement_keeps_the_dead_pods_address_until_the_record_is_deleted(
         dyn_slurm: LocalSlurm) -> None:
     slurm, driver = dyn_slurm, ScontrolDriver(env=dyn_slurm.env(), timeout=20)
-    assert isinstance(driver, SlurmNodeRecords)
+    records: SlurmNodeRecords = driver  # it can delete a record (checked by mypy)
     slurm.start_dynamic_slurmd("dyn-0", pod_ip="127.0.0.21", conf=CONF)
     assert node_addr(slurm, "dyn-0") == "127.0.0.21"
     dies(slurm, "dyn-0")
@@ -66,10 +66,10 @@ async def test_a_replacement_keeps_the_dead_pods_address_until_the_record_is_del
     dies(slurm, "dyn-0")
 
     # the record deleted first (the preStop's Slurm half): the replacement is reached
-    assert await driver.delete_node("dyn-0") is True
+    assert await records.delete_node("dyn-0") is True
     with pytest.raises(NotFoundError):
         await driver.state("dyn-0")
-    assert await driver.delete_node("dyn-0") is False  # idempotent
+    assert await records.delete_node("dyn-0") is False  # idempotent
     slurm.start_dynamic_slurmd("dyn-0", pod_ip="127.0.0.23", conf=CONF)
     assert node_addr(slurm, "dyn-0") == "127.0.0.23"
     slurm.stop_dynamic_slurmd("dyn-0")
