@@ -2,17 +2,15 @@
 watches it (kube-controller-manager, the slurm-operator, Slurm, healer).
 
 * :func:`stop_heartbeat`: kwok stops heartbeating the Node. Its Lease is taken over by
-  :data:`DEAD_HOLDER` for an hour and never renewed, and the annotation kwok selects its
-  Nodes by is taken off: kwok then leaves the Node and the pods bound to it alone (with the
-  Lease alone it did not always: kwok decides from its own copy of the Lease, and it went on
-  finishing the deletion of a dead node's pods, as no dead kubelet can). kube-controller-
-  manager's node lifecycle controller, seeing the Lease's renewTime stand still, marks the
-  Node ``Ready=Unknown`` after its ``--node-monitor-grace-period`` and taints it
+  :data:`DEAD_HOLDER` for an hour and never renewed: kwok then treats the Node (and the pods
+  bound to it) as someone else's and leaves them alone, and kube-controller-manager's node
+  lifecycle controller, seeing the Lease's renewTime stand still, marks the Node
+  ``Ready=Unknown`` after its ``--node-monitor-grace-period`` and taints it
   ``node.kubernetes.io/unreachable``, as for a real dead kubelet.
-* :func:`resume_heartbeat`: the kubelet is back: the Lease is released, the annotation put
-  back (kwok takes a Lease nobody holds at its next renewal, within a quarter of the Lease's
-  duration) and the Node posts ``Ready=True`` again, as a restarted kubelet does (kwok
-  writes Ready only when it first sees a Node).
+* :func:`resume_heartbeat`: the kubelet is back: the Lease is released (kwok takes a Lease
+  nobody holds at its next renewal, within a quarter of the Lease's duration) and the Node
+  posts ``Ready=True`` again, as a restarted kubelet does (kwok writes Ready only when it
+  first sees a Node).
 
 The pod side (no preStop, slurmds killed or frozen) is the pod runtime's
 (:meth:`healer_dev.devstack.podruntime.PodRuntime.kill_node`);
@@ -26,7 +24,6 @@ from typing import Any
 
 from healer.errors import ConfigError
 from healer_dev.devstack.kube import KubeStack
-from healer_dev.devstack.kwok import KWOK_ANNOTATION
 
 __all__ = ["DEAD_HOLDER", "resume_heartbeat", "stop_heartbeat"]
 
@@ -63,11 +60,6 @@ def stop_heartbeat(kube: KubeStack, node: str) -> None:
 
     _update(kube, f"{_LEASES}/{node}", take, f"the Lease of Node {node}")
 
-    def unmanage(obj: dict[str, Any]) -> None:
-        (obj["metadata"].get("annotations") or {}).pop(KWOK_ANNOTATION[0], None)
-
-    _update(kube, f"/api/v1/nodes/{node}", unmanage, f"Node {node}")
-
 
 def resume_heartbeat(kube: KubeStack, node: str) -> None:
     """``node``'s kubelet is back (see the module docstring)."""
@@ -76,11 +68,6 @@ def resume_heartbeat(kube: KubeStack, node: str) -> None:
         lease["spec"].update(leaseDurationSeconds=40, renewTime=_now())
 
     _update(kube, f"{_LEASES}/{node}", release, f"the Lease of Node {node}")
-
-    def manage(obj: dict[str, Any]) -> None:
-        obj["metadata"].setdefault("annotations", {})[KWOK_ANNOTATION[0]] = KWOK_ANNOTATION[1]
-
-    _update(kube, f"/api/v1/nodes/{node}", manage, f"Node {node}")
 
     def ready(obj: dict[str, Any]) -> None:
         now = _now().split(".")[0] + "Z"
