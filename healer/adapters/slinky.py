@@ -469,11 +469,14 @@ class SlinkyDriver:
         if self.jobs is not None:
             await self.jobs.close()
 
-    def _need_jobs(self) -> SlurmDriver:
-        if self.jobs is None:
+    def _need_backend(self) -> SlurmHandles:
+        if self.backend is None:
             raise PermanentError("the slinky driver needs a Slurm job backend (slurmrestd) to "
                                  "list, signal or requeue jobs; set --slurmrestd-url")
-        return self.jobs
+        return self.backend
+
+    def _need_jobs(self) -> SlurmDriver:
+        return self._need_backend().driver
 
     async def jobs_on(self, node: str) -> list[SlurmJob]:
         if self.jobs is None:
@@ -489,8 +492,7 @@ class SlinkyDriver:
     async def hold(self, node: str, reason: str) -> None:
         """Drain ``node`` with someone else's reason through the job backend (the operator
         would prefix a reason set through a cordon: it would become the operator's)."""
-        self._need_jobs()
-        hold = self.backend.hold if self.backend is not None else None
+        hold = self._need_backend().hold
         if hold is None:
             raise PermanentError("carrying a reason over needs a job backend that sets Slurm "
                                  "reasons (scontrol or slurmrestd)")
@@ -499,8 +501,7 @@ class SlinkyDriver:
     async def delete_node(self, node: str) -> bool:
         """Delete ``node``'s Slurm record through the job backend (the operator has no such
         call: the pod's preStop does it)."""
-        self._need_jobs()
-        records = self.backend.records if self.backend is not None else None
+        records = self._need_backend().records
         if records is None:
             raise PermanentError("deleting a Slurm node record needs a job backend that can "
                                  "(scontrol or slurmrestd)")
@@ -508,8 +509,8 @@ class SlinkyDriver:
 
     async def recent_jobs_on(self, node: str) -> list[SlurmJob]:
         """The job backend's recent jobs of ``node`` (ended ones too, where it can list them)."""
-        jobs = self._need_jobs()
-        history = self.backend.history if self.backend is not None else None
+        backend = self._need_backend()
+        history, jobs = backend.history, backend.driver
         if history is not None:
             return await history.recent_jobs_on(node)
         return await jobs.jobs_on(node)
