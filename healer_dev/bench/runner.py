@@ -53,7 +53,7 @@ async def run_bench(args: argparse.Namespace, say: Callable[[str], None]) -> lis
             loops = [await asyncio.to_thread(floors.reference_loop) for _ in range(repeats)]
         if g == "telemetry":
             sizes = (telemetry.TelemetrySizes(100, 200, 4, args.long_polls or 20) if smoke
-                     else telemetry.TelemetrySizes(1000, 10_000, 6, args.long_polls or 1000))
+                     else telemetry.TelemetrySizes(1000, 10_000, 16, args.long_polls or 1000))
             tel = await telemetry.run_group(sizes, repeats, args.seed, say)
             figures += tel + _telemetry_ratios(tel, loops)
         elif g == "engine":

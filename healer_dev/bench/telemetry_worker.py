@@ -5,7 +5,9 @@
 polls the synthetic Prometheus at ``URL`` ``P`` times in simulated time (15 s apart: every
 query evaluated at that instant), feeds each poll's signals to the engine through
 :class:`healer.sim.engine.Replay` and runs it to the poll's time. Per poll it records the CPU
-seconds (``time.process_time``: parse + evaluate, HTTP client included) and the resident set
+seconds (``time.process_time``: parse + evaluate, HTTP client included), the part of them the
+garbage collector took (``gc.callbacks``; a full collection of this heap costs about as much as
+a poll, and which poll it lands in is an accident of allocation counts) and the resident set
 size (VmRSS). Prints one JSON object on stdout. Nothing else runs in this process, so its RSS
 is the telemetry path's own.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import sys
 import tempfile
@@ -50,6 +53,24 @@ def rss_mb() -> float:
     return 0.0
 
 
+class GcClock:
+    """The CPU seconds the garbage collector has taken in this process so far."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.spent += time.process_time() - self._started
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+
 def fetch(url: str, expr: str, at: float) -> bytes:
     """One raw answer of the synthetic Prometheus (outside the timed window)."""
     # POST: the heartbeat query of a large fleet (finite samples only, since issue 12)
@@ -74,7 +95,9 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
     # the daemon's settings (healer.app): defaults but the poll interval; a long timeout,
     # because the synthetic server shares this machine's cores
     src = PrometheusSource(url, policies, poll_interval=SCRAPE, timeout=300.0)
+    gc_clock = GcClock()
     cpu: list[float] = []
+    gc_cpu: list[float] = []
     rss: list[float] = []
     signals: list[int] = []
     no_http = hasattr(src, "parse_poll") and hasattr(src, "poll_queries")
@@ -82,6 +105,7 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
         for i in range(polls):
             now = START + warm * SCRAPE + i * SCRAPE
             spent = 0.0
+            gc_spent = 0.0
             if no_http:
                 sigs: list[Signal] = []
                 exprs = src.poll_queries(now)
@@ -89,15 +113,16 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
                     if not exprs:
                         break
                     bodies = {e: await asyncio.to_thread(fetch, url, e, now) for e in exprs}
-                    c0 = time.process_time()
+                    c0, g0 = time.process_time(), gc_clock.spent
                     sigs += src.parse_poll(now, bodies)
                     spent += time.process_time() - c0
+                    gc_spent += gc_clock.spent - g0
                     del bodies
                     follow = getattr(src, "follow_up_queries", None)
                     exprs = follow(now) if follow is not None else []
-                c0 = time.process_time()
+                c0, g0 = time.process_time(), gc_clock.spent
             else:
-                c0 = time.process_time()
+                c0, g0 = time.process_time(), gc_clock.spent
                 sigs = await src.poll_once(now)
             if add_batch is not None:
                 add_batch(now, sigs)
@@ -106,13 +131,15 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
                     replay.add_signal(s)
             replay.run(now)
             cpu.append(spent + time.process_time() - c0)
+            gc_cpu.append(gc_spent + gc_clock.spent - g0)
             rss.append(rss_mb())
             signals.append(len(sigs))
     finally:
         src.close()
+        gc_clock.close()
     stats = src.last_poll
     return {"path": "parse_poll" if no_http else "poll_once", "nodes": nodes, "polls": polls,
-            "cpu": cpu, "rss_mb": rss, "signals": signals,
+            "cpu": cpu, "gc_cpu": gc_cpu, "rss_mb": rss, "signals": signals,
             "decisions": decisions[0], "open": len(replay.records),
             "queries_per_poll": src.plan.queries_per_poll,
             "failed_queries": stats.failed_queries if stats else None,

@@ -25,3 +25,10 @@ def free_ports(n: int, host: str = LOOPBACK) -> list[int]:
 def free_port(host: str = LOOPBACK) -> int:
     """One TCP port that was free on ``host`` a moment ago."""
     return free_ports(1, host)[0]
+
+
+def listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now (0.2 s to answer)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0

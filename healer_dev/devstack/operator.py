@@ -47,7 +47,7 @@ from healer_dev.devstack.binaries import cache_dir
 from healer_dev.devstack.certs import CertificateAuthority
 from healer_dev.devstack.children import ChildProcess
 from healer_dev.devstack.kube import KubeStack
-from healer_dev.devstack.net import LOOPBACK, free_port
+from healer_dev.devstack.net import LOOPBACK, free_port, listening
 
 __all__ = ["DEFAULT_VERSION", "SUPPORTED_VERSIONS", "SlinkyOperator", "cluster_objects",
            "ensure_built", "nodeset", "operator_dir"]
@@ -324,7 +324,7 @@ class SlinkyOperator:
             f"--server-addr={LOOPBACK}:{self.webhook_port}",
             f"--health-addr={LOOPBACK}:{health}", "--metrics-addr=0"],
             {**self._env(), "TMPDIR": str(tmp)})
-        self._wait(lambda: _tcp_open(self.webhook_port) or self._died(proc),
+        self._wait(lambda: listening(LOOPBACK, self.webhook_port) or self._died(proc),
                    f"the slurm-operator webhook to listen on {LOOPBACK}:{self.webhook_port}")
         self._died(proc, fail=True)
         hook = {
@@ -391,13 +391,6 @@ class SlinkyOperator:
                 raise ConfigError(f"timed out after {self.start_timeout:.0f} s waiting for "
                                   f"{what}; manager log:\n{self.log('manager', 15)}")
             time.sleep(_POLL)
-
-
-def _tcp_open(port: int) -> bool:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((LOOPBACK, port)) == 0
 
 
 def _collection_path(obj: Mapping[str, Any]) -> str:

@@ -39,7 +39,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -50,12 +49,11 @@ from typing import IO, Literal
 from healer.adapters.slurm.parse import parse_node_line
 from healer.errors import ConfigError
 from healer.ports import SlurmNodeState
-from healer_dev.devstack.net import free_ports
+from healer_dev.devstack.net import LOOPBACK, free_ports, listening
 from healer_dev.devstack.restd_log import RestdRequest, read_restd_log
 from healer_dev.devstack.slurm_dynamic import (
     dynamic_conf_lines,
     kill_processes_with_env,
-    listening,
     podip_library,
     validate_pod_ip,
 )
@@ -139,12 +137,6 @@ def _tail(path: Path, lines: int = 25) -> str:
     except OSError as e:
         return f"(no log: {e})"
     return "\n".join(text.rstrip().splitlines()[-lines:]) or "(log is empty)"
-
-
-def _tcp_open(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class LocalSlurm:
@@ -336,7 +328,7 @@ class LocalSlurm:
             # listening on its port = started (slurmctld may not have noticed a kill yet, so
             # "registered" alone could be stale), then registered with slurmctld
             deadline = time.monotonic() + self.start_timeout
-            while not _tcp_open(self._node_ports[node]):
+            while not listening(LOOPBACK, self._node_ports[node]):
                 self._must_be_alive(d, self.logdir / f"slurmd-{node}.log")
                 if time.monotonic() > deadline:
                     raise self._startup_error(
@@ -801,7 +793,7 @@ class LocalSlurm:
             return
         if port:
             self.restd_port = port
-        if self.restd_port and _tcp_open(self.restd_port):
+        if self.restd_port and listening(LOOPBACK, self.restd_port):
             # it would fail to bind and the wait below would meet whatever listens there (a
             # slurmrestd left by a killed run answers "Unable to contact slurm controller")
             raise SlurmStartupError(
@@ -822,7 +814,7 @@ class LocalSlurm:
             self.logdir / "slurmrestd.log", env)
         self._restd.spawn()
         deadline = time.monotonic() + self.start_timeout
-        while not _tcp_open(self.restd_port):
+        while not listening(LOOPBACK, self.restd_port):
             self._must_be_alive(self._restd, self.logdir / "slurmrestd.log")
             if time.monotonic() > deadline:
                 raise self._startup_error(self._restd, self.logdir / "slurmrestd.log",

@@ -17,7 +17,6 @@ import ipaddress
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -25,8 +24,8 @@ from pathlib import Path
 
 from healer.errors import ConfigError
 
-__all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "listening",
-           "podip_library", "validate_pod_ip"]
+__all__ = ["PODIP_SOURCE", "dynamic_conf_lines", "kill_processes_with_env", "podip_library",
+           "validate_pod_ip"]
 
 PODIP_SOURCE = Path(__file__).with_name("podip.c")
 
@@ -104,10 +103,3 @@ def kill_processes_with_env(required: bytes, any_of: Iterable[bytes]) -> int:
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
     return killed
-
-
-def listening(host: str, port: int) -> bool:
-    """Whether something accepts TCP connections on ``host:port``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
