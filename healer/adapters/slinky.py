@@ -63,6 +63,8 @@ SCALING_MODE_LABEL = "nodeset.slinky.slurm.net/scaling-mode"
 OPERATOR_PREFIX = "slurm-operator: "
 CONDITION_PREFIX = "SlurmNodeState"
 BASE_STATES = ("Allocated", "Down", "Error", "Future", "Idle", "Mixed", "Unknown")
+#: The conditions whose message (the Slurm node's reason) healer reads: a drain's and a DOWN's.
+REASON_STATES = ("Drain", "Down")
 NODESET_INSTANCE = "app.kubernetes.io/instance"
 NODESET_CRD = "nodesets.slinky.slurm.net"
 
@@ -82,7 +84,11 @@ def slurm_name(pod: Mapping[str, Any]) -> str:
 
 
 def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
-    """Slurm's view of the node, as Slinky mirrors it into pod conditions."""
+    """Slurm's view of the node, as Slinky mirrors it into pod conditions.
+
+    The operator (v1.0, v1.1) writes one condition per base state and per flag, each with the
+    Slurm node's reason as its message. The reason is read where it means something: on a
+    drain, and on a DOWN (an admin's ``state=down reason=…`` is theirs, docs/adr/0016)."""
     base, flags, reason = "UNKNOWN", set(), ""
     registered = False
     for c in (pod.get("status") or {}).get("conditions") or []:
@@ -95,8 +101,8 @@ def pod_state(pod: Mapping[str, Any]) -> SlurmNodeState:
             base = name.upper()
         else:
             flags.add(re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper())  # NotResponding → NOT_..
-            if name == "Drain":
-                reason = str(c.get("message") or "")
+        if name in REASON_STATES:
+            reason = reason or str(c.get("message") or "")
     reason = carried_reason(reason)
     # FUTURE and UNKNOWN (e.g. just after a slurmctld restart, before the slurmd answers) are
     # not a registered, serving node
@@ -445,7 +451,10 @@ class SlinkyDriver:
         st = await self._state(node, host)
         if st.drained_by_healer(incident):
             return Undrain.SETTLING
-        return Undrain.CLEARED if not st.drain else Undrain.NOT_OURS
+        # someone else's drain, or their DOWN (no DRAIN flag): theirs, left as it is
+        if st.drain or foreign_reason(st):
+            return Undrain.NOT_OURS
+        return Undrain.CLEARED
 
     async def node_states(self) -> dict[str, SlurmNodeState]:
         """Every slurmd pod's Slurm state, by the Node it runs on (the guardrails' feed; a dead
