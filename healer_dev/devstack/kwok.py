@@ -7,10 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["KWOK_ANNOTATION", "KWOK_STAGES", "fake_node"]
+__all__ = ["DEAD_NODE_POD", "KWOK_ANNOTATION", "KWOK_STAGES", "fake_node"]
 
 #: the annotation that tells kwok to manage a Node
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+#: the annotation on a pod whose Node died (:mod:`healer_dev.devstack.dead_node`): kwok does
+#: not finish its deletion, as no dead kubelet can (a force delete still removes it)
+DEAD_NODE_POD = "healer-dev/node-dead"
 
 #: kwok v0.8.0 has no built-in behaviour: with no Stage in its configuration it exits with
 #: "no stages found". healer's own minimal stages (written here against kwok's Stage API):
@@ -19,8 +23,8 @@ KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 #: :mod:`healer_dev.devstack.podruntime` makes it Ready once its real slurmd registered, as the
 #: container's readiness probe would), a Job's Pod succeeds (or
 #: fails, when labelled healer-test-outcome=fail; its container's termination message is the
-#: pod's annotation healer-test-message, if any), a Pod being deleted goes away. Node
-#: liveness comes from the Leases kwok renews.
+#: pod's annotation healer-test-message, if any), a Pod being deleted goes away unless its Node
+#: died (:data:`DEAD_NODE_POD`). Node liveness comes from the Leases kwok renews.
 KWOK_STAGES = """apiVersion: kwok.x-k8s.io/v1alpha1
 kind: Stage
 metadata:
@@ -167,6 +171,7 @@ spec:
   selector:
     matchExpressions:
     - {key: '.metadata.deletionTimestamp', operator: Exists}
+    - {key: '.metadata.annotations["healer-dev/node-dead"]', operator: DoesNotExist}
   next:
     delete: true
 """
