@@ -171,32 +171,20 @@ async def test_driver_leaves_an_admins_down_alone(rig: Rig) -> None:
     assert (slurm.down, slurm.reason) == (True, admin), slurm
 
 
-async def test_move_holds_while_an_admins_down_is_there(rig: Rig) -> None:
+@pytest.mark.parametrize(("state", "reason"), [("drain", "maint: x"),
+                                               ("down", "admin: reseat HCA")])
+async def test_move_holds_while_someone_elses_drain_or_down_is_there(
+        rig: Rig, state: str, reason: str) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
     driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
-    await rig.scontrol("update", f"nodename={w0}", "state=down", "reason=admin: reseat HCA")
-    await _state_when(driver, w0, lambda s: s.down and s.reason == "admin: reseat HCA")
-    assert await _pool(rig, wl).claim(host0, "inc-13") == spare
-    old = await rig.pod(w0)
-    r = await wl.move("inc-13", w0, host0, spare)
-    assert r.outcome is StepOutcome.PENDING, r
-    assert "drained or down by someone else" in r.detail
-    assert (await rig.pod(w0))["metadata"]["uid"] == old["metadata"]["uid"]
-    assert _tainted(await rig.read_node(spare))  # still closed
-    st = await rig.slurm_state(w0)
-    assert st is not None
-    assert (st.down, st.reason) == (True, "admin: reseat HCA"), st
 
+    def held(st: SlurmNodeState) -> bool:
+        return (st.drain if state == "drain" else st.down) and st.reason == reason
 
-async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
-    ns, w0, host0, spare = await _two_workers(rig, spare=True)
-    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
-    wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
-                        nodeset=ns)
-    await rig.scontrol("update", f"nodename={w0}", "state=drain", "reason=maint: x")
-    await _state_when(driver, w0, lambda s: s.drain and s.reason == "maint: x")
+    await rig.scontrol("update", f"nodename={w0}", f"state={state}", f"reason={reason}")
+    await _state_when(driver, w0, held)
     assert await _pool(rig, wl).claim(host0, "inc-12") == spare
     old = await rig.pod(w0)
     r = await wl.move("inc-12", w0, host0, spare)
@@ -206,7 +194,7 @@ async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     assert _tainted(await rig.read_node(spare))  # still closed
     st = await rig.slurm_state(w0)
     assert st is not None
-    assert (st.drain, st.reason) == (True, "maint: x")
+    assert held(st), st
 
 
 async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
