@@ -31,7 +31,7 @@ from healer.core.phases import Phase
 from healer.core.topology import TOPOLOGY_ANNOTATION
 from healer.core.vocabulary import CLAIMED_BY, SPARE_TAINT
 from healer.errors import NotFoundError, PermanentError
-from healer.ports import HookResult, SlurmHandles, StepOutcome
+from healer.ports import HookResult, SlurmHandles, StepOutcome, Undrain
 from healer_dev.testing import FakeSlurm, fake_ports
 from tests.builders import policies, policy
 from tests.component.fake_apiserver import FakeKube, nodeset, nodeset_crd, running
@@ -312,6 +312,25 @@ async def test_drain_leaves_a_foreign_drain_alone(env: Env) -> None:
     assert CORDON_REASON not in node["metadata"]["annotations"]
     assert not node["spec"].get("unschedulable")
     assert not k.patches
+
+
+async def test_an_admins_down_is_theirs(env: Env) -> None:
+    """The operator mirrors an admin's ``state=down reason=…`` as a Down condition carrying the
+    reason (no Drain one): healer's drain leaves it, its undrain says not ours, the move
+    holds (ADR 0016)."""
+    k = env.kube
+    k.add_pod("worker-0", "gpu-0", conditions={"Down": "admin: PSU swap"})
+    driver = env.driver()
+    st = await driver.state("worker-0")
+    assert (st.down, st.reason) == (True, "admin: PSU swap")
+    assert await driver.drain("worker-0", HEALER_DRAIN, "inc-a", host="gpu-0") is False
+    assert not k.patches
+    assert await driver.undrain("worker-0", "inc-a", host="gpu-0") is Undrain.NOT_OURS
+    await env.pool.claim("gpu-0", "inc-a")
+    r = await env.workload().move("inc-a", "worker-0", "gpu-0", "spare-a")
+    assert r.outcome is StepOutcome.PENDING
+    assert "admin: PSU swap" in r.detail
+    assert not k.evictions
 
 
 @dataclass

@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROWS = [
     ("telemetry", "CPU per poll, 100 nodes"),
     ("telemetry", "CPU per poll, 200 nodes"),
+    ("telemetry", "of which garbage collection, 200 nodes"),
     ("telemetry", "CPU of the first poll"),
     ("telemetry", "steady RSS"),
     ("telemetry", "RSS growth"),

@@ -1,6 +1,10 @@
 """Slurm's view of a node as the slurm-operator mirrors it into its slurmd pod's conditions
 (:func:`healer.adapters.slinky.pod_state`). The operator (v1.0, v1.1) writes one condition per
-base state and per flag, and every one carries the Slurm node's reason as its message."""
+base state and per flag, and every one carries the Slurm node's reason as its message (its
+``nodeState`` helper sets each condition's message to the node's reason). The real stack cannot
+hold an admin's DOWN on a live node long enough for the operator to mirror it (the local Slurm
+runs ``ReturnToService=2``: slurmctld's ping clears it in about 7 s), so this table is where
+the DOWN reason is checked."""
 
 from __future__ import annotations
 

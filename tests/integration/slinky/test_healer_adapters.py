@@ -149,42 +149,13 @@ async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
     assert slurm.reason == "admin: bad DIMM"
 
 
-async def test_driver_leaves_an_admins_down_alone(rig: Rig) -> None:
-    """ADR 0016 on the real operator and Slurm 26.05: a node an admin set DOWN with a reason
-    is theirs. It counts as drained, healer's drain says not ours and changes nothing, the
-    undrain leaves it, and the reason stays word for word."""
-    ns, _, _, _ = await _two_workers(rig)
-    w1 = f"{ns}-1"
-    host1 = host_of(await rig.pod(w1))
-    driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
-    admin = "admin: PSU swap"
-    await rig.scontrol("update", f"nodename={w1}", "state=down", f"reason={admin}")
-    st = await _state_when(driver, w1, lambda s: s.down)  # the operator's re-list: <= 30 s
-    assert (st.reason, st.reason_is_ours) == (admin, False), st
-    assert await driver.drain(w1, "healer: XID 79 [inc-9]", "inc-9", host=host1) is False
-    node = await rig.read_node(host1)
-    assert not node["spec"].get("unschedulable")
-    assert CORDON_REASON not in (node["metadata"].get("annotations") or {})
-    assert await driver.undrain(w1, "inc-9", host=host1) is Undrain.NOT_OURS
-    slurm = await rig.slurm_state(w1)
-    assert slurm is not None
-    assert (slurm.down, slurm.reason) == (True, admin), slurm
-
-
-@pytest.mark.parametrize(("state", "reason"), [("drain", "maint: x"),
-                                               ("down", "admin: reseat HCA")])
-async def test_move_holds_while_someone_elses_drain_or_down_is_there(
-        rig: Rig, state: str, reason: str) -> None:
+async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     ns, w0, host0, spare = await _two_workers(rig, spare=True)
     driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
-
-    def held(st: SlurmNodeState) -> bool:
-        return (st.drain if state == "drain" else st.down) and st.reason == reason
-
-    await rig.scontrol("update", f"nodename={w0}", f"state={state}", f"reason={reason}")
-    await _state_when(driver, w0, held)
+    await rig.scontrol("update", f"nodename={w0}", "state=drain", "reason=maint: x")
+    await _state_when(driver, w0, lambda s: s.drain and s.reason == "maint: x")
     assert await _pool(rig, wl).claim(host0, "inc-12") == spare
     old = await rig.pod(w0)
     r = await wl.move("inc-12", w0, host0, spare)
@@ -194,7 +165,7 @@ async def test_move_holds_while_someone_elses_drain_or_down_is_there(
     assert _tainted(await rig.read_node(spare))  # still closed
     st = await rig.slurm_state(w0)
     assert st is not None
-    assert held(st), st
+    assert (st.drain, st.reason) == (True, "maint: x")
 
 
 async def test_statefulset_move_waits_for_the_job_then_lands_on_the_spare(rig: Rig) -> None:
