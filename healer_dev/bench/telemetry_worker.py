@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import sys
@@ -28,6 +29,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +56,13 @@ def rss_mb() -> float:
 
 
 class GcClock:
-    """The CPU seconds the garbage collector has taken in this process so far."""
+    """CPU seconds spent inside :meth:`window` (``cpu``), the garbage collector's part of them
+    (``gc``), and all it has taken in this process so far (``spent``, from ``gc.callbacks``)."""
 
     def __init__(self) -> None:
         self.spent = 0.0
+        self.cpu = 0.0
+        self.gc = 0.0
         self._started = 0.0
         gc.callbacks.append(self._on_gc)
 
@@ -66,6 +71,22 @@ class GcClock:
             self._started = time.process_time()
         else:
             self.spent += time.process_time() - self._started
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        """Count the CPU (and the collector's part) of what runs inside."""
+        c0, g0 = time.process_time(), self.spent
+        try:
+            yield
+        finally:
+            self.cpu += time.process_time() - c0
+            self.gc += self.spent - g0
+
+    def take(self) -> tuple[float, float]:
+        """``(cpu, gc)`` counted since the last take, and start again from zero."""
+        out = (self.cpu, self.gc)
+        self.cpu = self.gc = 0.0
+        return out
 
     def close(self) -> None:
         gc.callbacks.remove(self._on_gc)
@@ -95,7 +116,7 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
     # the daemon's settings (healer.app): defaults but the poll interval; a long timeout,
     # because the synthetic server shares this machine's cores
     src = PrometheusSource(url, policies, poll_interval=SCRAPE, timeout=300.0)
-    gc_clock = GcClock()
+    clock = GcClock()
     cpu: list[float] = []
     gc_cpu: list[float] = []
     rss: list[float] = []
@@ -104,8 +125,6 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
     try:
         for i in range(polls):
             now = START + warm * SCRAPE + i * SCRAPE
-            spent = 0.0
-            gc_spent = 0.0
             if no_http:
                 sigs: list[Signal] = []
                 exprs = src.poll_queries(now)
@@ -113,30 +132,28 @@ async def main_async(url: str, nodes: int, polls: int, warm: int) -> dict[str, A
                     if not exprs:
                         break
                     bodies = {e: await asyncio.to_thread(fetch, url, e, now) for e in exprs}
-                    c0, g0 = time.process_time(), gc_clock.spent
-                    sigs += src.parse_poll(now, bodies)
-                    spent += time.process_time() - c0
-                    gc_spent += gc_clock.spent - g0
+                    with clock.window():
+                        sigs += src.parse_poll(now, bodies)
                     del bodies
                     follow = getattr(src, "follow_up_queries", None)
                     exprs = follow(now) if follow is not None else []
-                c0, g0 = time.process_time(), gc_clock.spent
-            else:
-                c0, g0 = time.process_time(), gc_clock.spent
-                sigs = await src.poll_once(now)
-            if add_batch is not None:
-                add_batch(now, sigs)
-            else:
-                for s in sigs:
-                    replay.add_signal(s)
-            replay.run(now)
-            cpu.append(spent + time.process_time() - c0)
-            gc_cpu.append(gc_spent + gc_clock.spent - g0)
+            with clock.window():
+                if not no_http:
+                    sigs = await src.poll_once(now)
+                if add_batch is not None:
+                    add_batch(now, sigs)
+                else:
+                    for s in sigs:
+                        replay.add_signal(s)
+                replay.run(now)
+            spent, gc_spent = clock.take()
+            cpu.append(spent)
+            gc_cpu.append(gc_spent)
             rss.append(rss_mb())
             signals.append(len(sigs))
     finally:
         src.close()
-        gc_clock.close()
+        clock.close()
     stats = src.last_poll
     return {"path": "parse_poll" if no_http else "poll_once", "nodes": nodes, "polls": polls,
             "cpu": cpu, "gc_cpu": gc_cpu, "rss_mb": rss, "signals": signals,

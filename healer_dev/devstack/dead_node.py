@@ -63,18 +63,18 @@ def mark_pods(kube: KubeStack, node: str, *, dead: bool) -> None:
     code, pods = kube.request("GET", f"/api/v1/pods?fieldSelector=spec.nodeName%3D{node}")
     if code != 200:
         raise ConfigError(f"cannot list the pods of Node {node}: HTTP {code} {pods}")
+
+    def mark(obj: dict[str, Any]) -> None:
+        notes = obj["metadata"].setdefault("annotations", {})
+        if dead:
+            notes[DEAD_NODE_POD] = "true"
+        else:
+            notes.pop(DEAD_NODE_POD, None)
+
     for pod in pods.get("items") or []:
         meta = pod["metadata"]
         if (DEAD_NODE_POD in (meta.get("annotations") or {})) == dead:
             continue
-
-        def mark(obj: dict[str, Any]) -> None:
-            notes = obj["metadata"].setdefault("annotations", {})
-            if dead:
-                notes[DEAD_NODE_POD] = "true"
-            else:
-                notes.pop(DEAD_NODE_POD, None)
-
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         try:
             _update(kube, path, mark, f"pod {meta['namespace']}/{meta['name']}")

@@ -31,3 +31,20 @@ def test_the_gc_clock_counts_a_collection() -> None:
         assert clock.spent > 0.0
     finally:
         clock.close()
+
+
+def test_a_window_counts_its_cpu_and_the_collectors_part() -> None:
+    clock = GcClock()
+    try:
+        with clock.window():
+            cycles: list[list[object]] = [[] for _ in range(50_000)]
+            for c in cycles:
+                c.append(c)
+            del cycles
+            gc.collect()
+        gc.collect()  # outside any window: not counted
+        cpu, collector = clock.take()
+        assert 0.0 < collector <= cpu
+        assert clock.take() == (0.0, 0.0)
+    finally:
+        clock.close()
