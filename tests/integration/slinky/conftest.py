@@ -46,6 +46,17 @@ def host_of(pod: Mapping[str, Any]) -> str:
     return str((pod.get("spec") or {}).get("nodeName") or "")
 
 
+def carries_slurms_refusal(text: str, slurm_says: str, *, namespace: str, pod: str) -> bool:
+    """Whether ``text`` carries Slurm's own reason for refusing a registration (``slurm_says``),
+    or the reason SchedMD's operator (1.0, 1.1) wrote over it in its one race: its undrain
+    checks the node on its cached view of Slurm, and reads a node not there yet as drained and
+    its own (``tolerateError``), so on a node that has just registered it may ask slurmrestd to
+    undrain it, with ``Pod (<namespace>/<pod>) has been uncordoned``. Slurm keeps the DRAIN of
+    an ``INVALID_REG`` node and takes the new reason. Seen once in a whole-suite run."""
+    return slurm_says in text or \
+        f"slurm-operator: Pod ({namespace}/{pod}) has been uncordoned" in text
+
+
 def labels_of(pod: Mapping[str, Any]) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("labels") or {})
 
