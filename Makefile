@@ -38,8 +38,8 @@ lint: venv ## ruff, mypy --strict, import-linter, no import circles
 	$(BIN)/lint-imports
 	$(BIN)/python -m healer_dev.circles healer healer_dev
 
-test: lint deps operator image ## the whole suite (lint first); what CI runs
-	$(BIN)/python -m pytest tests
+test: lint deps operator image ## the whole suite (lint first); what CI runs (its 30 slowest tests listed at the end)
+	$(BIN)/python -m pytest tests --durations=30
 
 test-unit: venv ## unit and component tests only (fast, no real components)
 	$(BIN)/python -m pytest tests/unit tests/component
