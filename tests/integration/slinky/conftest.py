@@ -230,6 +230,31 @@ class Rig:
     async def scontrol(self, *args: str) -> None:
         await asyncio.to_thread(self.stack.slurm.run, ["scontrol", *args])
 
+    async def admin_drain(self, node: str, reason: str, *, within: float = 90.0) -> None:
+        """Drain ``node`` as an admin would (``scontrol update state=drain``) and wait until the
+        operator's view shows it: the pod's conditions carry the drain and ``reason``.
+
+        SchedMD's operator (1.0, 1.1) can undo a drain made while one of its NodeSet syncs is
+        under way: the sync's uncordon read the node before the drain, then undrains it with
+        "Pod (…) has been uncordoned" (slurmctld's log showed the undo 7 ms after an admin's
+        drain made just after the pods came up; seen once in a whole-suite run). The drain is
+        made again only when Slurm shows it gone, which nothing else here does."""
+        for _ in range(3):
+            await self.scontrol("update", f"nodename={node}", "state=drain", f"reason={reason}")
+
+            async def settled() -> str | None:
+                st = await self.slurm_state(node)
+                if st is not None and not st.drain:
+                    return "undone"
+                mirrored = await self.pod_state(node)
+                return "held" if mirrored.drain and mirrored.reason == reason else None
+
+            if await wait_for(settled, timeout=within, interval=0.2,
+                              description=f"the admin's drain of {node} seen by the operator"
+                              ) == "held":
+                return
+        raise AssertionError(f"the admin's drain of {node} was undone three times")
+
     # -- teardown --------------------------------------------------------------------------
 
     async def cleanup(self) -> None:

@@ -134,8 +134,8 @@ async def test_driver_leaves_an_external_drain_alone(rig: Rig) -> None:
     w1 = f"{ns}-1"
     host1 = host_of(await rig.pod(w1))
     driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
-    await rig.scontrol("update", f"nodename={w1}", "state=drain", "reason=admin: bad DIMM")
-    st = await _state_when(driver, w1, lambda s: s.drain)  # the operator's re-list: <= 30 s
+    await rig.admin_drain(w1, "admin: bad DIMM")
+    st = await _state_when(driver, w1, lambda s: s.drain)
     assert st.reason == "admin: bad DIMM"
     assert not st.reason_is_ours
     assert await driver.drain(w1, "healer: XID 79 [inc-8]", "inc-8") is False
@@ -154,7 +154,7 @@ async def test_move_holds_while_someone_elses_drain_is_there(rig: Rig) -> None:
     driver = SlinkyDriver(rig.api, KubeNodes(rig.api), namespace=rig.namespace)
     wl = SlinkyWorkload(rig.api, KubeNodes(rig.api), driver, namespace=rig.namespace,
                         nodeset=ns)
-    await rig.scontrol("update", f"nodename={w0}", "state=drain", "reason=maint: x")
+    await rig.admin_drain(w0, "maint: x")
     await _state_when(driver, w0, lambda s: s.drain and s.reason == "maint: x")
     assert await _pool(rig, wl).claim(host0, "inc-12") == spare
     old = await rig.pod(w0)

@@ -148,10 +148,8 @@ async def test_an_admin_drain_survives_a_cordon_uncordon_cycle(rig: Rig) -> None
     _, pods = await _two_workers(rig)
     name, host = str(pods[0]["metadata"]["name"]), host_of(pods[0])
     other, other_host = str(pods[1]["metadata"]["name"]), host_of(pods[1])
-    await rig.scontrol("update", f"nodename={name}", "state=drain", "reason=maint: x")
     # the operator sees it on its re-list (up to 30 s): the pod conditions carry the reason
-    await rig.wait_pod(name, lambda p: pod_state(p).drain and pod_state(p).reason == "maint: x",
-                       within=90, description=f"{name} conditions show the admin's drain")
+    await rig.admin_drain(name, "maint: x")
     # both Nodes cordoned together: one reconcile of the NodeSet handles both pods, so the
     # other pod's drain proves the operator has seen our cordon too
     await rig.cordon(host, "healer: XID 79 [inc-2]")
