@@ -231,13 +231,20 @@ async def test_a_deleted_drained_pod_runs_prestop_and_registers_again_elsewhere(
     assert host_of(pod) == free[0]  # the only uncordoned Node with free GPUs
     runtime = rig.stack.runtime
     assert runtime is not None
-    hist = runtime.events(slurm_name=name)
     new_key = f"{rig.namespace}/{name}"
-    running = [h.time for h in hist if h.event == "seen-running" and h.node == free[0]
-               and h.pod == new_key]
-    registered = [h.time for h in hist if h.event == "registered" and h.node == free[0]]
-    assert running
-    assert registered
+
+    def recorded() -> tuple[list[Any], list[float], list[float]] | None:
+        """The runtime's records once it has noted the new pod running and its slurmd
+        registered: it notes the registration when its own wait for it returns, which can be
+        after Slurm (and the operator's conditions) already show it."""
+        hist = runtime.events(slurm_name=name)
+        running = [h.time for h in hist if h.event == "seen-running" and h.node == free[0]
+                   and h.pod == new_key]
+        registered = [h.time for h in hist if h.event == "registered" and h.node == free[0]]
+        return (hist, running, registered) if running and registered else None
+
+    hist, running, registered = await wait_for(
+        recorded, timeout=60, description=f"the pod runtime's records of {new_key}")
     report(f"RECREATED_REGISTERED ({rig.version}) recreated pod Running -> slurmd registered",
            registered[-1] - running[-1])
     events = [h.event for h in hist]
